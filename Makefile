@@ -1,0 +1,42 @@
+# The README's two commands: `make demo` (main job) and `make test` (the suite).
+# Both set up .venv on a fresh machine first. Versions are pinned in requirements.txt only.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SHARED ?= $(abspath ../shared)
+
+# Offline machines resolve the menagerie models and the Go2 experts from ../shared.
+export MENAGERIE_ROOT ?= $(SHARED)/menagerie
+export SIMDIST_GO2_EXPERTS ?= $(SHARED)/simdist_go2_experts
+export MUJOCO_GL ?= egl
+export PYOPENGL_PLATFORM ?= egl
+export OMP_NUM_THREADS ?= 2
+
+PYTEST_ARGS ?=
+
+.PHONY: venv test test-all demo bench clean
+
+$(STAMP): requirements.txt setup.py
+	@test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q -r requirements.txt
+	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(VPY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VPY) -m simdist_adapter.demo
+
+bench: $(STAMP)
+	for b in benchmarks/*.py; do $(VPY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,1 @@
+"""sim_video_world_model."""
