@@ -1,0 +1,50 @@
+"""What every simulated task offers the dataset generator, the evaluation and the driver nodes."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from robot_drivers.interface import Observation, RobotBackend, RobotSpec
+
+
+@dataclass
+class StepResult:
+    obs: Observation
+    reward: float  # dense privileged reward of the transition just taken
+    terminated: bool  # success or failure ended the episode
+    truncated: bool  # time limit
+    success: bool
+    info: dict = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    """An expert, a sub-optimal checkpoint or a learned policy; experts may read obs.privileged."""
+
+    def reset(self, seed: int | None = None) -> None: ...
+
+    def act(self, obs: Observation) -> np.ndarray: ...
+
+
+class Task(abc.ABC):
+    """A MuJoCo backend plus privileged reward, success test and episode limits."""
+
+    name: str
+    variant: str  # "sim" or "real"
+    backend: RobotBackend
+    max_steps: int
+
+    @property
+    def spec(self) -> RobotSpec:
+        return self.backend.spec
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None = None) -> Observation: ...
+
+    @abc.abstractmethod
+    def step(self, action: np.ndarray) -> StepResult: ...
+
+    def close(self) -> None:
+        self.backend.close()
