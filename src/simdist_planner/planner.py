@@ -1,0 +1,400 @@
+"""MPPI over the chunked world model, as in TD-MPC / the official SimDist controller.
+
+Per control step the observation and history are encoded ONCE; each of the `iterations` then
+scores every candidate action chunk in one batched call of f, R and V (`expand`ed latents, no
+Python loop over candidates or horizon). Candidates are Gaussian samples around the running mean
+plus base-policy chunks noised once per step. The elites' exp(temperature * (R - R_max)) weights
+give the next mean and std; the mean's first action is executed and the mean is shifted by the
+delay to warm-start the next step.
+
+Return of a chunk: sum_{s=0}^{T-1} gamma^s r^_{t+s} + gamma^T v^_{t+T} (METHOD_NOTES; the official
+JAX code uses gamma^(T+1) on the value, and its warm start rolls the mean the wrong way round; we
+follow the notes and TD-MPC2: mean[:-d] = prev[d:], tail zero).
+
+Non-finite model outputs never become an action: every check is accumulated on the device and
+resolved with one host transfer per step, which raises `PlannerError` naming what went wrong.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+
+DynamicsMode = Literal["chunked", "autoregressive"]
+
+
+class PlannerError(RuntimeError):
+    """The planner cannot produce a trustworthy action (non-finite model output, bad input)."""
+
+
+class WorldModelLike(Protocol):
+    """The slice of the world-model API (docs/architecture.md) the planner uses; raw units."""
+
+    def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor: ...  # (B, D)
+
+    def encode_history(self, proprio: torch.Tensor, actions: torch.Tensor) -> torch.Tensor: ...
+
+    def dynamics(
+        self, z: torch.Tensor, actions: torch.Tensor, history: torch.Tensor
+    ) -> torch.Tensor: ...  # (B, T, D): z^_{t+1..t+T}
+
+    def reward(
+        self, latents: torch.Tensor, actions: torch.Tensor, command: torch.Tensor | None
+    ) -> torch.Tensor: ...  # (B, T): r^_t..r^_{t+T-1}
+
+    def value(self, latents: torch.Tensor, command: torch.Tensor | None) -> torch.Tensor: ...
+
+    def policy(self, z: torch.Tensor, history: torch.Tensor) -> torch.Tensor: ...  # (B, T, A)
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """MPPI settings. Field defaults are the official Go2 values (simdist config/control/mppi.yaml)."""
+
+    horizon: int  # T: must equal the model's prediction length
+    action_low: tuple[float, ...]  # per action dimension, raw units (RobotSpec.action_low)
+    action_high: tuple[float, ...]
+    num_samples: int = 450  # Gaussian candidates per iteration
+    mixture_coef: float = 0.05  # base-policy candidates = int(num_samples * mixture_coef)
+    policy_noise_std: float = 0.05  # noise on the policy chunks, drawn once per step
+    iterations: int = 8
+    num_elites: int = 64
+    temperature: float = 0.25
+    init_std: float = 2.0  # std at the start of every step
+    min_std: float = 0.05
+    momentum: float = 0.0  # weight of the previous mean in the per-iteration update
+    discount: float = 0.99
+    delay: int = 1  # warm start: shift of the previous mean, in control steps
+    seed: int = 42
+    dynamics_mode: DynamicsMode = "chunked"  # "autoregressive": T one-step calls (benchmark baseline)
+    max_nonfinite_candidates: int = 0  # per step; more raises PlannerError (0 = any NaN raises)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.horizon < 1:
+            problems.append(f"horizon must be >= 1, got {self.horizon}")
+        if len(self.action_low) != len(self.action_high) or not self.action_low:
+            problems.append(
+                f"action_low/high must be non-empty and equally long, got "
+                f"{len(self.action_low)} and {len(self.action_high)}"
+            )
+        elif not all(lo < hi for lo, hi in zip(self.action_low, self.action_high)):
+            problems.append(f"need action_low < action_high, got {self.action_low} / {self.action_high}")
+        if self.num_samples < 1:
+            problems.append(f"num_samples must be >= 1, got {self.num_samples}")
+        if not 0.0 <= self.mixture_coef <= 1.0:
+            problems.append(f"mixture_coef must be in [0, 1], got {self.mixture_coef}")
+        if self.iterations < 1:
+            problems.append(f"iterations must be >= 1, got {self.iterations}")
+        if not 1 <= self.num_elites <= self.num_candidates:
+            problems.append(
+                f"num_elites must be in [1, {self.num_candidates}] (candidates), got {self.num_elites}"
+            )
+        for name in ("temperature", "init_std", "min_std"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.policy_noise_std < 0:
+            problems.append(f"policy_noise_std must be >= 0, got {self.policy_noise_std}")
+        if not 0.0 <= self.momentum < 1.0:
+            problems.append(f"momentum must be in [0, 1), got {self.momentum}")
+        if not 0.0 < self.discount <= 1.0:
+            problems.append(f"discount must be in (0, 1], got {self.discount}")
+        if not 1 <= self.delay <= self.horizon:
+            problems.append(f"delay must be in [1, horizon={self.horizon}], got {self.delay}")
+        if self.dynamics_mode not in ("chunked", "autoregressive"):
+            problems.append(f"dynamics_mode must be 'chunked' or 'autoregressive', got {self.dynamics_mode!r}")
+        if self.max_nonfinite_candidates < 0:
+            problems.append(f"max_nonfinite_candidates must be >= 0, got {self.max_nonfinite_candidates}")
+        if problems:
+            raise ValueError("invalid PlannerConfig: " + "; ".join(problems))
+
+    @property
+    def action_dim(self) -> int:
+        return len(self.action_low)
+
+    @property
+    def num_policy_samples(self) -> int:
+        return int(self.num_samples * self.mixture_coef)
+
+    @property
+    def num_candidates(self) -> int:
+        return self.num_samples + self.num_policy_samples
+
+
+def go2_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
+    """Official Go2 MPPI: 450 + 22 candidates, 8 iterations, 64 elites, H = T = 25 (mppi.yaml)."""
+    return replace(
+        PlannerConfig(horizon=25, action_low=tuple(action_low), action_high=tuple(action_high)),
+        **overrides,
+    )
+
+
+def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
+    """UR5e MPPI: init std 1.0, policy noise 0.1, temperature 0.4, T = 5 (METHOD_NOTES).
+
+    The official release ships one MPPI file (Go2); the sample, elite and iteration counts
+    not fixed by the notes are taken from it unchanged (450 + 22 candidates, 64 elites, 8 iters).
+    """
+    return replace(
+        PlannerConfig(
+            horizon=5,
+            action_low=tuple(action_low),
+            action_high=tuple(action_high),
+            init_std=1.0,
+            min_std=0.05,
+            policy_noise_std=0.1,
+            temperature=0.4,
+        ),
+        **overrides,
+    )
+
+
+@dataclass(frozen=True)
+class PlanTimings:
+    encode_s: float  # encoder, history encoder, base policy, candidate noise
+    optimise_s: float  # the MPPI iterations
+    total_s: float  # whole step including the final host transfer
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    action: np.ndarray  # (A,) the mean's first action, to execute now
+    mean: np.ndarray  # (T, A) planned mean chunk
+    rewards: np.ndarray  # (T,) predicted r^_t..r^_{t+T-1} along the mean
+    values: np.ndarray  # (T,) predicted v^_{t+1}..v^_{t+T} along the mean
+    expected_return: float  # discounted return of the mean chunk
+    policy_chunk: np.ndarray  # (T, A) the base policy's (un-noised) chunk
+    nonfinite_candidates: int  # candidate evaluations discarded this step
+    timings: PlanTimings
+
+
+# Order of the device-side health flags resolved once per step.
+_FLAG_NAMES = (
+    "observation input",
+    "encoder latent z",
+    "history tokens",
+    "base-policy chunk",
+    "mean-trajectory prediction",
+)
+
+
+class MPPIPlanner:
+    """Stateful MPPI: call `reset()` at episode start, `plan()` once per control step."""
+
+    def __init__(self, model: WorldModelLike, config: PlannerConfig, device: str | torch.device = "cpu"):
+        self.model = model
+        self.config = config
+        self.device = torch.device(device)
+        c, dev = config, self.device
+        T, A, S, P = c.horizon, c.action_dim, c.num_samples, c.num_policy_samples
+        self._low = torch.tensor(c.action_low, dtype=torch.float32, device=dev)
+        self._high = torch.tensor(c.action_high, dtype=torch.float32, device=dev)
+        self._discounts = c.discount ** torch.arange(T, dtype=torch.float32, device=dev)
+        self._tail_discount = c.discount**T
+        self._discounts_np = self._discounts.cpu().numpy()
+        self._generator = torch.Generator(device=dev)
+        # Buffers reused every step: the candidate chunks and their noise, mean/std state.
+        self._actions = torch.empty(S + P, T, A, device=dev)
+        self._noise = torch.empty(S, T, A, device=dev)
+        self._policy_noise = torch.empty(P, T, A, device=dev)
+        self._mean = torch.empty(T, A, device=dev)
+        self._prev_mean = torch.empty(T, A, device=dev)
+        self._std = torch.empty(T, A, device=dev)
+        self._latents: torch.Tensor | None = None  # (S + P, T + 1, D), sized on first plan()
+        self.reset()
+
+    def reset(self, seed: int | None = None) -> None:
+        """Forget the warm start and reseed; the next plan starts from a zero mean."""
+        self._generator.manual_seed(self.config.seed if seed is None else seed)
+        with torch.no_grad():
+            self._mean.zero_()
+            self._clamp(self._mean)
+
+    def plan(
+        self,
+        obs: dict[str, torch.Tensor],
+        proprio_history: torch.Tensor,
+        action_history: torch.Tensor,
+    ) -> PlanResult:
+        """One control step. obs: model-input dict with batch 1; histories (1, H, P) / (1, H, A)."""
+        if getattr(self.model, "training", False):
+            raise PlannerError("the world model is in training mode (dropout on); call model.eval() first")
+        with torch.no_grad():
+            return self._plan(obs, proprio_history, action_history)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _plan(self, obs, proprio_history, action_history) -> PlanResult:
+        c, model = self.config, self.model
+        T, A, S, N = c.horizon, c.action_dim, c.num_samples, c.num_candidates
+        start = time.perf_counter()
+        obs, proprio_history, action_history = self._to_device(obs, proprio_history, action_history)
+        command = obs.get("command")
+
+        z = model.encode(obs)
+        history = model.encode_history(proprio_history, action_history)
+        policy_chunk = model.policy(z, history)
+        if tuple(policy_chunk.shape) != (1, T, A):
+            raise PlannerError(
+                f"model.policy returned shape {tuple(policy_chunk.shape)}, expected (1, {T}, {A}): "
+                f"the planner horizon/action_dim must match the model's"
+            )
+        flags = [
+            _any_nonfinite(*obs.values(), proprio_history, action_history),
+            _any_nonfinite(z),
+            _any_nonfinite(history),
+            _any_nonfinite(policy_chunk),
+        ]
+        latents = self._latent_buffer(z)
+        latents[:, 0].copy_(z.expand(N, -1))
+        z_all, history_all = z.expand(N, -1), history.expand(N, -1, -1)
+        command_all = None if command is None else command.expand(N, -1)
+
+        # Warm start: shift by the delay, zero tail (clamped into bounds); std restarts wide.
+        self._prev_mean.copy_(self._mean)
+        self._mean[: T - c.delay].copy_(self._prev_mean[c.delay :])
+        self._mean[T - c.delay :].zero_()
+        self._clamp(self._mean)
+        self._std.fill_(c.init_std)
+        # Base-policy candidates: noised once per step, reused by every iteration.
+        policy_part = self._actions[S:]
+        torch.randn(self._policy_noise.shape, generator=self._generator, device=self.device, out=self._policy_noise)
+        torch.add(policy_chunk[0], self._policy_noise, alpha=c.policy_noise_std, out=policy_part)
+        self._clamp(policy_part)
+        self._sync()
+        encoded = time.perf_counter()
+
+        nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
+        gaussian_part = self._actions[:S]
+        for _ in range(c.iterations):
+            torch.randn(self._noise.shape, generator=self._generator, device=self.device, out=self._noise)
+            torch.addcmul(self._mean, self._std, self._noise, out=gaussian_part)
+            self._clamp(gaussian_part)
+            returns, bad = self._evaluate(z_all, history_all, command_all, self._actions, latents)
+            nonfinite += bad.sum()
+            self._update(torch.where(bad, -math.inf, returns))
+        optimised = time.perf_counter()
+
+        # Predicted rewards / values along the final mean, for the plan topic and diagnostics.
+        mean_actions = self._mean.unsqueeze(0)
+        mean_latents = torch.cat([z.unsqueeze(1), self._rollout(z, mean_actions, history)], dim=1)
+        rewards = model.reward(mean_latents, mean_actions, command)
+        values = model.value(mean_latents, command)
+        flags.append(_any_nonfinite(mean_latents, rewards, values, self._mean))
+
+        # One host transfer resolves every check and brings back the plan.
+        packed = torch.cat(
+            [
+                torch.stack(flags).float(),
+                nonfinite.float().view(1),
+                self._mean.flatten(),
+                rewards[0].float(),
+                values[0].float(),
+                policy_chunk[0].flatten().float(),
+            ]
+        ).cpu().numpy()
+        nf = len(_FLAG_NAMES)
+        bad_parts = [name for name, flag in zip(_FLAG_NAMES, packed[:nf]) if flag]
+        n_bad = int(packed[nf])
+        if bad_parts or n_bad > c.max_nonfinite_candidates:
+            what = ", ".join(bad_parts) if bad_parts else "candidate predictions"
+            raise PlannerError(
+                f"non-finite values in {what}; {n_bad} of {N * c.iterations} candidate evaluations "
+                f"non-finite (allowed {c.max_nonfinite_candidates}); no action returned"
+            )
+        o = nf + 1
+        mean = packed[o : o + T * A].reshape(T, A)
+        rewards_np = packed[o + T * A : o + T * A + T]
+        values_np = packed[o + T * A + T : o + T * A + 2 * T]
+        policy_np = packed[o + T * A + 2 * T :].reshape(T, A)
+        expected = float(rewards_np @ self._discounts_np + self._tail_discount * values_np[-1])
+        end = time.perf_counter()
+        return PlanResult(
+            action=mean[0].copy(),
+            mean=mean,
+            rewards=rewards_np,
+            values=values_np,
+            expected_return=expected,
+            policy_chunk=policy_np,
+            nonfinite_candidates=n_bad,
+            timings=PlanTimings(encoded - start, optimised - encoded, end - start),
+        )
+
+    def _evaluate(self, z, history, command, actions, latents):
+        """Discounted returns (N,) of all candidates in one batched pass, and a non-finite mask."""
+        predicted = self._rollout(z, actions, history)
+        latents[:, 1:].copy_(predicted)
+        rewards = self.model.reward(latents, actions, command)
+        values = self.model.value(latents, command)
+        returns = rewards @ self._discounts + self._tail_discount * values[:, -1]
+        bad = ~(
+            torch.isfinite(predicted).flatten(1).all(1)
+            & torch.isfinite(rewards).all(1)
+            & torch.isfinite(values).all(1)
+        )
+        return returns, bad
+
+    def _rollout(self, z, actions, history):
+        """z^_{t+1..t+T}: one chunked pass, or T one-step passes in autoregressive mode."""
+        if self.config.dynamics_mode == "chunked":
+            return self.model.dynamics(z, actions, history)
+        steps, current = [], z
+        for k in range(actions.shape[1]):
+            current = self.model.dynamics(current, actions[:, k : k + 1], history)[:, 0]
+            steps.append(current)
+        return torch.stack(steps, dim=1)
+
+    def _update(self, returns: torch.Tensor) -> None:
+        """Refit mean/std to the elites, weighted by exp(temperature * (R - R_max))."""
+        c = self.config
+        elite_returns, elite_idx = torch.topk(returns, c.num_elites)
+        elites = self._actions[elite_idx]
+        weights = torch.softmax(c.temperature * elite_returns, dim=0).view(-1, 1, 1)
+        new_mean = (weights * elites).sum(0)
+        new_std = (weights * (elites - new_mean).square()).sum(0).sqrt()
+        self._mean.mul_(c.momentum).add_(new_mean, alpha=1.0 - c.momentum)
+        torch.clamp(new_std, min=c.min_std, out=self._std)
+
+    def _clamp(self, actions: torch.Tensor) -> None:
+        torch.maximum(actions, self._low, out=actions)
+        torch.minimum(actions, self._high, out=actions)
+
+    def _latent_buffer(self, z: torch.Tensor) -> torch.Tensor:
+        if z.ndim != 2 or z.shape[0] != 1:
+            raise PlannerError(f"model.encode returned shape {tuple(z.shape)}, expected (1, D)")
+        shape = (self.config.num_candidates, self.config.horizon + 1, z.shape[1])
+        if self._latents is None or self._latents.shape != shape or self._latents.dtype != z.dtype:
+            self._latents = torch.empty(shape, dtype=z.dtype, device=self.device)
+        return self._latents
+
+    def _to_device(self, obs, proprio_history, action_history):
+        for name, t in [*obs.items(), ("proprio_history", proprio_history), ("action_history", action_history)]:
+            if not isinstance(t, torch.Tensor) or t.ndim == 0 or t.shape[0] != 1:
+                raise PlannerError(f"{name}: expected a tensor with batch dimension 1, got {_describe(t)}")
+        if action_history.shape[-1] != self.config.action_dim:
+            raise PlannerError(
+                f"action_history has action dim {action_history.shape[-1]}, expected {self.config.action_dim}"
+            )
+        move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+        return {k: move(v) for k, v in obs.items()}, move(proprio_history), move(action_history)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _any_nonfinite(*tensors: torch.Tensor) -> torch.Tensor:
+    """A device-side bool scalar: does any floating tensor hold NaN/Inf? (no host sync)."""
+    flag = torch.zeros((), dtype=torch.bool, device=tensors[0].device)
+    for t in tensors:
+        if t.is_floating_point():
+            flag = flag | ~torch.isfinite(t).all()
+    return flag
+
+
+def _describe(t) -> str:
+    return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__

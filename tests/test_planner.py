@@ -1,0 +1,261 @@
+"""MPPI planner behaviour on a toy world model whose optimum is known in closed form.
+
+`QuadraticToyModel` implements the world-model API honestly (it is a tiny analytic model, not a
+mock): the latent is a point in action space, f integrates the actions (z_{k+1} = z_k + a_k, one
+cumsum for the whole chunk), R = -w_r ||a - a*||^2 and V = -w_v ||z - z*||^2.
+"""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+from simdist_planner.planner import (
+    MPPIPlanner,
+    PlannerConfig,
+    PlannerError,
+    go2_planner_config,
+    ur5e_planner_config,
+)
+
+A, H = 2, 3
+
+
+class QuadraticToyModel:
+    def __init__(self, target, reward_weight=1.0, value_weight=0.0, value_target=None, policy=None):
+        self.target = torch.as_tensor(target, dtype=torch.float32)
+        self.reward_weight = reward_weight
+        self.value_weight = value_weight
+        self.value_target = torch.zeros(len(target)) if value_target is None else torch.as_tensor(value_target)
+        self.policy_chunk = policy  # (T, A) or None -> zeros
+        self.nan_reward_where = None  # callable(actions) -> bool mask (N, T) of NaN rewards
+        self.nan_in = set()  # names of methods whose output is all NaN
+        self.recorded: list[torch.Tensor] | None = None  # actions passed to dynamics, if recording
+
+    def encode(self, obs):
+        return self._maybe_nan("encode", obs["proprio"].float())
+
+    def encode_history(self, proprio, actions):
+        return self._maybe_nan("encode_history", torch.cat([proprio, actions], dim=1))
+
+    def dynamics(self, z, actions, history):
+        if self.recorded is not None:
+            self.recorded.append(actions.clone())
+        return self._maybe_nan("dynamics", z.unsqueeze(1) + actions.cumsum(1))
+
+    def reward(self, latents, actions, command):
+        r = -self.reward_weight * (actions - self.target).square().sum(-1)
+        if self.nan_reward_where is not None:
+            r = torch.where(self.nan_reward_where(actions), torch.nan, r)
+        return self._maybe_nan("reward", r)
+
+    def value(self, latents, command):
+        return self._maybe_nan("value", -self.value_weight * (latents[:, 1:] - self.value_target).square().sum(-1))
+
+    def policy(self, z, history):
+        T = self.horizon
+        chunk = torch.zeros(T, A) if self.policy_chunk is None else torch.as_tensor(self.policy_chunk)
+        return self._maybe_nan("policy", chunk.to(z.device).expand(z.shape[0], T, A).clone())
+
+    def _maybe_nan(self, name, out):
+        return torch.full_like(out, torch.nan) if name in self.nan_in else out
+
+
+def make(model, horizon=5, **overrides):
+    settings = dict(horizon=horizon, action_low=(-1.0,) * A, action_high=(1.0,) * A, num_samples=256)
+    settings.update(overrides)
+    model.horizon = horizon
+    return MPPIPlanner(model, PlannerConfig(**settings))
+
+
+def inputs(z0=(0.0, 0.0)):
+    obs = {"proprio": torch.tensor([z0], dtype=torch.float32)}
+    return obs, torch.zeros(1, H, A), torch.zeros(1, H, A)
+
+
+def test_action_converges_to_known_optimum():
+    target = [0.3, -0.5]
+    planner = make(QuadraticToyModel(target))
+    for _ in range(6):  # warm start carries the solution across steps
+        result = planner.plan(*inputs())
+    np.testing.assert_allclose(result.action, target, atol=0.05)
+    np.testing.assert_allclose(result.mean, np.tile(target, (5, 1)), atol=0.1)
+    assert result.action.shape == (A,) and result.nonfinite_candidates == 0
+    assert result.timings.total_s >= result.timings.optimise_s > 0
+
+
+def test_value_tail_and_discount_match_hand_computation():
+    # T = 2, 1-D trade-off: J(a) = -(a0-1)^2 - g (a1-1)^2 - g^2 wv (a0 + a1 - b)^2.
+    gamma, wv, b = 0.5, 1.0, -1.0
+    model = QuadraticToyModel([1.0, 1.0], value_weight=wv, value_target=[b, b])
+    planner = make(
+        model, horizon=2, discount=gamma, num_samples=1000, num_elites=64, temperature=10.0,
+        iterations=20, min_std=0.005,
+    )
+    result = planner.plan(*inputs())
+    # Stationary point of J per dimension: solve the 2x2 linear system.
+    g2w = gamma**2 * wv
+    M = np.array([[1 + g2w, g2w], [g2w, gamma + g2w]])
+    optimum = np.linalg.solve(M, [1 + g2w * b, gamma + g2w * b])
+    np.testing.assert_allclose(result.mean, np.stack([optimum, optimum], axis=1), atol=0.01)
+    # The reported return of the mean chunk, recomputed by hand from the toy model's formulas.
+    a = result.mean.astype(np.float64)
+    states = np.cumsum(a, axis=0)
+    r = -((a - 1.0) ** 2).sum(1)
+    v = -wv * ((states - b) ** 2).sum(1)
+    np.testing.assert_allclose(result.rewards, r, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.values, v, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.expected_return, r[0] + gamma * r[1] + gamma**2 * v[-1], rtol=1e-5)
+
+
+def test_warm_start_shifts_previous_mean_by_delay():
+    model = QuadraticToyModel([0.0, 0.0])
+    # A tiny std makes the first iteration's Gaussian candidates equal to the warm-start mean.
+    planner = make(model, horizon=6, mixture_coef=0.0, init_std=1e-6, min_std=1e-6, delay=2, num_elites=8)
+    planner._mean.copy_(torch.linspace(-0.6, 0.6, 12).view(6, 2))  # a known previous plan
+    expected = torch.zeros(6, 2)
+    expected[:4] = planner._mean[2:]
+    model.recorded = []
+    planner.plan(*inputs())
+    first_candidates = model.recorded[0]
+    torch.testing.assert_close(first_candidates.mean(0), expected, atol=1e-5, rtol=0)
+
+
+def test_base_policy_candidates_are_noised_once_per_step():
+    chunk = torch.full((5, A), 0.4)
+    model = QuadraticToyModel([0.0, 0.0], policy=chunk)
+    planner = make(model, num_samples=100, mixture_coef=0.1, policy_noise_std=0.05, iterations=3)
+    model.recorded = []
+    result = planner.plan(*inputs())
+    policy_rows = [call[100:] for call in model.recorded[:3]]
+    assert policy_rows[0].shape == (10, 5, A)
+    torch.testing.assert_close(policy_rows[0], policy_rows[1])
+    torch.testing.assert_close(policy_rows[0], policy_rows[2])
+    assert 0.02 < (policy_rows[0] - chunk).std() < 0.1
+    np.testing.assert_allclose(result.policy_chunk, chunk.numpy())
+
+
+def test_actions_respect_bounds():
+    model = QuadraticToyModel([3.0, -3.0])  # optimum outside the box
+    planner = make(model, action_low=(-1.0, -0.5), action_high=(0.8, 1.0))
+    model.recorded = []
+    for _ in range(3):
+        result = planner.plan(*inputs())
+    candidates = torch.cat(model.recorded)
+    assert candidates[..., 0].min() >= -1.0 and candidates[..., 0].max() <= 0.8
+    assert candidates[..., 1].min() >= -0.5 and candidates[..., 1].max() <= 1.0
+    np.testing.assert_allclose(result.action, [0.8, -0.5], atol=0.02)
+
+
+def test_deterministic_per_seed():
+    def run(seed):
+        planner = make(QuadraticToyModel([0.3, -0.2]), num_samples=64, iterations=2, num_elites=8)
+        planner.reset(seed)
+        return np.stack([planner.plan(*inputs()).action for _ in range(3)])
+
+    np.testing.assert_array_equal(run(1), run(1))
+    assert not np.array_equal(run(1), run(2))
+
+
+@pytest.mark.parametrize("part", ["encode", "encode_history", "policy", "dynamics", "reward", "value"])
+def test_nonfinite_model_output_raises(part):
+    model = QuadraticToyModel([0.3, -0.2])
+    model.nan_in.add(part)
+    planner = make(model, num_samples=32, iterations=2, num_elites=4)
+    with pytest.raises(PlannerError, match="non-finite"):
+        planner.plan(*inputs())
+
+
+def test_nonfinite_observation_is_reported():
+    planner = make(QuadraticToyModel([0.3, -0.2]), num_samples=32, iterations=2, num_elites=4)
+    with pytest.raises(PlannerError, match="observation input"):
+        planner.plan(*inputs(z0=(float("nan"), 0.0)))
+
+
+def test_some_nonfinite_candidates_are_discarded_when_tolerated():
+    model = QuadraticToyModel([0.3, -0.2])
+    model.nan_reward_where = lambda actions: actions[..., 0] > 0.9  # rare, extreme candidates
+    strict = make(model, num_samples=128, iterations=3, num_elites=16)
+    with pytest.raises(PlannerError, match="candidate"):
+        strict.plan(*inputs())
+    tolerant = make(model, num_samples=128, iterations=3, num_elites=16, max_nonfinite_candidates=384)
+    result = tolerant.plan(*inputs())
+    assert result.nonfinite_candidates > 0 and np.all(np.isfinite(result.action))
+
+
+def test_training_mode_model_is_refused():
+    model = QuadraticToyModel([0.0, 0.0])
+    model.training = True
+    with pytest.raises(PlannerError, match="eval"):
+        make(model).plan(*inputs())
+
+
+def test_wrong_input_shapes_raise_clear_errors():
+    planner = make(QuadraticToyModel([0.0, 0.0]))
+    obs, proprio, actions = inputs()
+    with pytest.raises(PlannerError, match="batch dimension 1"):
+        planner.plan({"proprio": torch.zeros(2, A)}, proprio, actions)
+    with pytest.raises(PlannerError, match="action dim"):
+        planner.plan(obs, proprio, torch.zeros(1, H, A + 1))
+    wrong_horizon = make(QuadraticToyModel([0.0, 0.0]), horizon=4)
+    wrong_horizon.model.horizon = 5
+    with pytest.raises(PlannerError, match="horizon"):
+        wrong_horizon.plan(obs, proprio, actions)
+
+
+def test_no_tensor_growth_across_steps():
+    planner = make(QuadraticToyModel([0.3, -0.2]), num_samples=64, iterations=2, num_elites=8)
+    for _ in range(3):
+        planner.plan(*inputs())
+
+    def live_tensors():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+
+    before = live_tensors()
+    for _ in range(40):
+        planner.plan(*inputs())
+    assert live_tensors() == before
+
+
+def test_autoregressive_mode_matches_chunked_on_a_markov_model():
+    # The toy dynamics are Markov, so T one-step calls give the same rollout as one chunked call.
+    results = []
+    for mode in ("chunked", "autoregressive"):
+        model = QuadraticToyModel([0.3, -0.2], value_weight=0.5)
+        planner = make(model, num_samples=64, iterations=3, num_elites=8, dynamics_mode=mode)
+        results.append(planner.plan(*inputs(z0=(0.1, 0.2))))
+    np.testing.assert_allclose(results[0].mean, results[1].mean, atol=1e-5)
+    np.testing.assert_allclose(results[0].values, results[1].values, atol=1e-5)
+
+
+def test_config_defaults_and_validation():
+    go2 = go2_planner_config([-5.0] * 12, [5.0] * 12)
+    assert (go2.num_samples, go2.num_policy_samples, go2.num_candidates) == (450, 22, 472)
+    assert (go2.iterations, go2.num_elites, go2.temperature, go2.horizon) == (8, 64, 0.25, 25)
+    assert (go2.init_std, go2.min_std, go2.policy_noise_std, go2.discount, go2.delay) == (2.0, 0.05, 0.05, 0.99, 1)
+    ur5e = ur5e_planner_config([-1.0] * 7, [1.0] * 7, num_samples=100)
+    assert (ur5e.horizon, ur5e.init_std, ur5e.policy_noise_std, ur5e.temperature) == (5, 1.0, 0.1, 0.4)
+    assert ur5e.num_samples == 100
+    with pytest.raises(ValueError, match="num_elites"):
+        PlannerConfig(horizon=5, action_low=(-1.0,), action_high=(1.0,), num_samples=10, num_elites=64)
+    with pytest.raises(ValueError, match="delay"):
+        PlannerConfig(horizon=5, action_low=(-1.0,), action_high=(1.0,), delay=0)
+    with pytest.raises(ValueError, match="action_low < action_high"):
+        PlannerConfig(horizon=5, action_low=(1.0,), action_high=(-1.0,))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu_contract():
+    model = QuadraticToyModel([0.3, -0.5])
+    model.target = model.target.cuda()
+    model.value_target = model.value_target.cuda()
+    model.horizon = 5
+    planner = MPPIPlanner(
+        model, PlannerConfig(horizon=5, action_low=(-1.0,) * A, action_high=(1.0,) * A, mixture_coef=0.0), "cuda"
+    )
+    for _ in range(6):
+        result = planner.plan(*inputs())
+    np.testing.assert_allclose(result.action, [0.3, -0.5], atol=0.05)
