@@ -54,7 +54,7 @@ class QuadraticToyModel:
     def value(self, latents, command):
         return self._maybe_nan("value", -self.value_weight * (latents[:, 1:] - self.value_target).square().sum(-1))
 
-    def policy(self, z, history):
+    def policy(self, z, history, command):
         T = self.horizon
         chunk = torch.zeros(T, A) if self.policy_chunk is None else torch.as_tensor(self.policy_chunk)
         return self._maybe_nan("policy", chunk.to(z.device).expand(z.shape[0], T, A).clone())
@@ -220,17 +220,6 @@ def test_no_tensor_growth_across_steps():
     assert live_tensors() == before
 
 
-def test_autoregressive_mode_matches_chunked_on_a_markov_model():
-    # The toy dynamics are Markov, so T one-step calls give the same rollout as one chunked call.
-    results = []
-    for mode in ("chunked", "autoregressive"):
-        model = QuadraticToyModel([0.3, -0.2], value_weight=0.5)
-        planner = make(model, num_samples=64, iterations=3, num_elites=8, dynamics_mode=mode)
-        results.append(planner.plan(*inputs(z0=(0.1, 0.2))))
-    np.testing.assert_allclose(results[0].mean, results[1].mean, atol=1e-5)
-    np.testing.assert_allclose(results[0].values, results[1].values, atol=1e-5)
-
-
 def test_config_defaults_and_validation():
     go2 = go2_planner_config([-5.0] * 12, [5.0] * 12)
     assert (go2.num_samples, go2.num_policy_samples, go2.num_candidates) == (450, 22, 472)
@@ -259,3 +248,45 @@ def test_cuda_matches_cpu_contract():
     for _ in range(6):
         result = planner.plan(*inputs())
     np.testing.assert_allclose(result.action, [0.3, -0.5], atol=0.05)
+
+
+def _real_inputs(cfg):
+    g = torch.Generator().manual_seed(0)
+    obs = {"proprio": torch.randn(1, cfg.proprio_dim, generator=g)}
+    if cfg.height_map is not None:
+        obs["height_map"] = torch.randn(1, *cfg.height_map.shape, generator=g)
+    if cfg.command_dim:
+        obs["command"] = torch.randn(1, cfg.command_dim, generator=g)
+    if cfg.image is not None:
+        obs["images"] = torch.randint(0, 256, (1, cfg.num_cameras, 3, 32, 32), dtype=torch.uint8, generator=g)
+    return (obs, torch.randn(1, cfg.history, cfg.proprio_dim, generator=g),
+            torch.randn(1, cfg.history, cfg.action_dim, generator=g))
+
+
+@pytest.mark.parametrize("robot", ["go2", "ur5e"])
+def test_runs_on_real_world_model(robot):
+    from simdist_planner.config import ImageEncoderConfig, UR5E_CAMERAS, go2_config, ur5e_small_config
+    from simdist_planner.model import WorldModel
+
+    torch.manual_seed(0)
+    if robot == "go2":
+        cfg = go2_config(latent_dim=16, history=4, horizon=4)
+        config = go2_planner_config([-1.0] * 12, [1.0] * 12, horizon=4, num_samples=40, num_elites=8, iterations=2)
+    else:
+        image = ImageEncoderConfig(UR5E_CAMERAS, 32, 32, backbone="small_cnn", small_cnn_channels=(8, 8),
+                                   small_cnn_features=16)
+        cfg = ur5e_small_config(latent_dim=16, image=image)
+        config = ur5e_planner_config([-0.5] * 6 + [0.0], [0.5] * 6 + [1.0], num_samples=40, num_elites=8, iterations=2)
+    model = WorldModel(cfg).eval()
+    planner = MPPIPlanner(model, config)
+    first = [planner.plan(*_real_inputs(cfg)) for _ in range(2)]
+    planner.reset()
+    again = [planner.plan(*_real_inputs(cfg)) for _ in range(2)]
+    for r in first:
+        assert r.mean.shape == (cfg.horizon, cfg.action_dim) and r.rewards.shape == (cfg.horizon,)
+        assert np.all(r.mean >= np.array(config.action_low)) and np.all(r.mean <= np.array(config.action_high))
+        assert np.all(np.isfinite(r.values)) and r.nonfinite_candidates == 0
+    np.testing.assert_array_equal(first[1].mean, again[1].mean)  # reset reproduces the episode
+    model.train()
+    with pytest.raises(PlannerError, match="eval"):
+        planner.plan(*_real_inputs(cfg))

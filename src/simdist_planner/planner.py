@@ -19,13 +19,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
-
-DynamicsMode = Literal["chunked", "autoregressive"]
-
 
 class PlannerError(RuntimeError):
     """The planner cannot produce a trustworthy action (non-finite model output, bad input)."""
@@ -48,7 +45,9 @@ class WorldModelLike(Protocol):
 
     def value(self, latents: torch.Tensor, command: torch.Tensor | None) -> torch.Tensor: ...
 
-    def policy(self, z: torch.Tensor, history: torch.Tensor) -> torch.Tensor: ...  # (B, T, A)
+    def policy(
+        self, z: torch.Tensor, history: torch.Tensor, command: torch.Tensor | None
+    ) -> torch.Tensor: ...  # (B, T, A)
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,6 @@ class PlannerConfig:
     discount: float = 0.99
     delay: int = 1  # warm start: shift of the previous mean, in control steps
     seed: int = 42
-    dynamics_mode: DynamicsMode = "chunked"  # "autoregressive": T one-step calls (benchmark baseline)
     max_nonfinite_candidates: int = 0  # per step; more raises PlannerError (0 = any NaN raises)
 
     def __post_init__(self) -> None:
@@ -105,8 +103,6 @@ class PlannerConfig:
             problems.append(f"discount must be in (0, 1], got {self.discount}")
         if not 1 <= self.delay <= self.horizon:
             problems.append(f"delay must be in [1, horizon={self.horizon}], got {self.delay}")
-        if self.dynamics_mode not in ("chunked", "autoregressive"):
-            problems.append(f"dynamics_mode must be 'chunked' or 'autoregressive', got {self.dynamics_mode!r}")
         if self.max_nonfinite_candidates < 0:
             problems.append(f"max_nonfinite_candidates must be >= 0, got {self.max_nonfinite_candidates}")
         if problems:
@@ -237,7 +233,7 @@ class MPPIPlanner:
 
         z = model.encode(obs)
         history = model.encode_history(proprio_history, action_history)
-        policy_chunk = model.policy(z, history)
+        policy_chunk = model.policy(z, history, command)
         if tuple(policy_chunk.shape) != (1, T, A):
             raise PlannerError(
                 f"model.policy returned shape {tuple(policy_chunk.shape)}, expected (1, {T}, {A}): "
@@ -281,7 +277,7 @@ class MPPIPlanner:
 
         # Predicted rewards / values along the final mean, for the plan topic and diagnostics.
         mean_actions = self._mean.unsqueeze(0)
-        mean_latents = torch.cat([z.unsqueeze(1), self._rollout(z, mean_actions, history)], dim=1)
+        mean_latents = torch.cat([z.unsqueeze(1), model.dynamics(z, mean_actions, history)], dim=1)
         rewards = model.reward(mean_latents, mean_actions, command)
         values = model.value(mean_latents, command)
         flags.append(_any_nonfinite(mean_latents, rewards, values, self._mean))
@@ -326,7 +322,7 @@ class MPPIPlanner:
 
     def _evaluate(self, z, history, command, actions, latents):
         """Discounted returns (N,) of all candidates in one batched pass, and a non-finite mask."""
-        predicted = self._rollout(z, actions, history)
+        predicted = self.model.dynamics(z, actions, history)
         latents[:, 1:].copy_(predicted)
         rewards = self.model.reward(latents, actions, command)
         values = self.model.value(latents, command)
@@ -337,16 +333,6 @@ class MPPIPlanner:
             & torch.isfinite(values).all(1)
         )
         return returns, bad
-
-    def _rollout(self, z, actions, history):
-        """z^_{t+1..t+T}: one chunked pass, or T one-step passes in autoregressive mode."""
-        if self.config.dynamics_mode == "chunked":
-            return self.model.dynamics(z, actions, history)
-        steps, current = [], z
-        for k in range(actions.shape[1]):
-            current = self.model.dynamics(current, actions[:, k : k + 1], history)[:, 0]
-            steps.append(current)
-        return torch.stack(steps, dim=1)
 
     def _update(self, returns: torch.Tensor) -> None:
         """Refit mean/std to the elites, weighted by exp(temperature * (R - R_max))."""
