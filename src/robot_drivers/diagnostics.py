@@ -1,0 +1,72 @@
+"""A small /diagnostics publisher (diagnostic_updater is not on PyPI).
+
+A node keeps named statuses (OK / WARN / ERROR / STALE with key-values) and publishes them as one
+DiagnosticArray about once a second on a steady-clock timer (so it keeps reporting while sim time
+is paused in lockstep), and at once when a status changes level, so an operator sees a fault
+without waiting. A status not refreshed within `stale_after_s` is reported STALE.
+"""
+from __future__ import annotations
+
+import enum
+import time
+
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.clock import Clock, ClockType
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+
+class Level(enum.IntEnum):
+    OK = 0
+    WARN = 1
+    ERROR = 2
+    STALE = 3
+
+
+class Diagnostics:
+    """Named health statuses of one node, published on /diagnostics."""
+
+    def __init__(self, node, hardware_id: str = "", period_s: float = 1.0, stale_after_s: float = 5.0):
+        self._node = node
+        self._hardware_id = hardware_id
+        self._stale_after_s = stale_after_s
+        self._status: dict[str, tuple[Level, str, dict, float]] = {}
+        self._pub = node.create_publisher(
+            DiagnosticArray, "/diagnostics", QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        )
+        self._timer = node.create_timer(period_s, self.publish, clock=Clock(clock_type=ClockType.STEADY_TIME))
+
+    def set(self, name: str, level: Level, message: str, **values) -> None:
+        """Record a status; publishes immediately if its level changed."""
+        previous = self._status.get(name)
+        self._status[name] = (Level(level), message, values, time.monotonic())
+        if previous is None or previous[0] != level:
+            if level == Level.ERROR:
+                self._node.get_logger().error(f"{name}: {message}")
+            elif level == Level.WARN:
+                self._node.get_logger().warning(f"{name}: {message}")
+            self.publish()
+
+    def level(self, name: str) -> Level | None:
+        entry = self._status.get(name)
+        return None if entry is None else entry[0]
+
+    def publish(self) -> None:
+        now = time.monotonic()
+        msg = DiagnosticArray()
+        msg.header.stamp = self._node.get_clock().now().to_msg()
+        for name, (level, message, values, updated) in self._status.items():
+            if now - updated > self._stale_after_s and level != Level.STALE:
+                level, message = Level.STALE, f"no update for {now - updated:.1f} s (last: {message})"
+            msg.status.append(
+                DiagnosticStatus(
+                    level=bytes([int(level)]),
+                    name=f"{self._node.get_name()}: {name}",
+                    message=message,
+                    hardware_id=self._hardware_id,
+                    values=[KeyValue(key=str(k), value=str(v)) for k, v in values.items()],
+                )
+            )
+        self._pub.publish(msg)
+
+    def destroy(self) -> None:
+        self._node.destroy_timer(self._timer)

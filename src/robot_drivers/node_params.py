@@ -1,0 +1,103 @@
+"""Declared, ranged, validated ROS parameters applied between ticks (shared by the robot-side nodes).
+
+Each node lists its tunables once as `Param`s; `NodeParams` declares them with a description and
+a range (rqt_reconfigure shows sliders), rejects bad values at set time with the reason, and
+queues accepted ones so the node applies them at the start of its next tick, never mid-tick.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from rcl_interfaces.msg import (
+    FloatingPointRange,
+    IntegerRange,
+    ParameterDescriptor,
+    SetParametersResult,
+)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable: default, human description, inclusive range for numbers."""
+
+    name: str
+    default: object
+    description: str
+    low: float | None = None
+    high: float | None = None
+    read_only: bool = False  # structural settings (robot, cameras) fixed at start-up
+
+    def descriptor(self) -> ParameterDescriptor:
+        d = ParameterDescriptor(description=self.description, read_only=self.read_only)
+        if self.low is not None and isinstance(self.default, bool):
+            raise TypeError(f"parameter {self.name}: a bool takes no range")
+        if self.low is not None and isinstance(self.default, int):
+            d.integer_range = [IntegerRange(from_value=int(self.low), to_value=int(self.high), step=1)]
+        elif self.low is not None:
+            d.floating_point_range = [
+                FloatingPointRange(from_value=float(self.low), to_value=float(self.high), step=0.0)
+            ]
+        return d
+
+
+# check(name, value, all current values) -> None or the reason the value is rejected
+Check = Callable[[str, object, dict], "str | None"]
+
+
+class NodeParams:
+    """The node's parameter values; accepted changes wait in `pending` until `apply()`."""
+
+    def __init__(self, node, params: tuple[Param, ...], check: Check | None = None):
+        self._node = node
+        self._params = {p.name: p for p in params}
+        self._check = check
+        self._lock = threading.Lock()
+        self._pending: dict[str, object] = {}
+        self.values: dict[str, object] = {}
+        for p in params:
+            self.values[p.name] = node.declare_parameter(p.name, p.default, p.descriptor()).value
+        for name, value in self.values.items():
+            reason = self._validate(name, value, self.values)
+            if reason:
+                raise ValueError(f"{node.get_name()}: parameter {name}={value!r} rejected: {reason}")
+        node.add_on_set_parameters_callback(self._on_set)
+
+    def __getitem__(self, name: str):
+        return self.values[name]
+
+    def _validate(self, name: str, value, values: dict) -> str | None:
+        p = self._params.get(name)
+        if p is None:
+            return None  # not ours (e.g. use_sim_time): rclpy handles it
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{name} must be finite, got {value}"
+        if isinstance(value, (list, tuple)) and any(
+            isinstance(v, float) and not math.isfinite(v) for v in value
+        ):
+            return f"{name} must hold finite numbers, got {list(value)}"
+        if p.low is not None and not (p.low <= value <= p.high):
+            return f"{name}={value} outside [{p.low}, {p.high}]"
+        return self._check(name, value, values) if self._check else None
+
+    def _on_set(self, parameters) -> SetParametersResult:
+        with self._lock:
+            proposed = {**self.values, **self._pending}
+            proposed.update({p.name: p.value for p in parameters if p.name in self._params})
+            for p in parameters:
+                reason = self._validate(p.name, p.value, proposed)
+                if reason:
+                    return SetParametersResult(successful=False, reason=reason)
+            for p in parameters:
+                if p.name in self._params:
+                    self._pending[p.name] = p.value
+        return SetParametersResult(successful=True)
+
+    def apply(self) -> dict[str, object]:
+        """Move accepted changes into `values` (call at a tick boundary); returns what changed."""
+        with self._lock:
+            changed, self._pending = self._pending, {}
+        self.values.update(changed)
+        return changed

@@ -1,0 +1,219 @@
+"""The safety supervisor's pure core: every command passes here before any driver sees it.
+
+Checks, in order: e-stop latch, stale observation, command kind / size / NaN-Inf, then the
+robot's limits (UR5e: end-effector step caps and a workspace box on the predicted TCP; Go2: joint
+target limits and a per-tick target step limit). A command-rate watchdog turns a missing plan into
+HOLD (arm) or, after a grace period, DAMP (quadruped). The ROS node (`safety_node.py`) only moves
+messages in and out of this class; every rule is testable here without ROS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from robot_drivers.interface import Command, CommandKind
+
+# Go2 joint limits (rad), Unitree order FR, FL, RR, RL x (hip, thigh, calf), from the menagerie
+# model; the rear thighs reach further back than the front ones.
+_HIP, _CALF = (-1.0472, 1.0472), (-2.7227, -0.83776)
+_THIGH_FRONT, _THIGH_REAR = (-1.5708, 3.4907), (-0.5236, 4.5379)
+GO2_JOINT_LOW = tuple(v[0] for leg in ("F", "F", "R", "R") for v in (_HIP, _THIGH_FRONT if leg == "F" else _THIGH_REAR, _CALF))
+GO2_JOINT_HIGH = tuple(v[1] for leg in ("F", "F", "R", "R") for v in (_HIP, _THIGH_FRONT if leg == "F" else _THIGH_REAR, _CALF))
+GO2_DEFAULT_POSE = (-0.1, 0.8, -1.5, 0.1, 0.8, -1.5, -0.1, 1.0, -1.5, 0.1, 1.0, -1.5)
+
+
+@dataclass
+class SafetyConfig:
+    """Limits and timeouts of one robot. Times are seconds on the node clock (sim time in lockstep)."""
+
+    robot: str = "ur5e"  # "ur5e" (EE_DELTA, safe action HOLD) or "go2" (JOINT_POSITION, DAMP)
+    command_timeout_s: float = 0.5  # no fresh plan for this long -> safe action
+    damp_grace_s: float = 0.2  # Go2: HOLD (stand) this long after a timeout, then DAMP
+    observation_timeout_s: float = 0.5  # newest observation older than this -> safe action
+    # UR5e
+    max_step_pos: float = 0.03  # m per control step (norm of dx, dy, dz)
+    max_step_rot: float = 0.25  # rad per control step (norm of the rotation vector)
+    workspace_low: tuple[float, float, float] = (-0.45, 0.10, 0.01)  # m, TCP box in the base frame
+    workspace_high: tuple[float, float, float] = (0.55, 0.90, 0.70)
+    # Go2
+    action_scale: float = 0.25  # joint target = default_pose + action_scale * action
+    default_pose: tuple[float, ...] = GO2_DEFAULT_POSE
+    joint_low: tuple[float, ...] = GO2_JOINT_LOW
+    joint_high: tuple[float, ...] = GO2_JOINT_HIGH
+    max_target_step: float = 0.5  # rad per control step between consecutive joint targets
+
+    def __post_init__(self) -> None:
+        if self.robot not in ("ur5e", "go2"):
+            raise ValueError(f"SafetyConfig.robot must be 'ur5e' or 'go2', got {self.robot!r}")
+        for name in ("command_timeout_s", "observation_timeout_s", "max_step_pos", "max_step_rot",
+                     "action_scale", "max_target_step"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SafetyConfig.{name} must be > 0, got {getattr(self, name)}")
+        if not self.damp_grace_s >= 0:
+            raise ValueError(f"SafetyConfig.damp_grace_s must be >= 0, got {self.damp_grace_s}")
+        if len(self.workspace_low) != 3 or len(self.workspace_high) != 3 or not all(
+            lo < hi for lo, hi in zip(self.workspace_low, self.workspace_high)
+        ):
+            raise ValueError(
+                f"workspace box needs 3 values each with low < high, got {self.workspace_low} / {self.workspace_high}"
+            )
+        for name in ("default_pose", "joint_low", "joint_high"):
+            if len(getattr(self, name)) != 12:
+                raise ValueError(f"SafetyConfig.{name} needs 12 values (Go2 joints), got {len(getattr(self, name))}")
+        if not all(lo < hi for lo, hi in zip(self.joint_low, self.joint_high)):
+            raise ValueError("SafetyConfig.joint_low must be below joint_high for every joint")
+
+    @property
+    def action_kind(self) -> CommandKind:
+        return CommandKind.EE_DELTA if self.robot == "ur5e" else CommandKind.JOINT_POSITION
+
+    @property
+    def action_dim(self) -> int:
+        return 7 if self.robot == "ur5e" else 12
+
+
+@dataclass
+class Decision:
+    """What the supervisor forwards and why (reason empty when the command passed unchanged)."""
+
+    command: Command
+    status: str  # "pass", "clipped", "rejected", "estop", "stale_observation", "watchdog"
+    reason: str = ""
+    clipped: list[str] = field(default_factory=list)
+
+
+class SafetySupervisor:
+    """Stateful filter between planner and driver."""
+
+    def __init__(self, config: SafetyConfig):
+        self.config = config
+        self.estopped = False
+        self.last_command_time: float | None = None  # node time of the last accepted plan
+        self.last_observation_stamp: float | None = None
+        self.tcp_pos: np.ndarray | None = None
+        self._last_target: np.ndarray | None = None  # Go2: last forwarded joint target
+        self._timeout_since: float | None = None
+
+    # --- inputs ------------------------------------------------------------------------------
+    def observation(self, stamp: float) -> None:
+        self.last_observation_stamp = stamp if self.last_observation_stamp is None else max(stamp, self.last_observation_stamp)
+
+    def tcp_pose(self, pos) -> None:
+        pos = np.asarray(pos, dtype=np.float64)
+        self.tcp_pos = pos if pos.shape == (3,) and np.all(np.isfinite(pos)) else None
+
+    def estop(self) -> None:
+        self.estopped = True
+
+    def resume(self, now: float) -> str | None:
+        """Release the e-stop; returns the refusal reason, or None when resumed."""
+        if self.observation_stale(now):
+            return self._stale_reason(now) + "; resume refused until observations are fresh"
+        self.estopped = False
+        self._last_target = None
+        self._timeout_since = None
+        self.last_command_time = None
+        return None
+
+    # --- checks ------------------------------------------------------------------------------
+    def observation_stale(self, now: float) -> bool:
+        return self.last_observation_stamp is None or now - self.last_observation_stamp > self.config.observation_timeout_s
+
+    def _stale_reason(self, now: float) -> str:
+        if self.last_observation_stamp is None:
+            return "no observation received yet"
+        return (f"newest observation is {now - self.last_observation_stamp:.3f} s old "
+                f"(limit observation_timeout_s={self.config.observation_timeout_s})")
+
+    def safe_command(self, stamp: float, damp: bool = False) -> Command:
+        kind = CommandKind.DAMP if (damp and self.config.robot == "go2") else CommandKind.HOLD
+        self._last_target = None
+        return Command(kind=kind, stamp=stamp)
+
+    def filter(self, command: Command, now: float) -> Decision:
+        """Check one planner command received at node time `now`; returns what to forward."""
+        stamp = command.stamp
+        if self.estopped:
+            return Decision(self.safe_command(stamp, damp=True), "estop", "e-stop latched; call ~/resume")
+        if self.observation_stale(now):
+            return Decision(self.safe_command(stamp), "stale_observation", self._stale_reason(now))
+        if command.kind in (CommandKind.HOLD, CommandKind.DAMP):
+            self.last_command_time = now
+            self._timeout_since = None
+            return Decision(self.safe_command(stamp, damp=command.kind == CommandKind.DAMP), "pass")
+        if command.kind != self.config.action_kind:
+            return self.reject(stamp, f"command kind {command.kind.value!r}, expected {self.config.action_kind.value!r}")
+        values = np.asarray(command.values, dtype=np.float64)
+        if values.shape != (self.config.action_dim,):
+            return self.reject(stamp, f"command has shape {values.shape}, expected ({self.config.action_dim},)")
+        if not np.all(np.isfinite(values)):
+            return self.reject(stamp, f"command contains NaN or Inf: {values.tolist()}")
+        if self.config.robot == "ur5e":
+            decision = self._limit_ee(values, stamp)
+        else:
+            decision = self._limit_joints(values, stamp)
+        if decision.status != "rejected":
+            self.last_command_time = now
+            self._timeout_since = None
+        return decision
+
+    def watchdog(self, now: float) -> Decision | None:
+        """Called by the node's timer: the safe command to send when no fresh plan arrives, else None."""
+        if self.estopped:
+            return Decision(self.safe_command(now, damp=True), "estop", "e-stop latched; call ~/resume")
+        if self.last_command_time is None or now - self.last_command_time <= self.config.command_timeout_s:
+            return None
+        if self._timeout_since is None:
+            self._timeout_since = now
+        damp = now - self._timeout_since > self.config.damp_grace_s
+        reason = (f"no plan for {now - self.last_command_time:.3f} s "
+                  f"(limit command_timeout_s={self.config.command_timeout_s})")
+        return Decision(self.safe_command(now, damp=damp), "watchdog", reason)
+
+    # --- robot limits ------------------------------------------------------------------------
+    def reject(self, stamp: float, reason: str) -> Decision:
+        return Decision(self.safe_command(stamp), "rejected", reason)
+
+    def _limit_ee(self, values: np.ndarray, stamp: float) -> Decision:
+        c = self.config
+        out = values.copy()
+        clipped = []
+        d, r = out[:3], out[3:6]
+        if np.linalg.norm(d) > c.max_step_pos:
+            d *= c.max_step_pos / np.linalg.norm(d)
+            clipped.append("max_step_pos")
+        if np.linalg.norm(r) > c.max_step_rot:
+            r *= c.max_step_rot / np.linalg.norm(r)
+            clipped.append("max_step_rot")
+        if self.tcp_pos is None:
+            return self.reject(stamp, "no TCP pose on /tcp_pose yet: cannot check the workspace box")
+        target = self.tcp_pos + d
+        boxed = np.clip(target, c.workspace_low, c.workspace_high)
+        if not np.allclose(boxed, target):
+            d[:] = boxed - self.tcp_pos
+            clipped.append("workspace")
+        gripper = float(np.clip(out[6], 0.0, 1.0))
+        if gripper != out[6]:
+            clipped.append("gripper")
+        out[6] = gripper
+        cmd = Command(CommandKind.EE_DELTA, out.astype(np.float32), stamp)
+        return Decision(cmd, "clipped" if clipped else "pass", ", ".join(clipped), clipped)
+
+    def _limit_joints(self, values: np.ndarray, stamp: float) -> Decision:
+        c = self.config
+        default = np.asarray(c.default_pose)
+        target = default + c.action_scale * values
+        clipped = []
+        bounded = np.clip(target, c.joint_low, c.joint_high)
+        if not np.allclose(bounded, target):
+            clipped.append("joint_limits")
+        if self._last_target is not None:
+            stepped = np.clip(bounded, self._last_target - c.max_target_step, self._last_target + c.max_target_step)
+            if not np.allclose(stepped, bounded):
+                clipped.append("max_target_step")
+            bounded = stepped
+        self._last_target = bounded
+        action = (bounded - default) / c.action_scale
+        cmd = Command(CommandKind.JOINT_POSITION, action.astype(np.float32), stamp)
+        return Decision(cmd, "clipped" if clipped else "pass", ", ".join(clipped), clipped)

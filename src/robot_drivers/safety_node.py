@@ -1,0 +1,156 @@
+"""Safety supervisor node: the only path from the planner (`/simdist/action`) to a driver.
+
+Every planner command is checked by `safety.SafetySupervisor` and republished on
+`/simdist/safe_command` with the SAME stamp (so a lockstep driver advances on it), or replaced by
+the safe action (HOLD / DAMP) with the reason on /diagnostics. A watchdog timer sends the safe
+action when plans stop; `~/estop` latches it until `~/resume`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import rclpy
+from geometry_msgs.msg import PoseStamped
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from sensor_msgs.msg import JointState
+from std_srvs.srv import Trigger
+from trajectory_msgs.msg import JointTrajectory
+
+from robot_drivers import ros_msgs
+from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.safety import GO2_DEFAULT_POSE, GO2_JOINT_HIGH, GO2_JOINT_LOW, SafetyConfig, SafetySupervisor
+
+PARAMS = (
+    Param("robot", "ur5e", "robot whose limits apply: ur5e (EE deltas, HOLD) or go2 (joint targets, DAMP)", read_only=True),
+    Param("watchdog_rate_hz", 50.0, "how often the command-rate watchdog runs (node clock)", 1.0, 1000.0, read_only=True),
+    Param("command_timeout_s", 0.5, "no fresh plan for this long -> safe action", 0.01, 10.0),
+    Param("damp_grace_s", 0.2, "Go2: stand (HOLD) this long after a plan timeout, then DAMP", 0.0, 10.0),
+    Param("observation_timeout_s", 0.5, "newest observation older than this -> safe action", 0.01, 10.0),
+    Param("max_step_pos", 0.03, "UR5e: max TCP translation per control step (m)", 0.001, 0.2),
+    Param("max_step_rot", 0.25, "UR5e: max TCP rotation per control step (rad)", 0.01, 1.5),
+    Param("workspace_low", [-0.45, 0.10, 0.01], "UR5e: TCP box lower corner x, y, z (m, base frame)"),
+    Param("workspace_high", [0.55, 0.90, 0.70], "UR5e: TCP box upper corner x, y, z (m, base frame)"),
+    Param("action_scale", 0.25, "Go2: joint target = default_pose + action_scale * action", 0.01, 2.0),
+    Param("max_target_step", 0.5, "Go2: max joint-target change per control step (rad)", 0.01, 3.0),
+    Param("default_pose", list(GO2_DEFAULT_POSE), "Go2: default joint pose (rad), Unitree order"),
+    Param("joint_low", list(GO2_JOINT_LOW), "Go2: lower joint-target limits (rad), Unitree order"),
+    Param("joint_high", list(GO2_JOINT_HIGH), "Go2: upper joint-target limits (rad), Unitree order"),
+)
+CONFIG_FIELDS = [f.name for f in dataclasses.fields(SafetyConfig)]
+
+
+def _config(values: dict) -> SafetyConfig:
+    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in CONFIG_FIELDS}
+    return SafetyConfig(**kw)
+
+
+def _check(name, value, values) -> str | None:
+    """Cross-field validation: the whole config must still build (box order, 12 joints, ...)."""
+    try:
+        _config(values)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+class SafetyNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("safety_supervisor", **kwargs)
+        self.params = NodeParams(self, PARAMS, _check)
+        self.core = SafetySupervisor(_config(self.params.values))
+        self.robot = self.params["robot"]
+        self.names = ros_msgs.action_names(self.robot)
+        self.period_s = 0.0
+        self.diag = Diagnostics(self, hardware_id=self.robot)
+        self.diag.set("command", Level.WARN, "waiting for the first plan on /simdist/action")
+        self.diag.set("estop", Level.OK, "released")
+        self.counts = {"pass": 0, "clipped": 0, "rejected": 0, "safe": 0}
+        self.pub = self.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
+        self.create_subscription(JointTrajectory, "/simdist/action", self.on_action, 10)
+        self.create_subscription(JointState, "/simdist/observation/proprio", self.on_observation, 10)
+        self.create_subscription(PoseStamped, "/tcp_pose", self.on_tcp_pose, 10)
+        self.create_service(Trigger, "~/estop", self.on_estop)
+        self.create_service(Trigger, "~/resume", self.on_resume)
+        self.create_timer(1.0 / self.params["watchdog_rate_hz"], self.on_watchdog)
+
+    def now_s(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
+
+    def apply_params(self) -> None:
+        if self.params.apply():
+            estopped = self.core.estopped
+            state = (self.core.last_command_time, self.core.last_observation_stamp, self.core.tcp_pos)
+            self.core = SafetySupervisor(_config(self.params.values))
+            self.core.estopped = estopped
+            self.core.last_command_time, self.core.last_observation_stamp, self.core.tcp_pos = state
+
+    def on_observation(self, msg: JointState) -> None:
+        self.core.observation(ros_msgs.stamp_ns(msg.header.stamp) * 1e-9)
+
+    def on_tcp_pose(self, msg: PoseStamped) -> None:
+        self.core.tcp_pose(ros_msgs.pose_from_msg(msg)[0])
+
+    def on_action(self, msg: JointTrajectory) -> None:
+        self.apply_params()
+        stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
+        if msg.points:
+            d = msg.points[0].time_from_start
+            self.period_s = d.sec + d.nanosec * 1e-9
+        try:
+            command = ros_msgs.command_from_msg(msg)
+        except ros_msgs.MessageError as e:
+            decision = self.core.reject(stamp_ns * 1e-9, str(e))
+        else:
+            decision = self.core.filter(command, self.now_s())
+        self.publish(decision, stamp_ns)
+
+    def on_watchdog(self) -> None:
+        self.apply_params()
+        decision = self.core.watchdog(self.now_s())
+        if decision is not None:
+            self.publish(decision, self.get_clock().now().nanoseconds)
+
+    def publish(self, decision, stamp_ns: int) -> None:
+        self.pub.publish(ros_msgs.command_to_msg(decision.command, self.names, stamp_ns, self.period_s))
+        if decision.status in ("pass", "clipped"):
+            self.counts[decision.status] += 1
+            level = Level.OK if decision.status == "pass" else Level.WARN
+            text = "forwarding plans" if level == Level.OK else f"clipped by {decision.reason}"
+        else:
+            self.counts["rejected" if decision.status == "rejected" else "safe"] += 1
+            level = Level.WARN if decision.status == "estop" else Level.ERROR
+            text = f"{decision.command.kind.value.upper()} sent: {decision.status}: {decision.reason}"
+        self.diag.set("command", level, text, **self.counts)
+
+    def on_estop(self, request, response):
+        self.core.estop()
+        self.publish(self.core.watchdog(self.now_s()), self.get_clock().now().nanoseconds)
+        self.diag.set("estop", Level.ERROR, "e-stop latched: safe action until ~/resume")
+        response.success, response.message = True, "e-stop latched"
+        return response
+
+    def on_resume(self, request, response):
+        reason = self.core.resume(self.now_s())
+        response.success = reason is None
+        response.message = reason or "resumed"
+        if reason is None:
+            self.diag.set("estop", Level.OK, "released")
+        return response
+
+
+def main(args=None):
+    rclpy.init(args=args)
+    node = SafetyNode()
+    try:
+        rclpy.spin(node)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Safety supervisor: limits, watchdog, NaN rejection, stale stop, e-stop (core and node on DDS)."""
+import math
+
+import numpy as np
+import pytest
+from diagnostic_msgs.msg import DiagnosticArray
+from rcl_interfaces.msg import Parameter as ParameterMsg
+from rcl_interfaces.msg import ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
+from sensor_msgs.msg import JointState
+from std_srvs.srv import Trigger
+from trajectory_msgs.msg import JointTrajectory
+
+from robot_drivers import ros_msgs
+from robot_drivers.interface import Command, CommandKind
+from robot_drivers.safety import GO2_DEFAULT_POSE, GO2_JOINT_HIGH, SafetyConfig, SafetySupervisor
+from robot_drivers.safety_node import SafetyNode
+from robot_ros_helpers import RosHarness, diagnostics_text
+
+
+def ur5e(**kw):
+    sup = SafetySupervisor(SafetyConfig(robot="ur5e", **kw))
+    sup.observation(0.0)
+    sup.tcp_pose([0.0, 0.5, 0.3])
+    return sup
+
+
+def go2(**kw):
+    sup = SafetySupervisor(SafetyConfig(robot="go2", **kw))
+    sup.observation(0.0)
+    return sup
+
+
+def ee(*values):
+    return Command(CommandKind.EE_DELTA, np.array(values, np.float32), stamp=0.0)
+
+
+def test_ee_step_caps_and_workspace_box():
+    sup = ur5e(max_step_pos=0.03, max_step_rot=0.25, workspace_high=(0.55, 0.9, 0.31))
+    d = sup.filter(ee(0.1, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0), now=0.1)
+    assert d.status == "clipped" and {"max_step_pos", "max_step_rot"} <= set(d.clipped)
+    assert np.linalg.norm(d.command.values[:3]) == pytest.approx(0.03, rel=1e-5)
+    assert np.linalg.norm(d.command.values[3:6]) == pytest.approx(0.25, rel=1e-5)
+    up = sup.filter(ee(0.0, 0.0, 0.02, 0, 0, 0, 0.0), now=0.1)  # z 0.30 + 0.02 > box top 0.31
+    assert "workspace" in up.clipped and up.command.values[2] == pytest.approx(0.01, abs=1e-6)
+    ok = sup.filter(ee(0.001, 0, 0, 0, 0, 0, 0), now=0.1)
+    assert ok.status == "pass" and ok.command.kind == CommandKind.EE_DELTA
+
+
+def test_bad_commands_become_hold_with_reason():
+    sup = ur5e()
+    nan = sup.filter(ee(math.nan, 0, 0, 0, 0, 0, 0), now=0.1)
+    assert nan.status == "rejected" and nan.command.kind == CommandKind.HOLD and "NaN" in nan.reason
+    inf = sup.filter(ee(0, math.inf, 0, 0, 0, 0, 0), now=0.1)
+    assert inf.command.kind == CommandKind.HOLD
+    short = sup.filter(Command(CommandKind.EE_DELTA, np.zeros(3, np.float32)), now=0.1)
+    assert short.status == "rejected" and "expected (7,)" in short.reason
+    wrong = sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(7, np.float32)), now=0.1)
+    assert wrong.status == "rejected" and "ee_delta" in wrong.reason
+    no_tcp = SafetySupervisor(SafetyConfig(robot="ur5e"))
+    no_tcp.observation(0.0)
+    assert no_tcp.filter(ee(0, 0, 0, 0, 0, 0, 0), now=0.1).command.kind == CommandKind.HOLD
+
+
+def test_go2_joint_limits_and_target_step():
+    sup = go2(max_target_step=0.2)
+    a = np.zeros(12, np.float32)
+    a[0] = 100.0  # FR hip far beyond +1.0472 rad
+    d = sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.01)
+    target = np.asarray(GO2_DEFAULT_POSE) + 0.25 * d.command.values
+    assert "joint_limits" in d.clipped and target[0] == pytest.approx(GO2_JOINT_HIGH[0], abs=1e-5)
+    back = sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.02)
+    target2 = np.asarray(GO2_DEFAULT_POSE) + 0.25 * back.command.values
+    assert "max_target_step" in back.clipped
+    assert target2[0] == pytest.approx(GO2_JOINT_HIGH[0] - 0.2, abs=1e-5)
+
+
+def test_watchdog_hold_then_damp_and_stale_observation():
+    arm = ur5e(command_timeout_s=0.5)
+    assert arm.watchdog(1.0) is None  # never commanded: nothing to time out
+    arm.filter(ee(0, 0, 0, 0, 0, 0, 0), now=0.1)
+    assert arm.watchdog(0.5) is None
+    assert arm.watchdog(0.7).command.kind == CommandKind.HOLD
+    assert arm.watchdog(5.0).command.kind == CommandKind.HOLD  # the arm never damps
+
+    dog = go2(command_timeout_s=0.1, damp_grace_s=0.2, observation_timeout_s=10.0)
+    dog.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.0)
+    assert dog.watchdog(0.15).command.kind == CommandKind.HOLD
+    assert dog.watchdog(0.30).command.kind == CommandKind.HOLD
+    assert dog.watchdog(0.40).command.kind == CommandKind.DAMP
+
+    stale = go2(observation_timeout_s=0.1)
+    d = stale.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.5)
+    assert d.status == "stale_observation" and d.command.kind == CommandKind.HOLD and "0.500 s old" in d.reason
+
+
+def test_estop_latches_until_resume_with_fresh_observation():
+    sup = go2(observation_timeout_s=0.1)
+    sup.estop()
+    d = sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.05)
+    assert d.status == "estop" and d.command.kind == CommandKind.DAMP
+    assert "resume refused" in sup.resume(now=1.0)  # observation 1 s old
+    sup.observation(0.95)
+    assert sup.resume(now=1.0) is None and not sup.estopped
+    assert sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=1.0).status == "pass"
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="low < high"):
+        SafetyConfig(workspace_low=(0, 0, 1), workspace_high=(1, 1, 0.5))
+    with pytest.raises(ValueError, match="12 values"):
+        SafetyConfig(robot="go2", default_pose=(0.0,) * 11)
+    with pytest.raises(ValueError, match="robot"):
+        SafetyConfig(robot="spot")
+
+
+# --- the node, on real DDS -------------------------------------------------------------------
+def _param(name, value):
+    return ParameterMsg(name=name, value=ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value))
+
+
+def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
+    from rclpy.parameter import Parameter
+
+    ros = RosHarness(ros_domain)
+    try:
+        node = ros.add(SafetyNode(context=ros.context, parameter_overrides=[
+            Parameter("robot", value="go2"),
+            Parameter("command_timeout_s", value=0.3),
+            Parameter("damp_grace_s", value=0.3),
+            Parameter("observation_timeout_s", value=5.0),
+        ]))
+        out = ros.collect(JointTrajectory, "/simdist/safe_command")
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        act = ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
+        obs = ros.probe.create_publisher(JointState, "/simdist/observation/proprio", 10)
+        names = ros_msgs.action_names("go2")
+
+        def now_ns():
+            return ros.probe.get_clock().now().nanoseconds
+
+        assert ros.spin_until(lambda: act.get_subscription_count() and obs.get_subscription_count())
+        assert not ros.spin_until(lambda: bool(out), 0.1)  # nothing before a plan
+
+        stamp = now_ns()
+        o = JointState(name=["x[0]"], position=[0.0])
+        o.header.stamp = ros_msgs.stamp_msg(stamp)
+        obs.publish(o)
+        ros.spin_for(0.1)
+        good = Command(CommandKind.JOINT_POSITION, np.full(12, 0.1, np.float32))
+        act.publish(ros_msgs.command_to_msg(good, names, stamp, 0.02))
+        assert ros.spin_until(lambda: len(out) >= 1)
+        assert ros_msgs.stamp_ns(out[0].header.stamp) == stamp  # same tick id: lockstep advances
+        assert ros_msgs.command_from_msg(out[0]).kind == CommandKind.JOINT_POSITION
+        np.testing.assert_allclose(out[0].points[0].positions, 0.1, atol=1e-6)
+
+        bad = ros_msgs.command_to_msg(good, names, stamp + 1, 0.02)
+        bad.points[0].positions[3] = math.nan
+        act.publish(bad)
+        assert ros.spin_until(lambda: len(out) >= 2)
+        assert out[1].header.frame_id == "hold"
+        assert ros.spin_until(lambda: any(lvl == 2 and "NaN" in m for lvl, m in diagnostics_text(diags, "safety_supervisor")))
+
+        # watchdog: no more plans -> HOLD after 0.3 s, DAMP after a further 0.3 s
+        assert ros.spin_until(lambda: any(m.header.frame_id == "damp" for m in out), 3.0)
+        kinds = [m.header.frame_id for m in out[2:]]
+        assert kinds[0] == "hold" and "damp" in kinds
+
+        # parameters through the SetParameters service, as rqt does
+        client = ros.probe.create_client(SetParameters, "/safety_supervisor/set_parameters")
+        res = ros.call(client, SetParameters.Request(parameters=[_param("command_timeout_s", 99.0)]))
+        assert not res.results[0].successful and "range" in res.results[0].reason.lower()
+        res = ros.call(client, SetParameters.Request(parameters=[_param("command_timeout_s", 1.0)]))
+        assert res.results[0].successful
+        ros.spin_until(lambda: False, 0.1)
+        assert node.core.config.command_timeout_s == 1.0  # applied at the next tick
+
+        estop = ros.probe.create_client(Trigger, "/safety_supervisor/estop")
+        resume = ros.probe.create_client(Trigger, "/safety_supervisor/resume")
+        assert ros.call(estop, Trigger.Request()).success
+        n = len(out)
+        act.publish(ros_msgs.command_to_msg(good, names, stamp + 2, 0.02))
+        assert ros.spin_until(lambda: any(ros_msgs.stamp_ns(m.header.stamp) == stamp + 2 for m in out[n:]))
+        latched = [m for m in out[n:] if ros_msgs.stamp_ns(m.header.stamp) == stamp + 2][0]
+        assert latched.header.frame_id == "damp"
+        r = ros.call(resume, Trigger.Request())
+        assert r.success, r.message
+    finally:
+        ros.close()
