@@ -1,0 +1,75 @@
+"""MuJoCo-side sensing for the Go2: height scan, foot clearance, foot wrenches, terrain contacts.
+
+Rays are cast with `mj_ray` against terrain geoms only (geom group 0), vertically down from
+`ray_start` metres above, like IsaacLab's yaw-attached ray caster.
+"""
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+
+from robot_drivers.go2.config import HeightScanConfig
+from robot_drivers.go2.scene import TERRAIN_GROUP
+
+_TERRAIN_ONLY = np.zeros(6, dtype=np.uint8)
+_TERRAIN_ONLY[TERRAIN_GROUP] = 1
+_DOWN = np.array([0.0, 0.0, -1.0])
+
+
+def yaw_of(quat_wxyz: np.ndarray) -> float:
+    w, x, y, z = quat_wxyz
+    return float(np.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z)))
+
+
+def ground_z(model: mujoco.MjModel, data: mujoco.MjData, x: float, y: float,
+             start_z: float) -> float:
+    """Terrain height below (x, y); NaN when no terrain lies under that point."""
+    geomid = np.zeros(1, dtype=np.int32)
+    dist = mujoco.mj_ray(model, data, np.array([x, y, start_z]), _DOWN, _TERRAIN_ONLY, 1, -1,
+                         geomid)
+    return start_z - dist if dist >= 0 else float("nan")
+
+
+class HeightScanner:
+    """The 21 x 15 yaw-aligned grid; returns base_z - hit_z per ray, x varying fastest."""
+
+    def __init__(self, config: HeightScanConfig):
+        self.config = config
+        self.grid = config.grid_xy()  # (n, 2) base-yaw frame
+
+    def scan(self, model: mujoco.MjModel, data: mujoco.MjData, base_pos: np.ndarray,
+             yaw: float) -> np.ndarray:
+        c, s = np.cos(yaw), np.sin(yaw)
+        xy = base_pos[:2] + self.grid @ np.array([[c, s], [-s, c]])
+        start_z = base_pos[2] + self.config.ray_start
+        hits = np.array([ground_z(model, data, x, y, start_z) for x, y in xy])
+        return base_pos[2] - hits
+
+
+def foot_wrenches(model: mujoco.MjModel, data: mujoco.MjData, foot_geoms: np.ndarray,
+                  foot_centres: np.ndarray) -> np.ndarray:
+    """Per foot: the wrench the leg applies to the foot (= minus the ground's), world frame,
+    about the foot centre, as (4, 6) [F, tau]."""
+    wrench = np.zeros((len(foot_geoms), 6))
+    f6 = np.zeros(6)
+    for i in range(data.ncon):
+        con = data.contact[i]
+        for k, g in enumerate(foot_geoms):
+            if con.geom1 == g or con.geom2 == g:
+                mujoco.mj_contactForce(model, data, i, f6)
+                frame = con.frame.reshape(3, 3)
+                f_world = frame.T @ f6[:3]  # force of geom1 on geom2
+                on_foot = f_world if con.geom2 == g else -f_world
+                r = con.pos - foot_centres[k]
+                wrench[k, :3] -= on_foot
+                wrench[k, 3:] -= np.cross(r, on_foot)
+    return wrench
+
+
+def terrain_contact(data: mujoco.MjData, body_geoms: np.ndarray, terrain_geoms: np.ndarray) -> bool:
+    """True when any of `body_geoms` touches any terrain geom."""
+    for i in range(data.ncon):
+        g1, g2 = data.contact.geom1[i], data.contact.geom2[i]
+        if (g1 in terrain_geoms and g2 in body_geoms) or (g2 in terrain_geoms and g1 in body_geoms):
+            return True
+    return False

@@ -1,0 +1,237 @@
+"""Go2 tasks: velocity tracking on flat ground and slopes, and the two hardware stand-ins.
+
+| task | variant "sim" | variant "real" (hardware stand-in) |
+|---|---|---|
+| go2_flat | flat floor, survive 20 s | - (no stand-in) |
+| go2_slope | panels 3.0 deg + 5.7 deg, nominal friction; success 1.82 m | - (use slippery_slope) |
+| slippery_slope | same course as go2_slope | PTFE-like panels (`SLIPPERY_SLOPE_GAP`); success 1.82 m |
+| foam | two overlapping 5 cm rigid pads | compliant foam pads (`FOAM_GAP`); success 3.00 m |
+
+The reward is the official task's velocity-tracking terms plus its base-stability penalties, from
+privileged state, scaled by the control period as IsaacLab's reward manager does. The command
+holds the start heading (the official WalkStraightCommand's yaw feedback) so that long straight
+runs stay straight: wz = wz_cmd + heading_gain * wrap(heading_ref - yaw).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from robot_drivers.experts.go2 import load_go2_critic, load_go2_ladder
+from robot_drivers.go2.backend import MujocoGo2Backend
+from robot_drivers.go2.config import Go2Config
+from robot_drivers.go2.observation import PROPRIO_SLICES
+from robot_drivers.go2.scene import SlopePanel, TerrainConfig
+from robot_drivers.interface import Command, CommandKind, Observation
+from robot_drivers.tasks.base import Policy, StepResult, Task
+
+GO2_TASKS = ("go2_flat", "go2_slope", "slippery_slope", "foam")
+
+
+@dataclass(frozen=True)
+class Go2RewardConfig:
+    """Weights of the official Go2 velocity task terms (IsaacLab Go2 rough config + SimDist)."""
+
+    track_lin_vel_xy: float = 1.5  # exp(-|v_xy* - v_xy|^2 / std^2)
+    track_ang_vel_z: float = 0.75  # exp(-(wz* - wz)^2 / std^2)
+    tracking_std: float = 0.5  # sqrt(0.25)
+    lin_vel_z: float = -2.0  # vz^2
+    ang_vel_xy: float = -0.05  # |w_xy|^2
+    flat_orientation: float = -4.0  # |g_xy|^2 (SimDist's weight)
+    joint_torques: float = -2e-4  # |tau|^2
+    action_rate: float = -0.01  # |a_t - a_{t-1}|^2
+    hip_deviation: float = -0.25  # sum |q_hip - q_hip_default| (SimDist)
+
+
+@dataclass(frozen=True)
+class Go2Gap:
+    """A documented set of changes that turns a sim course into its hardware stand-in."""
+
+    name: str
+    description: str
+    panel_friction: float | None = None  # replaces the slope panels' friction
+    pad_solref: tuple[float, float] | None = None  # soft foam contact (time constant, damping)
+    pad_solimp: tuple[float, ...] | None = None
+
+    def apply(self, terrain: TerrainConfig) -> TerrainConfig:
+        changes = {}
+        if self.panel_friction is not None:
+            changes["panel_friction"] = self.panel_friction
+        if self.pad_solref is not None:
+            changes["pad_solref"] = self.pad_solref
+        if self.pad_solimp is not None:
+            changes["pad_solimp"] = self.pad_solimp
+        return dataclasses.replace(terrain, **changes)
+
+
+SLIPPERY_SLOPE_GAP = Go2Gap(
+    name="slippery_slope",
+    description="PTFE sheets on both panels: foot-panel friction 0.8 -> 0.1 (rubber on PTFE); "
+                "geometry unchanged, so the height scan cannot see the difference.",
+    panel_friction=0.1,
+)
+FOAM_GAP = Go2Gap(
+    name="foam",
+    description="memory foam instead of rigid pads: soft contact (solref time constant 0.1 s, "
+                "damping ratio 1; solimp width 5 cm) lets feet sink a few cm below the surface "
+                "the height scan reports.",
+    pad_solref=(0.1, 1.0),
+    pad_solimp=(0.0, 0.95, 0.05, 0.5, 2.0),
+)
+
+SLOPE_COURSE = TerrainConfig(
+    panels=(SlopePanel(1.0, 3.0), SlopePanel(1.2, 5.7)), panels_start_x=0.4, plateau_length=10.0,
+)
+FOAM_COURSE = TerrainConfig(pads_start_x=(0.5, 1.5), pad_length=1.5, pad_thickness=0.05)
+
+
+@dataclass(frozen=True)
+class Go2TaskConfig:
+    """One Go2 task; `make_go2_task(..., **overrides)` replaces any of these fields."""
+
+    terrain: TerrainConfig = TerrainConfig()
+    gap: Go2Gap | None = None
+    command: tuple[float, float, float] = (0.5, 0.0, 0.0)  # vx, vy (m/s), wz (rad/s)
+    command_ranges: tuple[tuple[float, float], ...] | None = None  # per-episode U(lo, hi) per axis
+    heading_gain: float = 1.0  # yaw feedback; 0 disables
+    max_wz: float = 1.0  # the trained yaw-rate range
+    episode_s: float = 20.0
+    success_distance: float | None = None  # m along the start heading; None = survive the episode
+    go2: Go2Config = Go2Config()
+    reward: Go2RewardConfig = Go2RewardConfig()
+
+    def __post_init__(self) -> None:
+        if len(self.command) != 3 or not np.all(np.isfinite(self.command)):
+            raise ValueError(f"command must be 3 finite values (vx, vy, wz), got {self.command}")
+        if self.command_ranges is not None and (
+            len(self.command_ranges) != 3 or any(lo > hi for lo, hi in self.command_ranges)
+        ):
+            raise ValueError(f"command_ranges must be 3 (lo, hi) pairs, got {self.command_ranges}")
+        if self.episode_s <= 0 or self.heading_gain < 0:
+            raise ValueError("episode_s must be > 0 and heading_gain >= 0")
+
+
+def _wrap(a: float) -> float:
+    return float(np.arctan2(np.sin(a), np.cos(a)))
+
+
+class Go2Task(Task):
+    """Velocity tracking with privileged reward, a fall test and a distance / survival success."""
+
+    def __init__(self, name: str, variant: str, config: Go2TaskConfig):
+        self.name, self.variant, self.config = name, variant, config
+        terrain = config.gap.apply(config.terrain) if config.gap else config.terrain
+        self.backend = MujocoGo2Backend(config.go2, terrain)
+        self.max_steps = int(round(config.episode_s / config.go2.control_dt))
+        self._base_command = np.asarray(config.command, dtype=np.float64)
+        self._obs: Observation | None = None
+
+    def reset(self, seed: int | None = None) -> Observation:
+        rng = np.random.default_rng(seed)
+        cfg = self.config
+        if cfg.command_ranges is not None:
+            self._base_command = np.array([rng.uniform(lo, hi) for lo, hi in cfg.command_ranges])
+        obs = self.backend.reset(seed)
+        self._start = obs.privileged["base_pos"][:2].copy()
+        self._heading0 = self._heading_ref = float(obs.privileged["yaw"][0])
+        self._steps, self._prev_action = 0, np.zeros(12)
+        self._vel_err_sq, self._distance = [], 0.0
+        self.backend.set_command(self._command(self.backend.yaw()))
+        self._obs = self.backend.observe()
+        return self._obs
+
+    def _command(self, yaw: float) -> np.ndarray:
+        cmd = self._base_command.copy()
+        cmd[2] = np.clip(cmd[2] + self.config.heading_gain * _wrap(self._heading_ref - yaw),
+                         -self.config.max_wz, self.config.max_wz)
+        return cmd
+
+    def distance(self) -> float:
+        """Displacement along the start heading (m)."""
+        d = self.backend.data.qpos[:2] - self._start
+        return float(d @ np.array([np.cos(self._heading0), np.sin(self._heading0)]))
+
+    def reward(self, obs: Observation, command: np.ndarray, action: np.ndarray) -> float:
+        """Privileged reward of the transition that ended in `obs` under `command`."""
+        w, p = self.config.reward, obs.privileged
+        cmd, v, om, g = command, p["base_lin_vel"], p["base_ang_vel"], p["projected_gravity"]
+        q_rel = obs.proprio[PROPRIO_SLICES["joint_pos"]]
+        terms = (
+            w.track_lin_vel_xy * np.exp(-np.sum((cmd[:2] - v[:2]) ** 2) / w.tracking_std**2)
+            + w.track_ang_vel_z * np.exp(-((cmd[2] - om[2]) ** 2) / w.tracking_std**2)
+            + w.lin_vel_z * v[2] ** 2
+            + w.ang_vel_xy * np.sum(om[:2] ** 2)
+            + w.flat_orientation * np.sum(g[:2] ** 2)
+            + w.joint_torques * np.sum(p["joint_torque"] ** 2)
+            + w.action_rate * np.sum((action - self._prev_action) ** 2)
+            + w.hip_deviation * np.sum(np.abs(q_rel[0::3]))
+        )
+        return float(terms * self.config.go2.control_dt)
+
+    def step(self, action: np.ndarray) -> StepResult:
+        if self._obs is None:
+            raise RuntimeError(f"{self.name}: call reset() before step()")
+        action = np.asarray(action, dtype=np.float64)
+        self.backend.act(Command(CommandKind.JOINT_POSITION, action))
+        command = self._obs.command.astype(np.float64)
+        self.backend.simulate()
+        self._steps += 1
+        self._heading_ref += self._base_command[2] * self.config.go2.control_dt
+        self.backend.set_command(self._command(self.backend.yaw()))
+        obs = self.backend.observe()
+        reward = self.reward(obs, command, action)
+        self._prev_action = action
+        v_err = command[:2] - obs.privileged["base_lin_vel"][:2]
+        self._vel_err_sq.append(float(v_err @ v_err))
+        fallen = self.backend.fallen()
+        distance = self.distance()
+        target = self.config.success_distance
+        truncated = self._steps >= self.max_steps
+        success = not fallen and (distance >= target if target is not None else truncated)
+        self._obs = obs
+        info = {
+            "distance": distance,
+            "fallen": fallen,
+            "vel_rmse": float(np.sqrt(np.mean(self._vel_err_sq))),
+            "command": self._base_command.copy(),
+        }
+        return StepResult(obs, reward, fallen or (success and target is not None), truncated,
+                          success, info)
+
+
+def make_go2_task(name: str, variant: str = "sim", **overrides) -> Go2Task:
+    """Build one of GO2_TASKS; overrides replace `Go2TaskConfig` fields (e.g. command=(0.3, 0, 0))."""
+    if name not in GO2_TASKS:
+        raise ValueError(f"unknown Go2 task {name!r}; expected one of {GO2_TASKS}")
+    if variant not in ("sim", "real"):
+        raise ValueError(f"variant must be 'sim' or 'real', got {variant!r}")
+    if variant == "real" and name in ("go2_flat", "go2_slope"):
+        raise ValueError(f"{name} has no 'real' variant; the Go2 hardware stand-ins are "
+                         "'slippery_slope' and 'foam' (variant='real')")
+    base = {
+        "go2_flat": dict(),
+        "go2_slope": dict(terrain=SLOPE_COURSE, success_distance=1.82),
+        "slippery_slope": dict(terrain=SLOPE_COURSE, success_distance=1.82,
+                               gap=SLIPPERY_SLOPE_GAP if variant == "real" else None),
+        "foam": dict(terrain=FOAM_COURSE, success_distance=3.0,
+                     gap=FOAM_GAP if variant == "real" else None),
+    }[name]
+    known = {f.name for f in dataclasses.fields(Go2TaskConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown override(s) {unknown} for {name}; allowed: {sorted(known)}")
+    if "command" in overrides:
+        overrides["command"] = tuple(float(c) for c in overrides["command"])
+    return Go2Task(name, variant, Go2TaskConfig(**{**base, **overrides}))
+
+
+def expert_ladder(task: Task) -> list[Policy]:
+    """policy_4999 (the expert) then its PPO checkpoints, best to worst."""
+    return load_go2_ladder()
+
+
+def expert_value(task: Task):
+    """V^e: the official critic on obs.privileged['expert_obs']."""
+    return load_go2_critic()
