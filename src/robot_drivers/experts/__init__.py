@@ -1,0 +1,1 @@
+"""Experts: privileged scripted UR5e experts (and their ladder / V^e) and TorchScript policies."""

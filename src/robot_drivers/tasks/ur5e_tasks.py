@@ -1,0 +1,257 @@
+"""UR5e insertion tasks: Peg Insertion and Table Leg, each with Narrow / Wide initial regions and
+a "real" variant (the hardware stand-in) that differs by a documented `RealGap`.
+
+Peg: a 16 mm square peg (70 mm long) starts upright with yaw +-30 deg in the region; insert it
+into a square hole (success: peg bottom >= 20 mm below the hole top, within 4 mm in xy).
+Table Leg: a round leg (20 mm diameter, 100 mm long) must be inserted into a round hole down to
+its seat and then threaded. Threading is modelled as a required rotation: once seated (bottom
+within 3 mm of the hole floor) the leg must be turned clockwise seen from above (tightening a
+right-hand thread) by `thread_turn` radians in total while staying seated; twist done while not
+seated does not count.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+
+from robot_drivers.interface import Command, CommandKind, Observation
+from robot_drivers.tasks.base import StepResult, Task
+from robot_drivers.ur5e.backend import MujocoUR5eBackend
+from robot_drivers.ur5e.config import Appearance, ControllerConfig, SceneConfig
+from robot_drivers.ur5e.objects import FreeObject, HoleFixture, add_free_object, add_hole_fixture
+from robot_drivers.ur5e.so3 import wrap_angle
+
+GAMMA = 0.99  # discount of the planner's return; V^e is fitted with it
+REGIONS = {"narrow": (0.01, 0.01), "wide": (0.175, 0.175)}  # half extents (2x2 cm, 35x35 cm)
+OBJECT = "object"
+
+
+@dataclass(frozen=True)
+class InsertionConfig:
+    """Geometry and scoring of one insertion task."""
+
+    name: str
+    obj: FreeObject
+    fixture: HoleFixture
+    region_center: tuple[float, float] = (-0.10, 0.50)
+    region: str = "wide"
+    yaw_range: float = np.radians(30.0)
+    grasp_below_top: float = 0.015  # where the expert grasps, from the object's top
+    success_depth: float = 0.020  # object bottom below the hole top
+    success_xy: float = 0.004
+    thread_turn: float = 0.0  # required clockwise turn once seated (0: no threading)
+    seat_tolerance: float = 0.003  # "seated" = bottom within this of the hole floor
+    max_steps: int = 150
+
+    def __post_init__(self):
+        if self.region not in REGIONS:
+            raise ValueError(f"region must be one of {sorted(REGIONS)}, got {self.region!r}")
+
+
+def peg_config(region: str = "wide") -> InsertionConfig:
+    return InsertionConfig(
+        name="peg", obj=FreeObject("box", 0.008, 0.035, 0.05, 1.0),
+        fixture=HoleFixture(hole_half_width=0.008, clearance=0.001, height=0.04, sides=4),
+        region=region, max_steps=150)
+
+
+def table_leg_config(region: str = "wide") -> InsertionConfig:
+    return InsertionConfig(
+        name="table_leg",
+        obj=FreeObject("cylinder", 0.010, 0.05, 0.08, 1.0, rgba=(0.75, 0.6, 0.35, 1.0)),
+        fixture=HoleFixture(hole_half_width=0.010, clearance=0.001, height=0.03, wall=0.03,
+                            sides=12, rgba=(0.5, 0.35, 0.2, 1.0)),
+        region=region, success_depth=0.027, thread_turn=np.pi, max_steps=200)
+
+
+@dataclass(frozen=True)
+class RealGap:
+    """Everything the "real" variant changes relative to sim (the sim-to-real gap)."""
+
+    clearance_scale: float = 0.3  # hole clearance per side x this (peg: 1.0 -> 0.3 mm)
+    object_friction: float = 0.6  # sim 1.0
+    fixture_friction: float = 0.6  # sim 1.0
+    pad_friction: float = 0.5  # sim 0.7
+    object_mass_scale: float = 1.6
+    actuator_gain_scale: float = 0.5  # arm servo stiffness (kv unchanged): softer, lagging
+    action_latency_s: float = 0.1  # commands take effect 100 ms into the 200 ms period
+    camera_offset: tuple[float, float, float] = (0.02, -0.015, 0.01)  # world cameras (m)
+    fovy_offset: float = 3.0  # deg
+    table_rgba: tuple[float, float, float, float] = (0.35, 0.38, 0.42, 1.0)
+    table_checker: bool = True
+    light_pos: tuple[float, float, float] = (0.6, -0.2, 1.6)
+    light_diffuse: tuple[float, float, float] = (0.55, 0.5, 0.45)
+    headlight: float = 0.25
+
+
+class InsertionObjects:
+    """The task's scene objects (SceneObjects protocol): object + hole fixture + twist tracking."""
+
+    def __init__(self, cfg: InsertionConfig):
+        self.cfg = cfg
+        self.twist = 0.0
+        self._last_yaw: float | None = None
+        self._last_time = -1.0
+
+    def build(self, spec: mujoco.MjSpec) -> None:
+        add_free_object(spec, self.cfg.obj, OBJECT)
+        add_hole_fixture(spec, self.cfg.fixture)
+
+    def reset(self, model, data, rng: np.random.Generator) -> None:
+        c = self.cfg
+        half = np.asarray(REGIONS[c.region])
+        xy = np.asarray(c.region_center) + rng.uniform(-half, half)
+        yaw = rng.uniform(-c.yaw_range, c.yaw_range)
+        adr = model.joint(f"{OBJECT}_free").qposadr[0]
+        data.qpos[adr:adr + 3] = [xy[0], xy[1], c.obj.half_length + 1e-4]
+        data.qpos[adr + 3:adr + 7] = [np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2)]
+        self.twist, self._last_yaw, self._last_time = 0.0, None, -1.0
+
+    def privileged(self, model, data) -> dict[str, np.ndarray]:
+        c = self.cfg
+        body = model.body(OBJECT).id
+        pos = data.xpos[body].copy()
+        mat = data.xmat[body].reshape(3, 3).copy()
+        axis = mat[:, 2]
+        bottom = pos - c.obj.half_length * axis
+        hole = np.array([c.fixture.center[0], c.fixture.center[1], c.fixture.top_z])
+        depth = hole[2] - bottom[2]
+        xy_err = np.linalg.norm(bottom[:2] - hole[:2])
+        seated = depth >= c.fixture.height - c.seat_tolerance and xy_err < c.success_xy
+        yaw = float(np.arctan2(mat[1, 0], mat[0, 0]))
+        if data.time != self._last_time:  # integrate the turn once per new sim time
+            if self._last_yaw is not None and seated:
+                self.twist += -wrap_angle(yaw - self._last_yaw)  # clockwise from above = +
+            self._last_yaw, self._last_time = yaw, data.time
+        grasp = pos + (c.obj.half_length - c.grasp_below_top) * axis
+        return {
+            "obj_pos": pos, "obj_mat": mat, "obj_bottom": bottom, "obj_grasp": grasp,
+            "obj_vel": data.cvel[body][3:].copy(), "hole": hole,
+            "depth": np.array([depth]), "xy_err": np.array([xy_err]),
+            "tilt": np.array([np.arccos(np.clip(axis[2], -1.0, 1.0))]),
+            "twist": np.array([self.twist]), "seated": np.array([float(seated)]),
+        }
+
+
+class UR5eInsertionTask(Task):
+    """Backend + dense privileged reward in [0, 1] (1 on success) + success test."""
+
+    def __init__(self, cfg: InsertionConfig, variant: str, backend: MujocoUR5eBackend,
+                 objects: InsertionObjects, gap: RealGap | None):
+        self.cfg, self.name, self.variant = cfg, cfg.name, variant
+        self.backend, self.objects, self.gap = backend, objects, gap
+        self.max_steps = cfg.max_steps
+        self._t = 0
+        self._obs: Observation | None = None
+
+    def reset(self, seed: int | None = None) -> Observation:
+        self._t = 0
+        self._obs = self.backend.reset(seed)
+        return self._obs
+
+    def step(self, action: np.ndarray) -> StepResult:
+        if self._obs is None:
+            raise RuntimeError(f"{self.name}: call reset() before step()")
+        a = np.asarray(action, dtype=np.float64)
+        self.backend.act(Command(CommandKind.EE_DELTA, a))
+        obs = self.backend.step()
+        self._t += 1
+        self._obs = obs
+        success = self.is_success(obs.privileged)
+        fell = bool(obs.privileged["obj_pos"][2] < -0.05)
+        diverged = bool(self.backend.faults() and self.backend.faults()[0].code == "sim_diverged")
+        reward = 1.0 if success else self.dense_reward(obs.privileged)
+        return StepResult(obs, reward, terminated=success or fell or diverged,
+                          truncated=self._t >= self.max_steps and not success, success=success,
+                          info={"step": self._t, "depth": float(obs.privileged["depth"][0]),
+                                "twist": float(obs.privileged["twist"][0])})
+
+    def is_success(self, priv: dict[str, np.ndarray]) -> bool:
+        c = self.cfg
+        inserted = priv["depth"][0] >= c.success_depth and priv["xy_err"][0] <= c.success_xy
+        return bool(inserted and priv["twist"][0] >= c.thread_turn)
+
+    def grasped(self, priv: dict[str, np.ndarray]) -> bool:
+        near = np.linalg.norm(priv["tcp_pos"] - priv["obj_grasp"]) < 0.015
+        return bool(near and priv["gripper_cmd"][0] > 0.5 and priv["gripper"][0] > 0.05)
+
+    def dense_reward(self, priv: dict[str, np.ndarray]) -> float:
+        """Stages: reach the grasp point, hold it, align over the hole, insert (, thread)."""
+        c = self.cfg
+        reach = 1.0 - np.tanh(10.0 * np.linalg.norm(priv["tcp_pos"] - priv["obj_grasp"]))
+        held = float(self.grasped(priv))
+        lateral = np.linalg.norm(priv["obj_bottom"][:2] - priv["hole"][:2])
+        align = 1.0 - np.tanh(20.0 * lateral)
+        insert = float(np.clip(priv["depth"][0] / c.success_depth, 0.0, 1.0)) \
+            if priv["xy_err"][0] < c.success_xy else 0.0
+        terms = [reach, held, held * align, insert]
+        if c.thread_turn > 0:
+            terms.append(float(np.clip(priv["twist"][0] / c.thread_turn, 0.0, 1.0)))
+        return float(np.mean(terms)) * 0.99  # strictly below the success reward
+
+
+def _real(cfg: InsertionConfig, gap: RealGap) -> InsertionConfig:
+    fx = dataclasses.replace(cfg.fixture, clearance=cfg.fixture.clearance * gap.clearance_scale,
+                             friction=gap.fixture_friction)
+    obj = dataclasses.replace(cfg.obj, friction=gap.object_friction,
+                              mass=cfg.obj.mass * gap.object_mass_scale)
+    return dataclasses.replace(cfg, fixture=fx, obj=obj)
+
+
+OVERRIDES = ("region", "image_size", "cameras", "max_steps", "ik_hz", "gap", "clearance")
+
+
+def make_ur5e_task(name: str, variant: str = "sim", **overrides) -> UR5eInsertionTask:
+    """Build `peg` or `table_leg`; overrides: region, image_size, cameras, max_steps, ik_hz,
+    gap (a RealGap, "real" only), clearance (per side, m)."""
+    unknown = sorted(set(overrides) - set(OVERRIDES))
+    if unknown:
+        raise ValueError(f"unknown overrides {unknown} for {name}; allowed: {list(OVERRIDES)}")
+    if variant not in ("sim", "real"):
+        raise ValueError(f"variant must be 'sim' or 'real', got {variant!r}")
+    builders = {"peg": peg_config, "table_leg": table_leg_config}
+    if name not in builders:
+        raise ValueError(f"unknown UR5e task {name!r}; expected one of {sorted(builders)}")
+    cfg = builders[name](overrides.get("region", "wide"))
+    if "max_steps" in overrides:
+        cfg = dataclasses.replace(cfg, max_steps=int(overrides["max_steps"]))
+    if "clearance" in overrides:
+        cfg = dataclasses.replace(cfg, fixture=dataclasses.replace(
+            cfg.fixture, clearance=float(overrides["clearance"])))
+    gap = overrides.get("gap")
+    if gap is not None and variant != "real":
+        raise ValueError("the `gap` override applies to variant='real' only")
+    if variant == "real":
+        gap = gap or RealGap()
+        cfg = _real(cfg, gap)
+    scene_kw = {k: overrides[k] for k in ("image_size", "cameras") if k in overrides}
+    ctrl_kw = {"ik_hz": overrides["ik_hz"]} if "ik_hz" in overrides else {}
+    if gap is not None:
+        scene_kw.update(pad_friction=gap.pad_friction, appearance=Appearance(
+            table_rgba=gap.table_rgba, table_checker=gap.table_checker, light_pos=gap.light_pos,
+            light_diffuse=gap.light_diffuse, headlight=gap.headlight,
+            camera_offset=gap.camera_offset, fovy_offset=gap.fovy_offset))
+        ctrl_kw.update(actuator_gain_scale=gap.actuator_gain_scale,
+                       action_latency_s=gap.action_latency_s)
+    if "cameras" in scene_kw:
+        scene_kw["cameras"] = tuple(scene_kw["cameras"])
+    if "image_size" in scene_kw:
+        scene_kw["image_size"] = tuple(scene_kw["image_size"])
+    objects = InsertionObjects(cfg)
+    backend = MujocoUR5eBackend(SceneConfig(**scene_kw), ControllerConfig(**ctrl_kw), objects)
+    return UR5eInsertionTask(cfg, variant, backend, objects, gap)
+
+
+def expert_ladder(task: UR5eInsertionTask):
+    """The privileged expert first, then its degraded checkpoints (best to worst)."""
+    from robot_drivers.experts.ur5e import expert_ladder as ladder
+    return ladder(task)
+
+
+def expert_value(task: UR5eInsertionTask):
+    """V^e: Observation -> float, fitted to the expert's discounted returns (cached)."""
+    from robot_drivers.experts.ur5e import expert_value as value
+    return value(task)
