@@ -1,0 +1,117 @@
+"""Planner step latency on the current device: Go2 and UR5e, chunked vs autoregressive f.
+
+    python benchmarks/planner.py [--device cuda] [--steps 200] [--robots go2,ur5e]
+                                 [--dynamics chunked,autoregressive] [--threads N]
+
+Each row builds a randomly initialised WorldModel of the official size (Go2: latent 64,
+H = T = 25, height map; UR5e: three 224x224 cameras through ResNet-18, H = T = 5), the official
+MPPI setting (450 + 22 = 472 candidates, 8 iterations, 64 elites) and times `plan()` end to end,
+observation encoding and the host transfer of the action included. Latency does not depend on the
+weights, so no checkpoint is needed. Prints min / median / p95 / max and the control rate
+(1 / median) beside the rate each robot runs at.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+import torch
+
+from simdist_planner.config import go2_config, ur5e_config
+from simdist_planner.model import WorldModel
+from simdist_planner.planner import MPPIPlanner, go2_planner_config, ur5e_planner_config
+
+# Robot -> (model config factory, planner config factory, control rate the robot runs at in Hz).
+ROBOTS = {
+    "go2": (go2_config, go2_planner_config, 50.0),
+    "ur5e": (ur5e_config, ur5e_planner_config, 5.0),
+}
+WARMUP_STEPS = 3
+
+
+def random_inputs(cfg, device, generator):
+    """One observation batch and its history, shaped as the model expects (values are irrelevant)."""
+    obs = {"proprio": torch.randn(1, cfg.proprio_dim, generator=generator)}
+    if cfg.height_map is not None:
+        obs["height_map"] = torch.randn(1, *cfg.height_map.shape, generator=generator)
+    if cfg.command_dim:
+        obs["command"] = torch.randn(1, cfg.command_dim, generator=generator)
+    if cfg.image is not None:
+        shape = (1, cfg.num_cameras, 3, cfg.image.height, cfg.image.width)
+        obs["images"] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+    proprio = torch.randn(1, cfg.history, cfg.proprio_dim, generator=generator)
+    actions = torch.randn(1, cfg.history, cfg.action_dim, generator=generator)
+    return {k: v.to(device) for k, v in obs.items()}, proprio.to(device), actions.to(device)
+
+
+def bench(robot: str, dynamics: str, device: torch.device, steps: int) -> dict:
+    model_factory, planner_factory, rate_hz = ROBOTS[robot]
+    cfg = model_factory(dynamics_kind=dynamics)
+    torch.manual_seed(0)
+    model = WorldModel(cfg).to(device).eval()
+    planner_cfg = planner_factory([-1.0] * cfg.action_dim, [1.0] * cfg.action_dim)
+    planner = MPPIPlanner(model, planner_cfg, device)
+    inputs = random_inputs(cfg, device, torch.Generator().manual_seed(0))
+    for _ in range(WARMUP_STEPS):
+        planner.plan(*inputs)
+    latencies = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        planner.plan(*inputs)  # ends in a host transfer, so the device work is complete
+        latencies.append(time.perf_counter() - start)
+    ms = np.array(latencies) * 1e3
+    return {
+        "robot": robot,
+        "dynamics": dynamics,
+        "candidates": planner_cfg.num_candidates,
+        "iterations": planner_cfg.iterations,
+        "HT": f"{cfg.history}/{cfg.horizon}",
+        "cameras": cfg.num_cameras,
+        "min": ms.min(),
+        "median": float(np.median(ms)),
+        "p95": float(np.percentile(ms, 95)),
+        "max": ms.max(),
+        "rate": 1e3 / float(np.median(ms)),
+        "target": rate_hz,
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--steps", type=int, default=200, help="timed planner steps per row")
+    parser.add_argument("--robots", default="go2,ur5e")
+    parser.add_argument("--dynamics", default="chunked,autoregressive")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+    robots = [r for r in args.robots.split(",") if r]
+    kinds = [k for k in args.dynamics.split(",") if k]
+    for r in robots:
+        if r not in ROBOTS:
+            parser.error(f"unknown robot {r!r}; choose from {sorted(ROBOTS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    print(f"device {device} ({name}), torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+          f"{args.steps} timed steps after {WARMUP_STEPS} warm-up")
+    header = (f"{'robot':6} {'dynamics':14} {'cand':>5} {'iter':>4} {'H/T':>6} {'cams':>4} "
+              f"{'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'rate Hz':>8} {'needs':>6}")
+    print(header)
+    print("-" * len(header))
+    for robot in robots:
+        for kind in kinds:
+            row = bench(robot, kind, device, args.steps)
+            ok = "ok" if row["rate"] >= row["target"] else "SLOW"
+            print(f"{row['robot']:6} {row['dynamics']:14} {row['candidates']:5d} {row['iterations']:4d} "
+                  f"{row['HT']:>6} {row['cameras']:4d} {row['min']:9.1f} {row['median']:9.1f} "
+                  f"{row['p95']:9.1f} {row['max']:9.1f} {row['rate']:8.1f} {row['target']:4.0f}Hz {ok}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
