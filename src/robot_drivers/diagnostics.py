@@ -3,7 +3,7 @@
 A node keeps named statuses (OK / WARN / ERROR / STALE with key-values) and publishes them as one
 DiagnosticArray about once a second on a steady-clock timer (so it keeps reporting while sim time
 is paused in lockstep), and at once when a status changes level, so an operator sees a fault
-without waiting. A status not refreshed within `stale_after_s` is reported STALE.
+without waiting (a changed message at WARN/ERROR at most 10 times a second). A status not refreshed within `stale_after_s` is reported STALE.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class Diagnostics:
         self._hardware_id = hardware_id
         self._stale_after_s = stale_after_s
         self._status: dict[str, tuple[Level, str, dict, float]] = {}
+        self._last_push = 0.0
         self._pub = node.create_publisher(
             DiagnosticArray, "/diagnostics", QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         )
@@ -38,8 +39,13 @@ class Diagnostics:
     def set(self, name: str, level: Level, message: str, **values) -> None:
         """Record a status; publishes immediately if its level changed."""
         previous = self._status.get(name)
-        self._status[name] = (Level(level), message, values, time.monotonic())
-        if previous is None or previous[0] != level:
+        now = time.monotonic()
+        self._status[name] = (Level(level), message, values, now)
+        changed = previous is None or previous[0] != level
+        if not changed and level >= Level.WARN and previous[1] != message and now - self._last_push > 0.1:
+            self._last_push = now  # a new problem at the same level: show it, at most 10 times a second
+            self.publish()
+        if changed:
             if level == Level.ERROR:
                 self._node.get_logger().error(f"{name}: {message}")
             elif level == Level.WARN:
@@ -49,6 +55,10 @@ class Diagnostics:
     def level(self, name: str) -> Level | None:
         entry = self._status.get(name)
         return None if entry is None else entry[0]
+
+    def message(self, name: str) -> str:
+        entry = self._status.get(name)
+        return "" if entry is None else entry[1]
 
     def publish(self) -> None:
         now = time.monotonic()

@@ -122,9 +122,18 @@ def proprio_to_msg(obs: Observation, spec: RobotSpec, stamp_ns_: int) -> JointSt
         if command.shape != (spec.command_dim,):
             raise MessageError(f"{spec.name}: command has shape {command.shape}, expected ({spec.command_dim},)")
         values.append(command)
-    msg = JointState(name=proprio_names(spec), position=np.concatenate(values).tolist())
+    return pack_proprio(proprio_names(spec), proprio, values[1] if spec.command_dim else None, stamp_ns_, spec.name)
+
+
+def pack_proprio(names, proprio, command, stamp_ns_: int, frame_id: str) -> JointState:
+    """Low-level packing from already named values (ingestion republishes what it received)."""
+    values = np.concatenate([np.asarray(proprio, np.float64).ravel()]
+                            + ([] if command is None else [np.asarray(command, np.float64).ravel()]))
+    if len(names) != values.size:
+        raise MessageError(f"{len(names)} proprio names for {values.size} values")
+    msg = JointState(name=list(names), position=values.tolist())
     msg.header.stamp = stamp_msg(stamp_ns_)
-    msg.header.frame_id = spec.name
+    msg.header.frame_id = frame_id
     return msg
 
 

@@ -1,0 +1,183 @@
+"""Ingestion core: checks, resizes and time-aligns camera / proprio / height-map streams.
+
+The ROS node (`ingestion_node.py`) decodes messages with `ros_msgs` and feeds this class; it
+returns complete observations whose streams were captured within `align_tolerance_s` of the
+proprio stamp, and only while no stream is stale. Anything wrong raises `StreamError` naming
+the stream, what it got and what it expected; the bad sample is dropped, nothing is forwarded for
+it, and the caller reports it on /diagnostics.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class StreamError(ValueError):
+    """A sample that must not reach the planner (wrong size, NaN, layout change)."""
+
+
+@dataclass
+class IngestionConfig:
+    cameras: tuple[str, ...] = ()
+    image_size: tuple[int, int] = (224, 224)  # (height, width) the model expects
+    camera_size: tuple[int, int] = (0, 0)  # expected raw (height, width); (0, 0) accepts any
+    height_map_shape: tuple[int, int] | None = None
+    proprio_dim: int = 0  # expected proprio length; 0 accepts any (but it may not change)
+    align_tolerance_s: float = 0.02
+    proprio_timeout_s: float = 0.5
+    camera_timeout_s: float = 0.5
+    height_map_timeout_s: float = 0.5
+    buffer: int = 16  # samples kept per stream for alignment
+
+    def __post_init__(self) -> None:
+        self.cameras = tuple(self.cameras)
+        if len(set(self.cameras)) != len(self.cameras):
+            raise ValueError(f"camera names must be unique, got {self.cameras}")
+        if min(self.image_size) < 1 or min(self.camera_size) < 0:
+            raise ValueError(f"image_size must be positive and camera_size >= 0, got {self.image_size}, {self.camera_size}")
+        for name in ("align_tolerance_s", "proprio_timeout_s", "camera_timeout_s", "height_map_timeout_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"IngestionConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.buffer < 1:
+            raise ValueError(f"IngestionConfig.buffer must be >= 1, got {self.buffer}")
+
+    def timeout(self, stream: str) -> float:
+        if stream == "proprio":
+            return self.proprio_timeout_s
+        return self.height_map_timeout_s if stream == "height_map" else self.camera_timeout_s
+
+
+@dataclass
+class AlignedObservation:
+    stamp_ns: int  # the proprio stamp every stream was aligned to
+    proprio: np.ndarray
+    command: np.ndarray | None
+    proprio_names: list[str]
+    images: dict[str, np.ndarray] = field(default_factory=dict)  # model resolution, uint8 RGB
+    height_map: np.ndarray | None = None
+
+
+def resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(H, W, 3) uint8 -> size; exact block averaging for integer down-scales, else bilinear."""
+    h, w = image.shape[:2]
+    th, tw = size
+    if (h, w) == (th, tw):
+        return image
+    if h % th == 0 and w % tw == 0:
+        fh, fw = h // th, w // tw
+        blocks = image.reshape(th, fh, tw, fw, -1).astype(np.uint32).sum(axis=(1, 3))
+        return ((blocks + (fh * fw) // 2) // (fh * fw)).astype(np.uint8)
+    # bilinear with half-pixel centres (like OpenCV INTER_LINEAR)
+    ys = np.clip((np.arange(th) + 0.5) * h / th - 0.5, 0, h - 1)
+    xs = np.clip((np.arange(tw) + 0.5) * w / tw - 0.5, 0, w - 1)
+    y0, x0 = ys.astype(np.int64), xs.astype(np.int64)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    wy, wx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    img = image.astype(np.float32)
+    top = img[y0][:, x0] * (1 - wx) + img[y0][:, x1] * wx
+    bottom = img[y1][:, x0] * (1 - wx) + img[y1][:, x1] * wx
+    return np.clip(top * (1 - wy) + bottom * wy + 0.5, 0, 255).astype(np.uint8)
+
+
+class Ingestion:
+    """Per-stream buffers, checks and nearest-stamp alignment on the proprio stamps."""
+
+    def __init__(self, config: IngestionConfig):
+        self.config = config
+        self.streams = ("proprio", *config.cameras) + (("height_map",) if config.height_map_shape else ())
+        self._buffers: dict[str, collections.deque] = {s: collections.deque(maxlen=config.buffer) for s in self.streams}
+        self._pending: collections.deque = collections.deque(maxlen=config.buffer)  # proprio to align
+        self.last_stamp: dict[str, int | None] = {s: None for s in self.streams}  # ns
+        self._names: list[str] | None = None
+        self.unmatched = 0  # proprio samples dropped because a stream had no sample near them
+
+    # --- inputs (raise StreamError; the sample is then dropped) -------------------------------
+    def add_proprio(self, stamp: int, proprio: np.ndarray, command: np.ndarray | None, names: list[str]) -> None:
+        proprio = np.asarray(proprio, dtype=np.float32)
+        if self.config.proprio_dim and proprio.shape != (self.config.proprio_dim,):
+            raise StreamError(f"proprio: {proprio.size} values, expected proprio_dim={self.config.proprio_dim}")
+        if not np.all(np.isfinite(proprio)) or (command is not None and not np.all(np.isfinite(command))):
+            raise StreamError("proprio: contains NaN or Inf; observation withheld")
+        if self._names is not None and list(names) != self._names:
+            raise StreamError(f"proprio: layout changed from {len(self._names)} to {len(names)} named values")
+        self._names = list(names)
+        self._store("proprio", stamp, (proprio, command))
+        self._pending.append(stamp)
+
+    def add_image(self, camera: str, stamp: int, image: np.ndarray) -> None:
+        if camera not in self.config.cameras:
+            raise StreamError(f"camera {camera!r} is not configured; cameras: {self.config.cameras}")
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise StreamError(f"camera {camera}: image {image.shape} {image.dtype}, expected (H, W, 3) uint8")
+        expected = self.config.camera_size
+        if expected != (0, 0) and image.shape[:2] != tuple(expected):
+            raise StreamError(
+                f"camera {camera}: image is {image.shape[0]}x{image.shape[1]} (HxW), expected {expected[0]}x{expected[1]}"
+            )
+        self._store(camera, stamp, resize(image, self.config.image_size))
+
+    def add_height_map(self, stamp: int, height_map: np.ndarray) -> None:
+        shape = self.config.height_map_shape
+        if shape is None:
+            raise StreamError("height map received but height_map_shape is not configured")
+        if height_map.shape != tuple(shape):
+            raise StreamError(f"height map is {height_map.shape}, expected {tuple(shape)}")
+        if not np.all(np.isfinite(height_map)):
+            raise StreamError("height map contains NaN or Inf")
+        self._store("height_map", stamp, height_map.astype(np.float32))
+
+    def _store(self, stream: str, stamp: int, value) -> None:
+        buf = self._buffers[stream]
+        if buf and stamp < buf[-1][0]:
+            buf.clear()  # time went backwards (replay restarted): old samples are meaningless
+            if stream == "proprio":
+                self._pending.clear()
+        buf.append((stamp, value))
+        self.last_stamp[stream] = stamp
+
+    # --- outputs ------------------------------------------------------------------------------
+    def stale(self, now_ns: int) -> dict[str, str]:
+        """stream -> why it is stale (never received, or last sample too old)."""
+        out = {}
+        for s in self.streams:
+            last, limit = self.last_stamp[s], self.config.timeout(s)
+            if last is None:
+                out[s] = "no sample received yet"
+            elif (now_ns - last) * 1e-9 > limit:
+                out[s] = f"last sample {(now_ns - last) * 1e-9:.3f} s old (limit {limit} s)"
+        return out
+
+    def _nearest(self, stream: str, stamp: int):
+        buf = self._buffers[stream]
+        if not buf:
+            return None
+        best = min(buf, key=lambda item: abs(item[0] - stamp))
+        return best if abs(best[0] - stamp) <= self._tol_ns() else None
+
+    def _tol_ns(self) -> int:
+        return round(self.config.align_tolerance_s * 1e9)
+
+    def pop_aligned(self) -> list[AlignedObservation]:
+        """Complete observations for pending proprio stamps, oldest first; unmatched ones dropped."""
+        out = []
+        tol = self._tol_ns()
+        while self._pending:
+            stamp = self._pending[0]
+            matches = {s: self._nearest(s, stamp) for s in self.streams if s != "proprio"}
+            missing = [s for s, m in matches.items() if m is None]
+            if missing:
+                if any(self.last_stamp[s] is not None and self.last_stamp[s] > stamp + tol for s in missing):
+                    self._pending.popleft()  # a newer sample already passed: this stamp cannot complete
+                    self.unmatched += 1
+                    continue
+                break
+            self._pending.popleft()
+            proprio, command = self._nearest("proprio", stamp)[1]
+            out.append(AlignedObservation(
+                stamp_ns=stamp, proprio=proprio, command=command, proprio_names=list(self._names),
+                images={c: matches[c][1] for c in self.config.cameras},
+                height_map=matches["height_map"][1] if "height_map" in matches else None,
+            ))
+        return out

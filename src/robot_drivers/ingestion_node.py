@@ -1,0 +1,151 @@
+"""Ingestion node: raw driver streams in, one checked, aligned observation per tick out.
+
+Subscribes `/simdist/robot/proprio`, `/camera/<name>/image_raw` and `/height_map`; publishes the
+aligned set on `/simdist/observation/*` with identical stamps, proprio last (see
+docs/observation_topics.md). Bad samples (wrong encoding or size, NaN) and stale streams are
+reported on /diagnostics and withhold the observation, so the safety supervisor's stale-
+observation stop takes over; the node never crashes on input.
+"""
+from __future__ import annotations
+
+import time
+
+import rclpy
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from sensor_msgs.msg import Image, JointState
+
+from robot_drivers import ros_msgs
+from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.ingestion import Ingestion, IngestionConfig, StreamError
+from robot_drivers.node_params import NodeParams, Param
+
+PARAMS = (
+    Param("cameras", ["wrist", "overhead", "side"], "camera names (topics /camera/<name>/image_raw); [] for none", read_only=True),
+    Param("image_height", 224, "model image height (pixels); images are resized to it", 8, 2048, read_only=True),
+    Param("image_width", 224, "model image width (pixels)", 8, 2048, read_only=True),
+    Param("camera_height", 0, "expected raw camera height; 0 accepts any", 0, 8192, read_only=True),
+    Param("camera_width", 0, "expected raw camera width; 0 accepts any", 0, 8192, read_only=True),
+    Param("height_map_rows", 0, "height map rows (Go2: 21); 0 = no height map", 0, 1024, read_only=True),
+    Param("height_map_cols", 0, "height map columns (Go2: 15)", 0, 1024, read_only=True),
+    Param("proprio_dim", 0, "expected proprio length; 0 accepts any fixed length", 0, 100000, read_only=True),
+    Param("align_tolerance_s", 0.02, "max |stamp difference| between a stream sample and the proprio stamp", 0.0, 1.0),
+    Param("proprio_timeout_s", 0.5, "proprio older than this is stale -> no observation", 0.01, 10.0),
+    Param("camera_timeout_s", 0.5, "a camera image older than this is stale -> no observation", 0.01, 10.0),
+    Param("height_map_timeout_s", 0.5, "a height map older than this is stale -> no observation", 0.01, 10.0),
+)
+TUNABLE = ("align_tolerance_s", "proprio_timeout_s", "camera_timeout_s", "height_map_timeout_s")
+
+
+def config_from(values: dict) -> IngestionConfig:
+    rows, cols = values["height_map_rows"], values["height_map_cols"]
+    return IngestionConfig(
+        cameras=tuple(c for c in values["cameras"] if c),
+        image_size=(values["image_height"], values["image_width"]),
+        camera_size=(values["camera_height"], values["camera_width"]),
+        height_map_shape=(rows, cols) if rows and cols else None,
+        proprio_dim=values["proprio_dim"],
+        **{k: values[k] for k in TUNABLE},
+    )
+
+
+class IngestionNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("ingestion", **kwargs)
+        self.params = NodeParams(self, PARAMS)
+        self.core = Ingestion(config_from(self.params.values))
+        cfg = self.core.config
+        self.diag = Diagnostics(self)
+        self.stats = {"published": 0, "rejected": 0, "withheld_stale": 0, "image_ms_mean": 0.0}
+        self._image_s, self._images = 0.0, 0
+        self.pub_images = {c: self.create_publisher(Image, f"/simdist/observation/image/{c}", 10) for c in cfg.cameras}
+        self.pub_height = self.create_publisher(Image, "/simdist/observation/height_map", 10) if cfg.height_map_shape else None
+        self.pub_proprio = self.create_publisher(JointState, "/simdist/observation/proprio", 10)
+        self.create_subscription(JointState, "/simdist/robot/proprio", self.on_proprio, 10)
+        for c in cfg.cameras:
+            self.create_subscription(Image, f"/camera/{c}/image_raw", lambda m, c=c: self.on_image(c, m), 10)
+        if cfg.height_map_shape:
+            self.create_subscription(Image, "/height_map", self.on_height_map, 10)
+        for s in self.core.streams:
+            self.diag.set(s, Level.WARN, "no sample received yet")
+        self.create_timer(0.1, self.check_staleness)
+
+    def now_ns(self) -> int:
+        return self.get_clock().now().nanoseconds
+
+    def _guard(self, stream: str, fn) -> None:
+        """Run one input; a bad sample is dropped and reported, never raised into the executor."""
+        if self.params.apply():
+            for k in TUNABLE:
+                setattr(self.core.config, k, self.params[k])
+        try:
+            fn()
+        except (StreamError, ros_msgs.MessageError) as e:
+            self.stats["rejected"] += 1
+            self.diag.set(stream, Level.ERROR, f"sample rejected: {e}", **self.stats)
+            return
+        if self.diag.level(stream) != Level.OK:
+            self.diag.set(stream, Level.OK, "receiving valid samples")
+        self.publish_aligned()
+
+    def on_proprio(self, msg: JointState) -> None:
+        def add():
+            proprio, command = ros_msgs.split_proprio_msg(msg)
+            names = list(msg.name)
+            self.core.add_proprio(ros_msgs.stamp_ns(msg.header.stamp), proprio, command, names)
+        self._guard("proprio", add)
+
+    def on_image(self, camera: str, msg: Image) -> None:
+        def add():
+            t0 = time.perf_counter()
+            image = ros_msgs.image_from_msg(msg)
+            self.core.add_image(camera, ros_msgs.stamp_ns(msg.header.stamp), image)
+            self._image_s += time.perf_counter() - t0
+            self._images += 1
+            self.stats["image_ms_mean"] = round(1e3 * self._image_s / self._images, 3)
+        self._guard(camera, add)
+
+    def on_height_map(self, msg: Image) -> None:
+        self._guard("height_map", lambda: self.core.add_height_map(
+            ros_msgs.stamp_ns(msg.header.stamp), ros_msgs.height_map_from_msg(msg)))
+
+    def publish_aligned(self) -> None:
+        for obs in self.core.pop_aligned():
+            stale = self.core.stale(self.now_ns())
+            if stale:
+                self.stats["withheld_stale"] += 1
+                continue  # check_staleness reports which stream
+            stamp_ns = obs.stamp_ns
+            for c, image in obs.images.items():
+                self.pub_images[c].publish(ros_msgs.image_to_msg(image, stamp_ns, f"{c}_camera"))
+            if self.pub_height is not None:
+                self.pub_height.publish(ros_msgs.height_map_to_msg(obs.height_map, stamp_ns))
+            self.pub_proprio.publish(ros_msgs.pack_proprio(obs.proprio_names, obs.proprio, obs.command, stamp_ns, "observation"))
+            self.stats["published"] += 1
+
+    def check_staleness(self) -> None:
+        stale = self.core.stale(self.now_ns())
+        for s in self.core.streams:
+            if s in stale:
+                self.diag.set(f"{s} freshness", Level.ERROR, f"stale: {stale[s]}; observation withheld")
+            else:
+                self.diag.set(f"{s} freshness", Level.OK, "fresh")
+        self.diag.set("observation", Level.OK if not stale else Level.ERROR,
+                      "publishing aligned observations" if not stale else f"withheld: stale {sorted(stale)}",
+                      unmatched=self.core.unmatched, **self.stats)
+
+
+def main(args=None):
+    rclpy.init(args=args)
+    node = IngestionNode()
+    try:
+        rclpy.spin(node)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    main()

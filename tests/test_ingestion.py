@@ -1,0 +1,149 @@
+"""Ingestion: checks, resize, alignment, staleness (core) and the node's bad-input behaviour on DDS."""
+import math
+
+import numpy as np
+import pytest
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.parameter import Parameter
+from sensor_msgs.msg import Image, JointState
+from trajectory_msgs.msg import JointTrajectory
+
+from robot_drivers import ros_msgs
+from robot_drivers.ingestion import Ingestion, IngestionConfig, StreamError, resize
+from robot_drivers.ingestion_node import IngestionNode
+from robot_drivers.interface import Command, CommandKind
+from robot_drivers.safety_node import SafetyNode
+from robot_ros_helpers import RosHarness, diagnostics_text
+
+
+def test_resize_block_average_and_bilinear():
+    img = np.zeros((4, 4, 3), np.uint8)
+    img[:2, :2] = 200  # top-left 2x2 block
+    small = resize(img, (2, 2))
+    assert small[0, 0].tolist() == [200] * 3 and small[1, 1].tolist() == [0] * 3
+    flat = np.full((30, 50, 3), 77, np.uint8)
+    out = resize(flat, (224, 224))
+    assert out.shape == (224, 224, 3) and np.all(out == 77)
+    ramp = np.tile(np.linspace(0, 255, 64).astype(np.uint8)[None, :, None], (8, 1, 3))
+    half = resize(ramp, (5, 40))
+    assert np.all(np.diff(half[0, :, 0].astype(int)) >= 0)  # monotone ramp stays monotone
+
+
+def S(seconds):
+    return round(seconds * 1e9)
+
+
+def _core(**kw):
+    cfg = dict(cameras=("a", "b"), image_size=(8, 8), camera_size=(16, 16), align_tolerance_s=0.01)
+    cfg.update(kw)
+    return Ingestion(IngestionConfig(**cfg))
+
+
+def test_alignment_nearest_stamp_within_tolerance():
+    core = _core()
+    img = np.zeros((16, 16, 3), np.uint8)
+    core.add_proprio(S(1.0), np.ones(3), None, ["x[0]", "x[1]", "x[2]"])
+    core.add_image("a", S(0.995), img)
+    assert core.pop_aligned() == []  # camera b still missing: wait
+    core.add_image("b", S(0.9), img)  # too far from 1.0 ...
+    core.add_image("b", S(1.004), img + 1)  # ... but this one is within 10 ms
+    (obs,) = core.pop_aligned()
+    assert obs.stamp_ns == S(1.0) and obs.images["b"].shape == (8, 8, 3) and obs.images["b"][0, 0, 0] == 1
+    core.add_proprio(S(2.0), np.ones(3), None, ["x[0]", "x[1]", "x[2]"])
+    core.add_image("a", S(2.05), img)  # newer than 2.0 + tolerance: 2.0 can never complete
+    assert core.pop_aligned() == [] and core.unmatched == 1
+
+
+def test_bad_samples_raise_clear_errors():
+    core = _core(proprio_dim=3)
+    with pytest.raises(StreamError, match=r"camera a: image is 10x16 \(HxW\), expected 16x16"):
+        core.add_image("a", S(0.0), np.zeros((10, 16, 3), np.uint8))
+    with pytest.raises(StreamError, match="NaN"):
+        core.add_proprio(S(0.0), np.array([0.0, math.nan, 0.0]), None, ["x[0]", "x[1]", "x[2]"])
+    with pytest.raises(StreamError, match="expected proprio_dim=3"):
+        core.add_proprio(S(0.0), np.zeros(4), None, ["x"] * 4)
+    with pytest.raises(ros_msgs.MessageError, match="encoding 'mono8'.*expected 'rgb8'"):
+        ros_msgs.image_from_msg(Image(height=2, width=2, encoding="mono8", step=2, data=bytes(4)))
+    short = ros_msgs.image_to_msg(np.zeros((4, 4, 3), np.uint8), 0, "cam")
+    short.data = bytes(10)
+    with pytest.raises(ros_msgs.MessageError, match="10 data bytes, expected step \\* height = 48"):
+        ros_msgs.image_from_msg(short)
+    assert core.pop_aligned() == []  # nothing reached the output
+
+
+def test_staleness_per_stream():
+    core = _core(camera_timeout_s=0.2, proprio_timeout_s=1.0)
+    img = np.zeros((16, 16, 3), np.uint8)
+    core.add_proprio(S(1.0), np.ones(1), None, ["x[0]"])
+    core.add_image("a", S(1.0), img)
+    core.add_image("b", S(0.5), img)
+    stale = core.stale(S(1.05))
+    assert set(stale) == {"b"} and "0.550 s old" in stale["b"]
+
+
+# --- the node on DDS: clear error, diagnostic, no observation, safe action, no crash ---------
+def test_ingestion_node_bad_input_withholds_observation(ros_domain):
+    ros = RosHarness(ros_domain)
+    try:
+        node = ros.add(IngestionNode(context=ros.context, parameter_overrides=[
+            Parameter("cameras", value=["front"]),
+            Parameter("image_height", value=32), Parameter("image_width", value=32),
+            Parameter("camera_height", value=64), Parameter("camera_width", value=64),
+            Parameter("camera_timeout_s", value=0.3),
+        ]))
+        ros.add(SafetyNode(context=ros.context, parameter_overrides=[
+            Parameter("robot", value="go2"), Parameter("observation_timeout_s", value=0.3)]))
+        obs_imgs = ros.collect(Image, "/simdist/observation/image/front")
+        obs_prop = ros.collect(JointState, "/simdist/observation/proprio")
+        safe = ros.collect(JointTrajectory, "/simdist/safe_command")
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        pub_p = ros.probe.create_publisher(JointState, "/simdist/robot/proprio", 10)
+        pub_i = ros.probe.create_publisher(Image, "/camera/front/image_raw", 10)
+        pub_a = ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
+        assert ros.spin_until(lambda: pub_p.get_subscription_count() >= 1 and pub_i.get_subscription_count() >= 1)
+        names = ["base_lin_vel[0]", "base_lin_vel[1]", "command[0]"]
+
+        def send(image, proprio, encoding="rgb8"):
+            t = ros.probe.get_clock().now().nanoseconds
+            if image is not None:
+                msg = ros_msgs.image_to_msg(image, t, "front_camera")
+                msg.encoding = encoding
+                pub_i.publish(msg)
+            pub_p.publish(ros_msgs.pack_proprio(names, proprio[:2], proprio[2:], t, "go2"))
+            return t
+
+        frame = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+        t0 = send(frame, np.array([0.1, 0.2, 0.5]))
+        assert ros.spin_until(lambda: len(obs_prop) == 1)
+        assert ros.spin_until(lambda: len(obs_imgs) == 1)
+        assert ros_msgs.stamp_ns(obs_prop[0].header.stamp) == t0 == ros_msgs.stamp_ns(obs_imgs[0].header.stamp)
+        assert (obs_imgs[0].height, obs_imgs[0].width, obs_imgs[0].encoding) == (32, 32, "rgb8")
+        assert list(obs_prop[0].name) == names and obs_prop[0].position[2] == pytest.approx(0.5)
+
+        ros.spin_for(0.1)  # bad ticks below are > align_tolerance_s apart, so no older frame matches
+        send(frame, np.array([0.1, 0.2, 0.5]), encoding="mono16")  # wrong encoding
+        assert ros.spin_until(lambda: any("encoding 'mono16'" in m for _, m in diagnostics_text(diags, "ingestion")))
+        ros.spin_for(0.1)
+        send(frame[:48], np.array([0.1, 0.2, 0.5]))  # wrong size
+        assert ros.spin_until(lambda: any("48x64 (HxW), expected 64x64" in m for _, m in diagnostics_text(diags, "ingestion")))
+        ros.spin_for(0.1)
+        send(frame, np.array([math.nan, 0.2, 0.5]))  # NaN joint state
+        assert ros.spin_until(lambda: any(lvl == 2 and "NaN" in m for lvl, m in diagnostics_text(diags, "ingestion")))
+        ros.spin_for(0.2)
+        assert len(obs_prop) == 1  # none of the three bad ticks produced an observation
+
+        for _ in range(5):  # stale camera: proprio keeps coming, the camera stopped
+            send(None, np.array([0.1, 0.2, 0.5]))
+            ros.spin_for(0.1)
+        assert len(obs_prop) == 1
+        assert ros.spin_until(lambda: any("stale" in m for lvl, m in diagnostics_text(diags, "ingestion") if lvl == 2))
+        t = ros.probe.get_clock().now().nanoseconds
+        pub_a.publish(ros_msgs.command_to_msg(Command(CommandKind.JOINT_POSITION, np.zeros(12)), ros_msgs.action_names("go2"), t, 0.02))
+        assert ros.spin_until(lambda: any(ros_msgs.stamp_ns(m.header.stamp) == t for m in safe))
+        assert [m for m in safe if ros_msgs.stamp_ns(m.header.stamp) == t][0].header.frame_id == "hold"
+
+        send(frame, np.array([0.3, 0.2, 0.5]))  # the camera is back: observations resume
+        assert ros.spin_until(lambda: len(obs_prop) == 2)
+        assert node.stats["rejected"] == 3
+    finally:
+        ros.close()
