@@ -1,0 +1,351 @@
+"""`simforcing-train`: autoencoder (built-in backbone) -> sim teacher -> SimForcing student.
+
+    simforcing-train --data pairs.h5 --out runs/sf --stage all --variant full
+    torchrun --nproc_per_node 2 -m sim_video_world_model.train --data pairs.h5 --out runs/sf ...
+
+Every stage writes a full model checkpoint directory (see checkpoint.py) under --out:
+`autoencoder/`, `teacher/`, `student_<variant>/`; with --resume an interrupted stage continues
+from its last save and a finished stage is skipped. DDP: NCCL on CUDA, gloo on CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import logging
+import os
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from sim_video_world_model.backbones import build_backbone
+from sim_video_world_model.backbones.base import VideoAutoencoder, VideoDenoiser
+from sim_video_world_model.checkpoint import ModelBundle, load_bundle, load_optimizer, save_bundle, save_optimizer
+from sim_video_world_model.config import BackboneConfig, ObjectiveConfig, TrainConfig, Variant, from_dict, to_dict
+from sim_video_world_model.objective import StudentObjective, TeacherObjective
+from sim_video_world_model.paired_data import PairedVideoDataset, PairedWindows
+from sim_video_world_model.scheduler import warmup_cosine
+
+log = logging.getLogger("simforcing.train")
+
+
+@dataclasses.dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> Dist:
+    """torchrun sets WORLD_SIZE / RANK / LOCAL_RANK; one process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def resolve_device(device: str, dist: Dist) -> torch.device:
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+        return torch.device("cuda", dist.local_rank if dist.world > 1 else torch.device(device).index or 0)
+    return torch.device(device)
+
+
+def fit(name: str, module: nn.Module, loss_fn: Callable, data: PairedVideoDataset, tcfg: TrainConfig, out: str,
+        dist: Dist, resume: bool, save: Callable[[str], None], writer=None) -> None:
+    """The shared loop: AdamW, warm-up + cosine, grad clip, bf16 autocast on CUDA, DDP, tqdm, TB, resume.
+
+    `loss_fn(model, batch, generator) -> (loss, metrics)`; `save(path)` writes the model checkpoint.
+    """
+    from tqdm import tqdm
+
+    device = next(module.parameters()).device
+    cuda = device.type == "cuda"
+    bf16 = cuda if tcfg.bf16 is None else tcfg.bf16
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tcfg.lr, betas=tcfg.betas, weight_decay=tcfg.weight_decay)
+    start = 0
+    if resume and os.path.isfile(os.path.join(out, "train_state.json")):
+        meta = load_optimizer(out, opt)
+        start = int(meta["step"])
+        log.info("%s: resuming at step %d", name, start)
+    model = module
+    if dist.world > 1:
+        model = nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if cuda else None)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, tcfg.steps, tcfg.warmup_frac),
+                                              last_epoch=start - 1 if start else -1)
+    sampler = DistributedSampler(data, dist.world, dist.rank, seed=tcfg.seed) if dist.world > 1 else None
+    loader = DataLoader(data, batch_size=tcfg.batch_size, shuffle=sampler is None, sampler=sampler, drop_last=True,
+                        num_workers=tcfg.num_workers, generator=torch.Generator().manual_seed(tcfg.seed + start))
+    if len(loader) == 0:
+        raise ValueError(f"{name}: {len(data)} windows are fewer than one batch of {tcfg.batch_size} per rank")
+    gen = torch.Generator(device="cpu").manual_seed(tcfg.seed * 1000 + dist.rank + start)
+    step, epoch = start, 0
+    bar = tqdm(total=tcfg.steps, initial=start, desc=name, disable=not dist.main, dynamic_ncols=True)
+    model.train()
+    while step < tcfg.steps:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for batch in loader:
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss, metrics = loss_fn(model, batch, gen)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"{name}: non-finite loss {float(loss)} at step {step}; metrics {metrics}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip)
+            opt.step()
+            sched.step()
+            step += 1
+            bar.update(1)
+            if dist.main and (step % tcfg.log_every == 0 or step == tcfg.steps):
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+                if writer is not None:
+                    for k, v in metrics.items():
+                        writer.add_scalar(f"{name}/{k}", v, step)
+                    writer.add_scalar(f"{name}/lr", sched.get_last_lr()[0], step)
+                    writer.add_scalar(f"{name}/grad_norm", float(grad_norm), step)
+            if dist.main and (step % tcfg.save_every == 0 and step < tcfg.steps):
+                save(out)
+                save_optimizer(out, opt, step)
+            if step >= tcfg.steps:
+                break
+        epoch += 1
+    bar.close()
+    if dist.main:
+        save(out)
+        save_optimizer(out, opt, step, {"complete": True})
+
+
+def _stage_done(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "train_state.json")) as f:
+            return bool(json.load(f).get("complete"))
+    except FileNotFoundError:
+        return False
+
+
+def _set_checkpointing(denoiser: VideoDenoiser, tcfg: TrainConfig, device: torch.device) -> None:
+    enabled = device.type == "cuda" if tcfg.grad_checkpointing is None else tcfg.grad_checkpointing
+    denoiser.set_gradient_checkpointing(enabled)
+
+
+def train_autoencoder(autoencoder: VideoAutoencoder, data: PairedVideoDataset, tcfg: TrainConfig, out: str,
+                      dist: Dist, resume: bool, bundle_info: dict, backbone: BackboneConfig, writer=None) -> None:
+    """Reconstruction (MSE) on both streams, then fit the per-channel latent normalisation."""
+    if not hasattr(autoencoder, "reconstruct"):
+        raise ValueError("only the built-in autoencoder is trained here; Wan's VAE is pretrained and frozen")
+
+    class _AE(nn.Module):  # DDP wants a forward
+        def __init__(self, ae):
+            super().__init__()
+            self.ae = ae
+
+        def forward(self, video):
+            return self.ae.reconstruct(video)
+
+    wrapper = _AE(autoencoder)
+
+    tf = autoencoder.temporal_factor
+
+    def loss_fn(model, batch, gen):
+        # Random (1 + tf)-frame crops: the first-frame and the group path at a fraction of the cost.
+        video = torch.cat([batch["sim"], batch["real"]])
+        start = int(torch.randint(0, video.shape[2] - tf, (1,), generator=gen))
+        video = video[:, :, start:start + 1 + tf]
+        loss = nn.functional.mse_loss(model(video), video)
+        return loss, {"loss": float(loss.detach())}
+
+    def save(path):
+        sample = torch.stack([data[i]["real"] for i in range(min(len(data), 32))] +
+                             [data[i]["sim"] for i in range(min(len(data), 32))]).to(next(autoencoder.parameters()).device)
+        autoencoder.fit_normalization(sample)
+        save_bundle(path, ModelBundle(autoencoder, _placeholder_denoiser(backbone), backbone,
+                                      dict(bundle_info, stage="autoencoder")))
+
+    fit("autoencoder", wrapper, loss_fn, data, tcfg, out, dist, resume, save, writer)
+
+
+def _placeholder_denoiser(backbone: BackboneConfig) -> VideoDenoiser:
+    return build_backbone(backbone)[1]
+
+
+def train_teacher(bundle: ModelBundle, data: PairedVideoDataset, ocfg: ObjectiveConfig, tcfg: TrainConfig, out: str,
+                  dist: Dist, resume: bool, writer=None) -> None:
+    objective = TeacherObjective(ocfg)
+    ae = bundle.autoencoder
+
+    def loss_fn(model, batch, gen):
+        with torch.no_grad():
+            z = ae.encode(batch["sim"])
+        return objective(model, z, batch["actions"], gen)
+
+    _set_checkpointing(bundle.denoiser, tcfg, next(bundle.denoiser.parameters()).device)
+    save = lambda path: save_bundle(path, dataclasses.replace(bundle, info=dict(bundle.info, stage="teacher")))  # noqa: E731
+    fit("teacher", bundle.denoiser, loss_fn, data, tcfg, out, dist, resume, save, writer)
+
+
+def make_student(teacher: VideoDenoiser, variant: Variant) -> VideoDenoiser:
+    """The student starts as an exact copy of the teacher (+ zero-initialised projections for 'full')."""
+    student = copy.deepcopy(teacher)
+    student.requires_grad_(True)
+    if variant.sim_conditioning:
+        student.add_sim_conditioning()
+    return student
+
+
+def train_student(teacher_bundle: ModelBundle, data: PairedVideoDataset, ocfg: ObjectiveConfig, tcfg: TrainConfig,
+                  out: str, dist: Dist, resume: bool, writer=None) -> None:
+    teacher = teacher_bundle.denoiser
+    teacher.requires_grad_(False).eval()
+    student = make_student(teacher, ocfg.variant)
+    if resume and os.path.isfile(os.path.join(out, "train_state.json")):
+        student.load_state_dict(load_bundle(out, "cpu").denoiser.state_dict())
+    objective = StudentObjective(ocfg)
+    ae = teacher_bundle.autoencoder
+
+    def loss_fn(model, batch, gen):
+        with torch.no_grad():
+            z_real, z_sim = ae.encode(batch["real"]), ae.encode(batch["sim"])
+        return objective(model, teacher if ocfg.variant.motion else None, z_real, z_sim, batch["actions"], gen)
+
+    _set_checkpointing(student, tcfg, next(student.parameters()).device)
+    info = dict(teacher_bundle.info, stage="student", variant=ocfg.variant.value)
+    save = lambda path: save_bundle(path, ModelBundle(ae, student, teacher_bundle.backbone, info))  # noqa: E731
+    fit(f"student_{ocfg.variant.value}", student, loss_fn, data, tcfg, out, dist, resume, save, writer)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """Everything `simforcing-train` needs; `--config run.json` overrides these defaults."""
+
+    backbone: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
+    objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
+    autoencoder_train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=1500, lr=1e-3))
+    teacher_train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=2000, lr=5e-4))
+    student_train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=1000, lr=2e-4))
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunConfig":
+        kinds = {"backbone": BackboneConfig, "objective": ObjectiveConfig, "autoencoder_train": TrainConfig,
+                 "teacher_train": TrainConfig, "student_train": TrainConfig}
+        unknown = set(data) - set(kinds)
+        if unknown:
+            raise ValueError(f"run config: unknown sections {sorted(unknown)}; expected {sorted(kinds)}")
+        return cls(**{k: from_dict(kinds[k], v) for k, v in data.items()})
+
+
+def run(cfg: RunConfig, data_path: str, out: str, stages: list[str], variants: list[Variant], resume: bool) -> None:
+    dist = init_distributed(cfg.teacher_train.device)
+    device = resolve_device(cfg.teacher_train.device, dist)
+    torch.manual_seed(cfg.teacher_train.seed)
+    windows = PairedWindows.load(data_path)
+    if windows.actions.shape[2] != cfg.backbone.action_dim:
+        raise ValueError(f"{data_path} has {windows.actions.shape[2]}-D actions, backbone expects {cfg.backbone.action_dim}")
+    data = PairedVideoDataset(windows)
+    info = {"num_frames": windows.num_frames, "image_size": list(windows.sim.shape[2:4]),
+            "action_low": windows.action_low.tolist(), "action_high": windows.action_high.tolist()}
+    writer = None
+    if dist.main:
+        from torch.utils.tensorboard import SummaryWriter
+
+        os.makedirs(out, exist_ok=True)
+        writer = SummaryWriter(os.path.join(out, "tensorboard"))
+        with open(os.path.join(out, "run_config.json"), "w") as f:
+            json.dump(to_dict(cfg), f, indent=2)
+    try:
+        ae_dir, teacher_dir = os.path.join(out, "autoencoder"), os.path.join(out, "teacher")
+        if "autoencoder" in stages and cfg.backbone.kind == "tiny" and not (resume and _stage_done(ae_dir)):
+            autoencoder, _ = build_backbone(cfg.backbone)
+            if resume and os.path.isfile(os.path.join(ae_dir, "train_state.json")):
+                autoencoder = load_bundle(ae_dir).autoencoder.requires_grad_(True)
+            train_autoencoder(autoencoder.to(device), data, cfg.autoencoder_train, ae_dir, dist, resume, info,
+                              cfg.backbone, writer)
+        _barrier(dist)
+        if "teacher" in stages and not (resume and _stage_done(teacher_dir)):
+            if cfg.backbone.kind == "tiny":
+                base = load_bundle(ae_dir, device)
+                bundle = ModelBundle(base.autoencoder, build_backbone(cfg.backbone)[1].to(device), cfg.backbone, info)
+            else:
+                ae, den = build_backbone(cfg.backbone)
+                bundle = ModelBundle(ae.to(device), den.to(device), cfg.backbone, info)
+            if resume and os.path.isfile(os.path.join(teacher_dir, "train_state.json")):
+                bundle.denoiser.load_state_dict(load_bundle(teacher_dir).denoiser.state_dict())
+            train_teacher(bundle, data, cfg.objective, cfg.teacher_train, teacher_dir, dist, resume, writer)
+        _barrier(dist)
+        if "student" in stages:
+            teacher = load_bundle(teacher_dir, device)
+            for variant in variants:
+                sdir = os.path.join(out, f"student_{variant.value}")
+                if resume and _stage_done(sdir):
+                    continue
+                ocfg = dataclasses.replace(cfg.objective, variant=variant)
+                train_student(teacher, data, ocfg, cfg.student_train, sdir, dist, resume, writer)
+                _barrier(dist)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _barrier(dist: Dist) -> None:
+    if dist.world > 1:
+        torch.distributed.barrier()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="paired-window HDF5 file (paired_data.PairedWindows)")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--stage", choices=["all", "autoencoder", "teacher", "student"], default="all")
+    p.add_argument("--variant", action="append", choices=[v.value for v in Variant],
+                   help="student variant(s) to train (repeatable; default: full)")
+    p.add_argument("--config", help="JSON file with RunConfig sections overriding the defaults")
+    p.add_argument("--device", help="cpu | cuda | cuda:N (all stages)")
+    p.add_argument("--steps", type=int, nargs=3, metavar=("AE", "TEACHER", "STUDENT"), help="steps per stage")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--backbone", choices=["tiny", "wan"])
+    p.add_argument("--wan-dir", help="local Wan2.2-TI2V-5B diffusers folder (backbone wan)")
+    p.add_argument("--resume", action="store_true", help="continue interrupted stages, skip finished ones")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = build_parser().parse_args(argv)
+    cfg = RunConfig()
+    if args.config:
+        with open(args.config) as f:
+            cfg = RunConfig.from_json(json.load(f))
+    if args.backbone:
+        cfg.backbone.kind = args.backbone
+    if args.wan_dir:
+        cfg.backbone.wan.model_dir = args.wan_dir
+    trains = (cfg.autoencoder_train, cfg.teacher_train, cfg.student_train)
+    for i, t in enumerate(trains):
+        if args.device:
+            t.device = args.device
+        if args.batch_size:
+            t.batch_size = args.batch_size
+        if args.steps:
+            t.steps = args.steps[i]
+    stages = ["autoencoder", "teacher", "student"] if args.stage == "all" else [args.stage]
+    variants = [Variant(v) for v in (args.variant or ["full"])]
+    run(cfg, args.data, args.out, stages, variants, args.resume)
+
+
+if __name__ == "__main__":
+    main()

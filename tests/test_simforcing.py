@@ -1,0 +1,226 @@
+"""SimForcing core: conditioning, objective, scheduler, guidance, data, checkpoints, tiny train + infer."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from sim_video_world_model.backbones import build_backbone
+from sim_video_world_model.config import BackboneConfig, ObjectiveConfig, TinyBackboneConfig, TrainConfig, Variant
+from sim_video_world_model.objective import StudentObjective, corrupt_sim_latent, latent_motion
+from sim_video_world_model.paired_data import (
+    PairedVideoDataset, PairedWindows, normalize_actions, synthetic_pairs, SyntheticWorldConfig,
+)
+from sim_video_world_model.pipeline import SimForcingPipeline
+from sim_video_world_model.scheduler import FlowMatchScheduler, warmup_cosine
+from sim_video_world_model.train import make_student
+
+TINY = TinyBackboneConfig(latent_channels=4, ae_channels=8, hidden=32, heads=2, layers=2, ffn=64,
+                          action_hidden=16, action_layers=1, action_heads=2)
+
+
+def tiny_backbone(seed=0):
+    torch.manual_seed(seed)
+    ae, den = build_backbone(BackboneConfig(kind="tiny", action_dim=7, tiny=TINY))
+    with torch.no_grad():  # a "trained" teacher: non-zero output layer
+        den.proj_out.weight.normal_(0, 0.2)
+    return ae.eval(), den.eval()
+
+
+def inputs(batch=2, frames=3, size=8, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 4, frames, size, size, generator=g)
+    t = torch.tensor([300.0, 800.0][:batch])
+    a = torch.rand(batch, 8, 7, generator=g) * 2 - 1
+    s = torch.randn(batch, 4, frames, size, size, generator=g)
+    return x, t, a, s
+
+
+def test_zero_init_conditioning_leaves_student_identical_to_teacher():
+    _, teacher = tiny_backbone()
+    student = make_student(teacher, Variant.FULL)
+    assert student.sim_conditioning is not None and teacher.sim_conditioning is None
+    x, t, a, s = inputs()
+    with torch.no_grad():
+        ref = teacher(x, t, a)
+        out = student(x, t, a, sim_latent=s, gate=torch.ones(2))
+    assert ref.abs().max() > 0
+    assert torch.equal(out, ref)
+
+
+def test_gate_zero_disables_conditioning_and_its_gradient():
+    _, teacher = tiny_backbone()
+    student = make_student(teacher, Variant.FULL)
+    with torch.no_grad():
+        for conv in student.sim_conditioning.projections:
+            conv.weight.normal_()
+            conv.bias.fill_(0.3)
+    x, t, a, s = inputs()
+    plain = student(x, t, a)
+    gated_off = student(x, t, a, sim_latent=s, gate=torch.zeros(2))
+    assert torch.equal(plain, gated_off)
+    gated_off.sum().backward()
+    for conv in student.sim_conditioning.projections:
+        assert conv.weight.grad.abs().sum() == 0 and conv.bias.grad.abs().sum() == 0
+    # The gate is per sample: switching it on for sample 1 only changes sample 1.
+    mixed = student(x, t, a, sim_latent=s, gate=torch.tensor([0.0, 1.0]))
+    assert torch.equal(mixed[0], plain[0]) and not torch.allclose(mixed[1], plain[1])
+
+
+def test_motion_is_adjacent_differences_with_first_frame_excluded():
+    x0_hat = torch.arange(2 * 1 * 4 * 1 * 1, dtype=torch.float32).view(2, 1, 4, 1, 1) ** 2
+    clean = torch.full_like(x0_hat, -5.0)
+    m = latent_motion(x0_hat, clean)
+    assert m.shape[2] == 3
+    assert torch.equal(m[:, :, 0], x0_hat[:, :, 1] - clean[:, :, 0])
+    assert torch.equal(m[:, :, 1:], x0_hat[:, :, 2:] - x0_hat[:, :, 1:-1])
+    changed = x0_hat.clone()
+    changed[:, :, 0] = 123.0  # the model's frame-0 estimate never enters the target
+    assert torch.equal(latent_motion(changed, clean), m)
+
+
+def test_student_objective_shares_noise_and_time_across_domains():
+    # With identical latents in both domains and the student equal to the teacher (zero-init
+    # projections), both motion terms vanish exactly only if noise and flow time are shared.
+    _, teacher = tiny_backbone()
+    student = make_student(teacher, Variant.FULL)
+    z = torch.randn(3, 4, 3, 8, 8)
+    a = torch.rand(3, 8, 7)
+    obj = StudentObjective(ObjectiveConfig(variant=Variant.FULL))
+    loss, m = obj(student, teacher, z, z.clone(), a, torch.Generator().manual_seed(0))
+    assert m["motion_real"] < 1e-9 and m["motion_sim"] < 1e-9  # batched [real; sim]: float round-off only
+    assert m["fm_real"] == pytest.approx(m["fm_sim"], rel=1e-6)
+    loss.backward()
+    assert student.sim_conditioning.projections[0].weight.grad.abs().sum() > 0  # the gated path learns
+    # the SFT rung uses neither the sim stream nor the teacher
+    loss_sft, m_sft = StudentObjective(ObjectiveConfig(variant=Variant.SFT))(
+        make_student(teacher, Variant.SFT), None, z, torch.zeros_like(z), a, torch.Generator().manual_seed(0))
+    assert m_sft["fm_sim"] == 0.0 and m_sft["motion_real"] == 0.0
+    with pytest.raises(ValueError, match="teacher"):
+        obj(student, None, z, z, a)
+
+
+def test_corruption_probability_and_range():
+    z = torch.ones(200, 2, 2, 2, 2)
+    cfg = ObjectiveConfig(corrupt_prob=0.0)
+    assert torch.equal(corrupt_sim_latent(z, cfg), z)
+    out = corrupt_sim_latent(z, ObjectiveConfig(corrupt_prob=1.0), torch.Generator().manual_seed(0))
+    # alpha in [0.5, 0.9] and |(1 - alpha) sigma eta| small: every sample is changed, mean near alpha
+    per_sample_mean = out.mean(dim=(1, 2, 3, 4))
+    assert (out != z).all()
+    assert per_sample_mean.min() > 0.35 and per_sample_mean.max() < 1.05
+    with pytest.raises(ValueError, match="corrupt_alpha"):
+        ObjectiveConfig(corrupt_alpha=(0.9, 0.5))
+
+
+def test_scheduler_shift_weight_and_exact_euler():
+    sch = FlowMatchScheduler(shift=5.0)
+    u = torch.tensor([0.0, 0.5, 1.0])
+    assert torch.allclose(sch.shift_sigma(u), torch.tensor([0.0, 2.5 / 3.0, 1.0]))
+    table = sch.shift_sigma(torch.linspace(1, 0, 1000))
+    assert sch.loss_weight(table).mean() == pytest.approx(1.0, abs=1e-4)
+    assert sch.loss_weight(torch.tensor([0.5])) > sch.loss_weight(torch.tensor([0.0]))
+    x0, noise = torch.randn(2, 3), torch.randn(2, 3)
+    x = noise.clone()
+    sigmas = sch.inference_sigmas(4)
+    for i in range(4):  # the exact velocity of the straight path recovers x0 with any step count
+        x = sch.step(x, sch.velocity_target(x0, noise), float(sigmas[i]), float(sigmas[i + 1]))
+    assert torch.allclose(x, x0, atol=1e-6)
+    assert warmup_cosine(0, 100, 0.05) == pytest.approx(0.2) and warmup_cosine(99, 100, 0.05) < 0.01
+
+
+class CallCounter:
+    def __init__(self, module):
+        self.calls = []
+        module.register_forward_pre_hook(lambda m, args, kwargs: self.calls.append(kwargs.get("sim_latent") is not None),
+                                         with_kwargs=True)
+
+
+def test_guidance_w0_w1_equal_the_branches_and_pass_counts():
+    ae, teacher = tiny_backbone()
+    student = make_student(teacher, Variant.FULL)
+    with torch.no_grad():
+        for conv in student.sim_conditioning.projections:
+            conv.weight.normal_(0, 0.5)
+    pipe = SimForcingPipeline(ae, student, FlowMatchScheduler())
+    x, t, a, s = inputs()
+    with torch.no_grad():
+        uncond, cond = student(x, t, a), student(x, t, a, sim_latent=s, gate=torch.ones(2))
+        assert torch.equal(pipe.guided_velocity(x, t, a, s, 0.0), uncond)
+        assert torch.equal(pipe.guided_velocity(x, t, a, None, 0.0), uncond)
+        assert torch.equal(pipe.guided_velocity(x, t, a, s, 1.0), cond)
+        assert torch.allclose(pipe.guided_velocity(x, t, a, s, 0.3), uncond + 0.3 * (cond - uncond))
+    counter = CallCounter(student)
+    frame = torch.rand(1, 3, 16, 16) * 2 - 1
+    acts = torch.rand(1, 4, 7)
+    mask = torch.zeros(1, 16, 16, dtype=torch.bool)
+    pipe(frame, acts, 5, robot_mask=mask, sim_steps=2, real_steps=3, guidance=1.0)
+    assert counter.calls == [False, False, True, True, True]  # N_s sim passes, then ONE pass per real step
+    counter.calls.clear()
+    out = pipe(frame, acts, 5, sim_steps=2, real_steps=3, guidance=0.0)  # no mask needed: no sim stage
+    assert counter.calls == [False, False, False] and out.sim_latents is None
+    counter.calls.clear()
+    pipe(frame, acts, 5, robot_mask=mask, sim_steps=1, real_steps=2, guidance=0.6)
+    assert counter.calls == [False, True, False, True, False]
+    assert out.video.shape == (1, 3, 5, 16, 16)
+    with pytest.raises(ValueError, match="robot_mask"):
+        pipe(frame, acts, 5, guidance=0.6)
+    with pytest.raises(ValueError, match="actions"):
+        pipe(frame, torch.rand(1, 3, 7), 5, guidance=0.0)
+
+
+def test_paired_windows_roundtrip_and_normalisation(tmp_path):
+    w = synthetic_pairs(2, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=3)
+    assert w.sim.shape == (4, 5, 16, 16, 3) and w.actions.shape == (4, 4, 7) and w.mask.shape == (4, 16, 16)
+    assert w.mask.any(axis=(1, 2)).all()
+    # the sim stream is the robot-only rendering: black outside the robot
+    assert (w.sim[:, 0][~w.mask] == 0).mean() > 0.9
+    path = str(tmp_path / "pairs.h5")
+    w.save(path)
+    back = PairedWindows.load(path)
+    assert np.array_equal(back.real, w.real) and back.meta["source"] == "synthetic"
+    item = PairedVideoDataset(back)[0]
+    assert item["real"].shape == (3, 5, 16, 16) and -1.0 <= item["real"].min() and item["real"].max() <= 1.0
+    assert item["actions"].abs().max() <= 1.0
+    assert np.allclose(normalize_actions(w.action_low, w.action_low, w.action_high), -1.0)
+    with pytest.raises(ValueError, match="one per transition"):
+        PairedWindows(w.sim, w.real, w.actions[:, :3], w.mask, w.action_low, w.action_high)
+
+
+@pytest.mark.e2e
+def test_tiny_train_then_infer_and_resume(tmp_path):
+    from sim_video_world_model.checkpoint import load_bundle
+    from sim_video_world_model.train import RunConfig, run
+
+    data = str(tmp_path / "pairs.h5")
+    synthetic_pairs(4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0).save(data)
+    steps = dict(batch_size=4, log_every=1, save_every=2)
+    cfg = RunConfig(backbone=BackboneConfig(tiny=TINY), autoencoder_train=TrainConfig(steps=3, lr=1e-3, **steps),
+                    teacher_train=TrainConfig(steps=3, **steps), student_train=TrainConfig(steps=3, **steps))
+    out = str(tmp_path / "run")
+    run(cfg, data, out, ["autoencoder", "teacher", "student"], [Variant.FULL], resume=False)
+    teacher = load_bundle(os.path.join(out, "teacher"))
+    student = load_bundle(os.path.join(out, "student_full"))
+    assert student.info["variant"] == "full" and student.denoiser.sim_conditioning is not None
+    # the student moved away from the teacher, its projections away from zero
+    assert any(p.abs().sum() > 0 for p in student.denoiser.sim_conditioning.parameters())
+    with open(os.path.join(out, "student_full", "train_state.json")) as f:
+        state = json.load(f)
+    assert state["step"] == 3 and state["complete"]
+    w = PairedWindows.load(data)
+    item = PairedVideoDataset(w)[0]
+    pipe = SimForcingPipeline(student.autoencoder, student.denoiser, FlowMatchScheduler())
+    video = pipe(item["real"][:, 0][None], item["actions"][None], 5, robot_mask=item["mask"][None],
+                 sim_steps=1, real_steps=2, guidance=0.6).video
+    assert video.shape == (1, 3, 5, 16, 16) and torch.isfinite(video).all()
+    # resume: a finished run is skipped (weights unchanged), a longer one continues from its last step
+    before = {k: v.clone() for k, v in teacher.denoiser.state_dict().items()}
+    run(cfg, data, out, ["autoencoder", "teacher"], [], resume=True)
+    after = load_bundle(os.path.join(out, "teacher")).denoiser.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    cfg.teacher_train.steps = 5
+    os.remove(os.path.join(out, "teacher", "train_state.json"))  # as if interrupted before the end
+    run(cfg, data, out, ["teacher"], [], resume=False)
+    with open(os.path.join(out, "teacher", "train_state.json")) as f:
+        assert json.load(f)["step"] == 5
