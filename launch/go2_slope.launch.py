@@ -1,0 +1,14 @@
+"""ros2 launch simdist_planner go2_slope.launch.py robot:=sim|real checkpoint:=DIR [record:=true ...]
+
+Same node set and parameters as `simdist launch go2_slope ...` (simdist_planner.launch_description).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _simdist_graph import generate  # noqa: E402
+
+
+def generate_launch_description():
+    return generate("go2_slope")

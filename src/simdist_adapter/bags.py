@@ -1,0 +1,247 @@
+"""Episode bags: rosbag2 MCAP directories written and read with `rosbags` (pure Python, no ROS install).
+
+One episode = one bag directory `<root>/<name>/` holding `<name>.mcap`, rosbag2's `metadata.yaml`
+(episode metadata also in its `custom_data`) and the sidecar `episode.json` (task, seed, success,
+...). Messages are stored as the CDR bytes ROS put on the wire (the recorder subscribes raw), so
+nothing is re-serialised; types are checked against rosbags' ROS 2 Kilted typestore and every
+channel carries its full message definition, so any MCAP reader (`mcap` + `mcap_ros2`) decodes it.
+
+`EpisodeBag` is the reader the adapter and replay use: metadata, topics, and messages by topic,
+deserialised or raw. A bag that was never finalised, is truncated or corrupt raises `BagError`
+saying which file and what is wrong.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from rosbags.rosbag2 import Reader, StoragePlugin, Writer
+from rosbags.typesys import Stores, get_typestore
+
+TYPESTORE = get_typestore(Stores.ROS2_KILTED)
+SIDECAR = "episode.json"
+META_KEY = "simdist_episode"  # key of the episode JSON in metadata.yaml custom_data
+BAG_FORMAT_VERSION = 1
+
+
+class BagError(RuntimeError):
+    """An episode bag that cannot be written or read; the message names the file and the cause."""
+
+
+@dataclass
+class EpisodeMeta:
+    """What an episode was: stored in the sidecar JSON and in the bag's metadata."""
+
+    task: str
+    seed: int | None = None
+    episode: int = 0
+    success: bool | None = None  # None until the episode ends (or when it was interrupted)
+    robot: str = ""
+    variant: str = ""
+    checkpoint: str = ""
+    steps: int = 0
+    complete: bool = False  # True once the episode ended and the bag was finalised
+    start_ns: int = 0
+    end_ns: int = 0
+    extra: dict = field(default_factory=dict)
+    format_version: int = BAG_FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "episode metadata") -> "EpisodeMeta":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BagError(f"{where}: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise BagError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown or "task" not in data:
+            raise BagError(f"{where}: unknown keys {unknown} or missing 'task' (keys: {sorted(data)})")
+        if data.get("format_version") != BAG_FORMAT_VERSION:
+            raise BagError(
+                f"{where}: format_version {data.get('format_version')!r}, this code reads {BAG_FORMAT_VERSION}"
+            )
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class BagMessage:
+    topic: str
+    msgtype: str  # e.g. "sensor_msgs/msg/JointState"
+    stamp_ns: int  # receive time of the recorder (node clock: sim time in lockstep)
+    data: Any  # deserialised message (rosbags dataclass) or raw CDR bytes
+
+
+def ros_type_name(msgtype: str) -> str:
+    """'sensor_msgs/msg/Image' from 'sensor_msgs/msg/Image' or 'sensor_msgs/Image'."""
+    parts = msgtype.split("/")
+    if len(parts) == 2:
+        parts = [parts[0], "msg", parts[1]]
+    name = "/".join(parts)
+    if len(parts) != 3 or name not in TYPESTORE.types:
+        raise BagError(f"message type {msgtype!r} is not a ROS 2 Kilted type rosbags knows")
+    return name
+
+
+class EpisodeBagWriter:
+    """Writes one episode bag; `close()` finalises it (also on exceptions via the context manager)."""
+
+    def __init__(self, path: str | os.PathLike, meta: EpisodeMeta):
+        self.path = pathlib.Path(path)
+        if self.path.exists():
+            raise BagError(f"bag directory {self.path} already exists; refusing to overwrite an episode")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.meta = meta
+        self._writer = Writer(self.path, version=9, storage_plugin=StoragePlugin.MCAP)
+        self._writer.open()
+        self._connections: dict[str, Any] = {}
+        self.message_count = 0
+        self._write_sidecar()
+
+    def add_topic(self, topic: str, msgtype: str) -> None:
+        """Declare a topic; idempotent for the same type, an error for a different one."""
+        name = ros_type_name(msgtype)
+        known = self._connections.get(topic)
+        if known is not None:
+            if known.msgtype != name:
+                raise BagError(f"topic {topic} already recorded as {known.msgtype}, got {name}")
+            return
+        self._connections[topic] = self._writer.add_connection(topic, name, typestore=TYPESTORE)
+
+    def has_topic(self, topic: str) -> bool:
+        return topic in self._connections
+
+    def write_raw(self, topic: str, stamp_ns: int, cdr: bytes) -> None:
+        """Store a message exactly as serialised on the wire (CDR with its 4-byte header)."""
+        connection = self._connections.get(topic)
+        if connection is None:
+            raise BagError(f"topic {topic} was not declared with add_topic")
+        self._writer.write(connection, int(stamp_ns), bytes(cdr))
+        self.message_count += 1
+        if self.meta.start_ns == 0:
+            self.meta.start_ns = int(stamp_ns)
+        self.meta.end_ns = max(self.meta.end_ns, int(stamp_ns))
+
+    def write(self, topic: str, stamp_ns: int, msg: Any) -> None:
+        """Serialise a rosbags message object with the Kilted typestore and store it."""
+        connection = self._connections.get(topic)
+        if connection is None:
+            raise BagError(f"topic {topic} was not declared with add_topic")
+        self.write_raw(topic, stamp_ns, TYPESTORE.serialize_cdr(msg, connection.msgtype))
+
+    def close(self) -> None:
+        """Finalise the MCAP (summary, index) and metadata.yaml, then the sidecar. Idempotent."""
+        if self._writer is None:
+            return
+        writer, self._writer = self._writer, None
+        writer.set_custom_data(META_KEY, self.meta.to_json())
+        writer.close()
+        self._write_sidecar()
+
+    def _write_sidecar(self) -> None:
+        tmp = self.path / (SIDECAR + ".tmp")
+        tmp.write_text(self.meta.to_json())
+        os.replace(tmp, self.path / SIDECAR)  # atomic: a reader never sees half a file
+
+    def __enter__(self) -> "EpisodeBagWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class EpisodeBag:
+    """Read an episode bag: `meta`, `topics` (topic -> type), `messages(topics)`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        if not self.path.is_dir():
+            raise BagError(f"{self.path}: not a bag directory")
+        if not (self.path / "metadata.yaml").is_file():
+            raise BagError(
+                f"{self.path}: no metadata.yaml, the bag was never finalised "
+                "(recorder killed with SIGKILL or crashed before closing it)"
+            )
+        self._reader = self._open()
+        try:
+            self.topics = {c.topic: c.msgtype for c in self._reader.connections}
+            self.message_count = self._reader.message_count
+            self.meta = self._read_meta()
+        except BagError:
+            self.close()
+            raise
+
+    def _open(self) -> Reader:
+        reader = Reader(self.path)
+        try:
+            reader.open()
+        except Exception as exc:  # noqa: BLE001 - rosbags raises several types for a bad file
+            raise BagError(f"{self.path}: cannot open the bag, it is truncated or corrupt ({exc})") from None
+        return reader
+
+    def _read_meta(self) -> EpisodeMeta:
+        sidecar = self.path / SIDECAR
+        if sidecar.is_file():
+            return EpisodeMeta.from_json(sidecar.read_text(), str(sidecar))
+        import yaml
+
+        info = yaml.safe_load((self.path / "metadata.yaml").read_text()) or {}
+        custom = info.get("rosbag2_bagfile_information", {}).get("custom_data") or {}
+        if META_KEY in custom:
+            return EpisodeMeta.from_json(custom[META_KEY], f"{self.path}/metadata.yaml custom_data")
+        raise BagError(f"{self.path}: no {SIDECAR} and no episode metadata in metadata.yaml")
+
+    def raw_messages(self, topics: list[str] | None = None) -> Iterator[BagMessage]:
+        """Messages in time order as raw CDR bytes (what replay publishes)."""
+        wanted = self._connections(topics)
+        try:
+            for conn, stamp, data in self._reader.messages(connections=wanted):
+                yield BagMessage(conn.topic, conn.msgtype, stamp, bytes(data))
+        except BagError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - truncated chunks surface as various errors
+            raise BagError(f"{self.path}: reading messages failed, the bag is truncated or corrupt ({exc})") from None
+
+    def messages(self, topics: list[str] | None = None) -> Iterator[BagMessage]:
+        """Messages in time order, deserialised to rosbags message objects."""
+        for raw in self.raw_messages(topics):
+            try:
+                msg = TYPESTORE.deserialize_cdr(raw.data, raw.msgtype)
+            except Exception as exc:  # noqa: BLE001
+                raise BagError(f"{self.path}: a {raw.msgtype} message on {raw.topic} does not decode ({exc})") from None
+            yield BagMessage(raw.topic, raw.msgtype, raw.stamp_ns, msg)
+
+    def _connections(self, topics):
+        if topics is None:
+            return list(self._reader.connections)
+        missing = sorted(set(topics) - set(self.topics))
+        if missing:
+            raise BagError(f"{self.path}: no topic(s) {missing}; the bag has {sorted(self.topics)}")
+        return [c for c in self._reader.connections if c.topic in topics]
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def __enter__(self) -> "EpisodeBag":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def list_episode_bags(root: str | os.PathLike) -> list[pathlib.Path]:
+    """Bag directories under `root` (those with an episode sidecar), oldest first by name."""
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.parent for p in root.glob(f"*/{SIDECAR}"))

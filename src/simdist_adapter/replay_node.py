@@ -1,0 +1,111 @@
+"""Replay: publish a recorded episode bag at real time (or `rate` x real time) with `/clock`.
+
+Messages go out as the recorded CDR bytes, in recorded order, spaced by their recorded receive
+times divided by `rate`; before each new time `/clock` is published with the bag time, so nodes
+with `use_sim_time` (ingestion, planner) run on the logged timeline: open-loop evaluation on
+real data. `topics` / `exclude_topics` choose what is replayed (exclude the planner's own outputs
+when re-running it). The node exits 0 when the bag is done (the launcher then stops the graph).
+"""
+from __future__ import annotations
+
+import importlib
+import time
+
+import rclpy
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rosgraph_msgs.msg import Clock
+
+from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.node_params import NodeParams, Param
+from simdist_adapter.bags import EpisodeBag
+
+QOS = QoSProfile(
+    depth=100,
+    history=HistoryPolicy.KEEP_LAST,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)
+
+PARAMS = (
+    Param("bag", "", "episode bag directory to replay", read_only=True),
+    Param("rate", 1.0, "playback speed: 1 = real time, 2 = twice as fast", 0.01, 100.0),
+    Param("topics", [""], "topics to replay (empty: all recorded topics)", read_only=True),
+    Param(
+        "exclude_topics",
+        ["/clock", "/rosout", "/parameter_events", "/diagnostics"],
+        "recorded topics not replayed",
+        read_only=True,
+    ),
+    Param("publish_clock", True, "publish /clock with the bag time"),
+    Param("start_delay_s", 1.0, "wall time to wait for subscribers before the first message", 0.0, 60.0),
+)
+
+
+def message_class(msgtype: str):
+    pkg, _, name = msgtype.split("/")
+    return getattr(importlib.import_module(f"{pkg}.msg"), name)
+
+
+class ReplayNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("replay", **kwargs)
+        self.params = NodeParams(self, PARAMS)
+        self.diag = Diagnostics(self, hardware_id="replay")
+        if not self.params["bag"]:
+            raise ValueError("parameter 'bag' is required: the episode bag directory to replay")
+        self.bag = EpisodeBag(self.params["bag"])
+        wanted = [t for t in self.params["topics"] if t] or list(self.bag.topics)
+        unknown = sorted(set(wanted) - set(self.bag.topics))
+        if unknown:
+            raise ValueError(f"topics {unknown} are not in {self.bag.path} (it has {sorted(self.bag.topics)})")
+        self.topics = [t for t in wanted if t not in set(self.params["exclude_topics"])]
+        self._pubs = {t: self.create_publisher(message_class(self.bag.topics[t]), t, QOS) for t in self.topics}
+        self._clock = self.create_publisher(Clock, "/clock", QOS)
+        self.published = 0
+
+    def play(self, should_stop=lambda: False) -> int:
+        """Publish the bag; returns how many messages went out."""
+        time.sleep(self.params["start_delay_s"])
+        first_ns, start_wall, last_clock = None, time.monotonic(), None
+        for msg in self.bag.raw_messages(self.topics):
+            if should_stop():
+                break
+            rclpy.spin_once(self, timeout_sec=0.0)  # parameter sets (rate) and services stay live
+            self.params.apply()
+            if first_ns is None:
+                first_ns = msg.stamp_ns
+            due = start_wall + (msg.stamp_ns - first_ns) * 1e-9 / self.params["rate"]
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            if self.params["publish_clock"] and msg.stamp_ns != last_clock:
+                clock = Clock()
+                clock.clock.sec, clock.clock.nanosec = divmod(msg.stamp_ns, 1_000_000_000)
+                self._clock.publish(clock)
+                last_clock = msg.stamp_ns
+            self._pubs[msg.topic].publish(msg.data)
+            self.published += 1
+        self.diag.set("replay", Level.OK, f"replayed {self.published} messages from {self.bag.path}")
+        return self.published
+
+
+def main(args=None):
+    rclpy.init(args=args)
+    node = None
+    try:
+        node = ReplayNode()
+        node.play(should_stop=lambda: not rclpy.ok())
+        time.sleep(0.5)  # let reliable publishers flush to slow subscribers
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.bag.close()
+            node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    main()
