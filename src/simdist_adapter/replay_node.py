@@ -62,7 +62,7 @@ class ReplayNode(Node):
             raise ValueError(f"topics {unknown} are not in {self.bag.path} (it has {sorted(self.bag.topics)})")
         self.topics = [t for t in wanted if t not in set(self.params["exclude_topics"])]
         self._pubs = {t: self.create_publisher(message_class(self.bag.topics[t]), t, QOS) for t in self.topics}
-        self._clock = self.create_publisher(Clock, "/clock", QOS)
+        self._clock_pub = self.create_publisher(Clock, "/clock", QOS)
         self.published = 0
 
     def play(self, should_stop=lambda: False) -> int:
@@ -83,7 +83,7 @@ class ReplayNode(Node):
             if self.params["publish_clock"] and msg.stamp_ns != last_clock:
                 clock = Clock()
                 clock.clock.sec, clock.clock.nanosec = divmod(msg.stamp_ns, 1_000_000_000)
-                self._clock.publish(clock)
+                self._clock_pub.publish(clock)
                 last_clock = msg.stamp_ns
             self._pubs[msg.topic].publish(msg.data)
             self.published += 1

@@ -1,0 +1,193 @@
+"""Launch description -> command lines; launch files use the description; the launcher supervises.
+
+The supervision tests start real node processes on a private ROS domain.
+"""
+import ast
+import importlib
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from simdist_planner import launch_description as desc
+from simdist_planner import launcher
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")
+
+
+def test_sim_graph_command_lines(tmp_path):
+    graph = desc.resolve("peg", {"checkpoint": str(tmp_path / "ck"), "record": "yes", "domain": "42"})
+    names = [n.name for n in graph.nodes]
+    assert names == ["mujoco_driver", "ingestion", "safety_supervisor", "planner", "recorder"]
+    assert graph.env == {"ROS_DOMAIN_ID": "42"}
+    planner = next(n for n in graph.nodes if n.name == "planner")
+    cmd = launcher.command_line(planner)
+    assert pathlib.Path(cmd[0]).name == "planner_node"
+    tail = cmd[1:]
+    assert tail[:5] == ["--ros-args", "-r", "__node:=planner", "--params-file", str(ROOT / "config" / "peg.yaml")]
+    pairs = [tail[i + 1] for i, t in enumerate(tail) if t == "-p"]
+    assert "use_sim_time:=true" in pairs and "lockstep:=true" in pairs
+    assert f"checkpoint:={tmp_path / 'ck'}" in pairs and "device:=cpu" in pairs
+    driver = next(n for n in graph.nodes if n.name == "mujoco_driver")
+    assert driver.overrides["task"] == "peg" and driver.overrides["variant"] == "real"
+    assert driver.overrides["seed"] == 0 and driver.overrides["lockstep"] is True
+
+
+def test_real_and_replay_graphs_swap_the_robot_side():
+    real = desc.resolve("go2_slope", {"robot": "real", "checkpoint": "/ck", "network_interface": "eth1"})
+    assert [n.name for n in real.nodes] == ["go2_driver", "ingestion", "safety_supervisor", "planner"]
+    assert real.nodes[0].overrides == {"use_sim_time": False, "network_interface": "eth1"}
+    assert next(n for n in real.nodes if n.name == "planner").overrides["lockstep"] is False
+    replay = desc.resolve("peg", {"robot": "replay", "bag": "/bags/ep0", "checkpoint": "/ck"})
+    assert [n.name for n in replay.nodes] == ["replay", "ingestion", "planner"]
+    assert replay.nodes[0].overrides == {"use_sim_time": False, "bag": "/bags/ep0"}
+    assert replay.nodes[2].overrides["use_sim_time"] is True
+    # the sim task depends on the variant: Go2 slope trains on go2_slope, runs on slippery_slope
+    sim = desc.resolve("go2_slope", {"checkpoint": "/ck", "variant": "sim"})
+    assert sim.nodes[0].overrides["task"] == "go2_slope"
+
+
+def test_override_strings_round_trip_through_yaml_types():
+    node = desc.ResolvedNode("n", "x", pathlib.Path("p.yaml"), {"a": "1", "b": "", "c": True, "d": 0.5, "e": "on"})
+    pairs = dict(p.split(":=", 1) for p in desc.ros_args(node)[6::2])
+    assert {k: yaml.safe_load(v) for k, v in pairs.items()} == {"a": "1", "b": "", "c": True, "d": 0.5, "e": "on"}
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"checkpoint": "/ck", "robot": "moon"}, "robot:='moon' must be one of"),
+        ({"checkpoint": "/ck", "speed": "1"}, "unknown argument(s) ['speed']"),
+        ({}, "checkpoint:=<dir> is required"),
+        ({"checkpoint": "/ck", "robot": "real"}, "robot:=real needs robot_ip"),
+        ({"checkpoint": "/ck", "record": "maybe"}, "record:='maybe' must be true or false"),
+        ({"checkpoint": "/ck", "seed": "-3"}, "seed:='-3' must be a non-negative integer"),
+        ({"checkpoint": "/ck", "domain": "300"}, "domain id 0..232"),
+        ({"checkpoint": "/ck", "robot": "replay"}, "robot:=replay needs bag"),
+    ],
+)
+def test_bad_arguments_are_refused_with_the_reason(given, message):
+    with pytest.raises(ValueError, match=None) as err:
+        desc.resolve("peg", given)
+    assert message in str(err.value)
+
+
+def test_launcher_cli_reports_bad_arguments():
+    out = subprocess.run([SIMDIST, "launch", "peg", "checkpoint:=/ck", "robot=sim"], capture_output=True, text=True)
+    assert out.returncode == 2 and "must look like name:=value" in out.stderr
+
+
+def _declared(module: str):
+    return {p.name: p.default for p in importlib.import_module(module).PARAMS}
+
+
+NODE_MODULES = {
+    "planner": "simdist_planner.planner_node",
+    "recorder": "simdist_adapter.recorder_node",
+    "replay": "simdist_adapter.replay_node",
+    "ingestion": "robot_drivers.ingestion_node",
+    "safety_supervisor": "robot_drivers.safety_node",
+}
+OWN_NODES = ("planner", "recorder", "replay")
+
+
+@pytest.mark.parametrize("graph", sorted(desc.GRAPHS))
+def test_config_files_name_only_declared_parameters_with_their_types(graph):
+    data = yaml.safe_load(desc.config_path(graph).read_text())
+    for node, module in NODE_MODULES.items():
+        declared = _declared(module)
+        section = data[node]["ros__parameters"]
+        unknown = sorted(set(section) - set(declared))
+        assert not unknown, f"{graph}.yaml: {node} has undeclared parameters {unknown}"
+        for key, value in section.items():
+            assert type(value) is type(declared[key]), f"{graph}.yaml {node}.{key}: {value!r} vs {declared[key]!r}"
+        if node in OWN_NODES:  # the YAML holds every default of these nodes
+            assert set(section) == set(declared), f"{graph}.yaml {node}: missing {set(declared) - set(section)}"
+
+
+def test_launch_files_parse_and_read_the_shared_description():
+    helper = ast.parse((ROOT / "launch" / "_simdist_graph.py").read_text())
+    calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(helper)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+    assert {"desc.resolve", "desc.graph_args"} <= calls
+    imports = {a.name for n in ast.walk(helper) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert {"launch_description", "Node", "DeclareLaunchArgument", "OpaqueFunction"} <= imports
+    for graph in desc.GRAPHS:
+        tree = ast.parse((ROOT / "launch" / f"{graph}.launch.py").read_text())
+        funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert "generate_launch_description" in funcs
+        (ret,) = [n for n in ast.walk(funcs["generate_launch_description"]) if isinstance(n, ast.Return)]
+        assert isinstance(ret.value, ast.Call) and ret.value.func.id == "generate"
+        assert [a.value for a in ret.value.args] == [graph]
+
+
+# -- supervision: real node processes ------------------------------------------------------------
+
+
+def _replay_bag(path, seconds: int):
+    """A bag whose replay takes `seconds` (one /joint_states message per second)."""
+    from simdist_adapter.bags import TYPESTORE, EpisodeBagWriter, EpisodeMeta
+
+    t = TYPESTORE.types
+    msg = t["sensor_msgs/msg/JointState"](
+        header=t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=1, nanosec=0), frame_id=""),
+        name=["a"], position=np.zeros(1), velocity=np.zeros(0), effort=np.zeros(0),
+    )  # fmt: skip
+    with EpisodeBagWriter(path, EpisodeMeta(task="peg")) as bag:
+        bag.add_topic("/joint_states", "sensor_msgs/msg/JointState")
+        for k in range(seconds):
+            bag.write("/joint_states", (1 + k) * 1_000_000_000, msg)
+
+
+def _started_pids(output: str) -> dict[str, int]:
+    pids = {}
+    for line in output.splitlines():
+        if line.startswith("[simdist] started "):
+            name, pid = line[len("[simdist] started "):].split(" (pid ")
+            pids[name] = int(pid.rstrip(")"))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_launcher_exits_non_zero_when_a_node_dies_and_stops_the_others(tmp_path, ros_domain):
+    out = subprocess.run(
+        [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'missing'}", f"checkpoint:={tmp_path}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    log = out.stdout + out.stderr
+    assert out.returncode == 1, log
+    assert "node replay died with exit code" in log
+    pids = _started_pids(out.stderr)
+    assert set(pids) == {"replay", "ingestion", "planner"}
+    assert not any(_alive(p) for p in pids.values()), "a node outlived the launcher"
+
+
+def test_launcher_forwards_sigint_to_every_node(tmp_path, ros_domain):
+    _replay_bag(tmp_path / "ep", seconds=120)
+    proc = subprocess.Popen(
+        [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'ep'}", f"checkpoint:={tmp_path}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(8.0)  # every node up (planner imports torch)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stdout + stderr
+    assert "stop requested; forwarding SIGINT" in stderr
+    assert "escalating" not in stderr, "a node ignored SIGINT"
+    pids = _started_pids(stderr)
+    assert len(pids) == 3 and not any(_alive(p) for p in pids.values())
