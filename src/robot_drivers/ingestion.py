@@ -103,8 +103,8 @@ class Ingestion:
         if self._names is not None and list(names) != self._names:
             raise StreamError(f"proprio: layout changed from {len(self._names)} to {len(names)} named values")
         self._names = list(names)
-        self._store("proprio", stamp, (proprio, command))
-        self._pending.append(stamp)
+        if self._store("proprio", stamp, (proprio, command)):
+            self._pending.append(stamp)
 
     def add_image(self, camera: str, stamp: int, image: np.ndarray) -> None:
         if camera not in self.config.cameras:
@@ -128,14 +128,19 @@ class Ingestion:
             raise StreamError("height map contains NaN or Inf")
         self._store("height_map", stamp, height_map.astype(np.float32))
 
-    def _store(self, stream: str, stamp: int, value) -> None:
+    def _store(self, stream: str, stamp: int, value) -> bool:
+        """Buffer a sample; a repeat of the newest stamp (a lockstep republish) replaces it."""
         buf = self._buffers[stream]
+        if buf and stamp == buf[-1][0]:
+            buf[-1] = (stamp, value)
+            return False
         if buf and stamp < buf[-1][0]:
             buf.clear()  # time went backwards (replay restarted): old samples are meaningless
             if stream == "proprio":
                 self._pending.clear()
         buf.append((stamp, value))
         self.last_stamp[stream] = stamp
+        return True
 
     # --- outputs ------------------------------------------------------------------------------
     def stale(self, now_ns: int) -> dict[str, str]:

@@ -1,0 +1,294 @@
+"""MuJoCo robot driver node: a simulated UR5e or Go2 task behind standard ROS topics.
+
+Lockstep (default): the node owns sim time. It publishes tick k (`/clock`, then the sensor
+topics, all stamped with tick k's time) and advances exactly one control period when the
+command on `/simdist/safe_command` stamped with tick k arrives, so a CPU-bound graph with
+`use_sim_time` is deterministic. Real-time mode: a wall-clock timer steps the task and applies the
+newest command (HOLD when none is fresh); stamps are then wall-clock time.
+`~/reset` starts an episode with the `seed` parameter; `/simdist/episode` reports reward and
+success every tick for the recorder. Topics and packing: docs/observation_topics.md.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+import rclpy
+from geometry_msgs.msg import PoseStamped
+from nav_msgs.msg import Odometry
+from rclpy.clock import Clock, ClockType
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+from rosgraph_msgs.msg import Clock as ClockMsg
+from sensor_msgs.msg import Image, Imu, JointState
+from std_msgs.msg import String
+from std_srvs.srv import Trigger
+from trajectory_msgs.msg import JointTrajectory
+
+from robot_drivers import ros_msgs
+from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
+from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.tasks import make_task
+from robot_drivers.tasks.base import Task
+
+ROBOT_OF_TASK = {"peg": "ur5e", "table_leg": "ur5e", "go2_flat": "go2", "go2_slope": "go2",
+                 "slippery_slope": "go2", "foam": "go2"}
+CLOCK_START_NS = 1_000_000_000  # sim time starts at 1 s: ROS treats time 0 as "not set"
+
+
+@dataclass
+class TickResult:
+    obs: Observation
+    reward: float
+    done: bool
+    success: bool
+    info: dict
+
+
+class SimEpisode:
+    """A task driven one `Command` at a time, with the safe actions mapped onto the task.
+
+    UR5e: HOLD / DAMP = a zero pose delta keeping the gripper state. Go2: HOLD = action 0 (stand at
+    the default pose), DAMP = the backend's damping mode, which ends the episode (reset to go on).
+    """
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.robot = task.spec.name
+        self.obs: Observation | None = None
+        self.done = True
+        self.step_count = 0
+
+    def reset(self, seed: int) -> Observation:
+        self.obs = self.task.reset(seed)
+        self.done, self.step_count = False, 0
+        return self.obs
+
+    def apply(self, command: Command) -> TickResult:
+        if self.done or self.obs is None:
+            raise RuntimeError(f"{self.task.name}: the episode is over; call ~/reset")
+        expected = CommandKind.EE_DELTA if self.robot == "ur5e" else CommandKind.JOINT_POSITION
+        kind = command.kind
+        if kind not in (expected, CommandKind.HOLD, CommandKind.DAMP):
+            raise ValueError(f"{self.robot} expects {expected.value}, hold or damp commands, got {kind.value}")
+        self.step_count += 1
+        if self.robot == "go2" and kind == CommandKind.DAMP:
+            self.task.backend.act(command)
+            self.obs = self.task.backend.step()
+            self.done = True
+            return TickResult(self.obs, 0.0, True, False, {"damped": True})
+        if kind == expected:
+            action = np.asarray(command.values, dtype=np.float64)
+        elif self.robot == "ur5e":
+            action = np.r_[np.zeros(6), self.obs.privileged["gripper_cmd"][0]]
+        else:
+            action = np.zeros(12)
+        r = self.task.step(action)
+        self.obs = r.obs
+        errors = [f for f in self.task.backend.faults() if f.level >= FaultLevel.ERROR]
+        self.done = bool(r.terminated or r.truncated or errors)
+        info = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.info.items()}
+        return TickResult(r.obs, float(r.reward), self.done, bool(r.success),
+                          {**info, "terminated": bool(r.terminated), "truncated": bool(r.truncated)})
+
+
+PARAMS = (
+    Param("robot", "ur5e", "ur5e or go2; must match the task", read_only=True),
+    Param("task", "peg", "peg | table_leg (UR5e); go2_flat | go2_slope | slippery_slope | foam (Go2)", read_only=True),
+    Param("variant", "sim", "sim (training) or real (the hardware stand-in)", read_only=True),
+    Param("region", "wide", "UR5e initial region: narrow or wide", read_only=True),
+    Param("cameras", ["wrist", "overhead", "side"], "UR5e cameras to render ([] for none)", read_only=True),
+    Param("image_height", 224, "UR5e rendered image height (pixels)", 8, 1024, read_only=True),
+    Param("image_width", 224, "UR5e rendered image width (pixels)", 8, 1024, read_only=True),
+    Param("seed", 0, "seed of the next ~/reset (and of the first episode)", 0, 2**31 - 1),
+    Param("lockstep", True, "advance only when the command for the current tick arrives (sim time)", read_only=True),
+    Param("auto_reset", False, "start the next episode (seed + 1) when one ends"),
+    Param("realtime_factor", 1.0, "real-time mode: sim seconds per wall second", 0.05, 20.0),
+    Param("command_timeout_s", 0.5, "real-time mode: HOLD when no command arrived within this (wall s)", 0.01, 10.0),
+    Param("lockstep_republish_s", 1.0, "lockstep: republish the waiting tick this often (late joiners)", 0.05, 60.0),
+)
+
+
+class MujocoDriverNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("mujoco_driver", **kwargs)
+        self.params = NodeParams(self, PARAMS, _check)
+        p = self.params
+        overrides = {}
+        if ROBOT_OF_TASK[p["task"]] == "ur5e":
+            overrides = dict(region=p["region"], cameras=tuple(c for c in p["cameras"] if c),
+                             image_size=(p["image_height"], p["image_width"]))
+        self.episode = SimEpisode(make_task(p["task"], p["variant"], **overrides))
+        self.spec = self.episode.task.spec
+        self.period_ns = round(1e9 / self.spec.control_rate_hz)
+        self.lockstep = p["lockstep"]
+        self.tick = 0
+        self.episode_id = 0
+        self.seed = p["seed"]
+        self.last = TickResult(self.episode.reset(self.seed), 0.0, False, False, {})
+        self.latest: tuple[Command, float] | None = None  # real-time mode: newest command, wall time
+        self.dropped = 0
+        self.diag = Diagnostics(self, hardware_id=f"mujoco:{p['task']}:{p['variant']}")
+        self._make_io()
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        if self.lockstep:
+            self._last_publish = time.monotonic()
+            self.create_timer(0.05, self.republish_if_waiting, clock=steady)
+        else:
+            self.create_timer(self.period_ns * 1e-9 / p["realtime_factor"], self.realtime_tick, clock=steady)
+        self.publish_tick()
+
+    def _make_io(self) -> None:
+        self.pub_clock = self.create_publisher(ClockMsg, "/clock", 10)
+        self.pub_joints = self.create_publisher(JointState, "/joint_states", 10)
+        self.pub_proprio = self.create_publisher(JointState, "/simdist/robot/proprio", 10)
+        self.pub_cams = {c: self.create_publisher(Image, f"/camera/{c}/image_raw", 10) for c in self.spec.cameras}
+        self.pub_episode = self.create_publisher(String, "/simdist/episode", 10)
+        if self.spec.name == "go2":
+            self.pub_imu = self.create_publisher(Imu, "/imu", 10)
+            self.pub_odom = self.create_publisher(Odometry, "/odom", 10)
+            self.pub_height = self.create_publisher(Image, "/height_map", 10)
+        else:
+            self.pub_tcp = self.create_publisher(PoseStamped, "/tcp_pose", 10)
+        self.create_subscription(JointTrajectory, "/simdist/safe_command", self.on_command, 10)
+        self.create_service(Trigger, "~/reset", self.on_reset)
+
+    # --- time ---------------------------------------------------------------------------------
+    def stamp_ns(self) -> int:
+        if self.lockstep:
+            return CLOCK_START_NS + self.tick * self.period_ns
+        return self.get_clock().now().nanoseconds
+
+    # --- publishing -----------------------------------------------------------------------------
+    def publish_tick(self) -> None:
+        t = self.stamp_ns()
+        self._stamp = t
+        obs = self.last.obs
+        if self.lockstep:
+            self.pub_clock.publish(ClockMsg(clock=ros_msgs.stamp_msg(t)))
+            self._last_publish = time.monotonic()
+        self.pub_joints.publish(ros_msgs.joint_state_msg(self.spec.joint_names, obs.joint_pos, obs.joint_vel, t))
+        for cam, pub in self.pub_cams.items():
+            pub.publish(ros_msgs.image_to_msg(obs.images[cam], t, f"{cam}_camera"))
+        priv = obs.privileged or {}
+        if self.spec.name == "go2":
+            self.pub_imu.publish(ros_msgs.imu_msg(priv["base_quat"], priv["base_ang_vel"], None, t))
+            self.pub_odom.publish(ros_msgs.odometry_msg(
+                priv["base_pos"], priv["base_quat"], priv["base_lin_vel"], priv["base_ang_vel"], t))
+            self.pub_height.publish(ros_msgs.height_map_to_msg(obs.height_map, t))
+        else:
+            quat = np.zeros(4)
+            mujoco.mju_mat2Quat(quat, np.asarray(priv["tcp_mat"], np.float64).reshape(9))
+            self.pub_tcp.publish(ros_msgs.pose_msg(priv["tcp_pos"], quat, t))
+        self.pub_episode.publish(ros_msgs.episode_msg(
+            task=self.episode.task.name, variant=self.episode.task.variant, seed=self.seed,
+            episode=self.episode_id, step=self.episode.step_count, reward=self.last.reward,
+            success=self.last.success, done=self.episode.done, stamp_ns=t, info=self.last.info))
+        self.pub_proprio.publish(ros_msgs.proprio_to_msg(obs, self.spec, t))  # last: completes the tick
+
+    def republish_if_waiting(self) -> None:
+        if time.monotonic() - self._last_publish >= self.params["lockstep_republish_s"]:
+            self.publish_tick()
+
+    # --- stepping -------------------------------------------------------------------------------
+    def on_command(self, msg: JointTrajectory) -> None:
+        try:
+            command = ros_msgs.command_from_msg(msg, None)
+        except ros_msgs.MessageError as e:
+            self.diag.set("command", Level.ERROR, f"unreadable command, holding: {e}")
+            command = Command(CommandKind.HOLD)
+        if not self.lockstep:
+            self.latest = (command, time.monotonic())
+            return
+        if ros_msgs.stamp_ns(msg.header.stamp) != self._stamp:
+            self.dropped += 1
+            self.diag.set("lockstep", Level.WARN, f"dropped a command stamped {ros_msgs.stamp_ns(msg.header.stamp)} "
+                          f"while waiting for tick {self.tick} ({self._stamp})", dropped=self.dropped)
+            return
+        self.advance(command)
+
+    def realtime_tick(self) -> None:
+        fresh = self.latest is not None and time.monotonic() - self.latest[1] <= self.params["command_timeout_s"]
+        self.advance(self.latest[0] if fresh else Command(CommandKind.HOLD))
+
+    def advance(self, command: Command) -> None:
+        self.apply_params()
+        if self.episode.done:
+            if not self.params["auto_reset"]:
+                self.diag.set("episode", Level.WARN, "episode over: waiting for ~/reset", episode=self.episode_id)
+                return
+            self.start_episode(self.seed + 1)
+            return
+        try:
+            self.last = self.episode.apply(command)
+        except ValueError as e:
+            self.diag.set("command", Level.ERROR, f"rejected, holding instead: {e}")
+            self.last = self.episode.apply(Command(CommandKind.HOLD))
+        else:
+            self.diag.set("command", Level.OK, f"applying {command.kind.value}")
+        self.tick += 1
+        self.report_faults()
+        self.publish_tick()
+
+    def report_faults(self) -> None:
+        faults = self.episode.task.backend.faults()
+        if faults:
+            worst = max(faults, key=lambda f: f.level)
+            level = Level.ERROR if worst.level >= FaultLevel.ERROR else Level.WARN
+            self.diag.set("robot", level, "; ".join(f"{f.code}: {f.message}" for f in faults))
+        else:
+            self.diag.set("robot", Level.OK, "no faults", tick=self.tick, episode=self.episode_id,
+                          step=self.episode.step_count)
+
+    def start_episode(self, seed: int) -> None:
+        self.seed = seed
+        self.episode_id += 1
+        self.last = TickResult(self.episode.reset(seed), 0.0, False, False, {})
+        self.tick += 1  # a new tick id: stamps never repeat, sim time never goes back
+        self.diag.set("episode", Level.OK, f"episode {self.episode_id} seed {seed}")
+        self.report_faults()
+        self.publish_tick()
+
+    def apply_params(self) -> None:
+        self.params.apply()
+
+    def on_reset(self, request, response):
+        self.apply_params()
+        self.start_episode(int(self.params["seed"]))
+        response.success = True
+        response.message = f"episode {self.episode_id} seed {self.seed} tick {self.tick} stamp_ns {self._stamp}"
+        return response
+
+
+def _check(name, value, values) -> str | None:
+    if name == "task" and value not in ROBOT_OF_TASK:
+        return f"unknown task {value!r}; expected one of {sorted(ROBOT_OF_TASK)}"
+    if name in ("robot", "task"):
+        task = values.get("task")
+        if task in ROBOT_OF_TASK and values.get("robot") != ROBOT_OF_TASK[task]:
+            return f"task {task!r} runs on robot {ROBOT_OF_TASK[task]!r}, but robot is {values.get('robot')!r}"
+    if name == "variant" and value not in ("sim", "real"):
+        return f"variant must be 'sim' or 'real', got {value!r}"
+    if name == "region" and value not in ("narrow", "wide"):
+        return f"region must be 'narrow' or 'wide', got {value!r}"
+    return None
+
+
+def main(args=None):
+    rclpy.init(args=args)
+    node = MujocoDriverNode()
+    try:
+        rclpy.spin(node)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.episode.task.close()
+        node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    main()
