@@ -111,3 +111,86 @@ def test_history_repeats_first_observation_then_rolls():
     np.testing.assert_allclose(actions[0], [[0.0, 0.0], [0.1, 0.2], [0.3, 0.4]], rtol=1e-6)
     with pytest.raises(ObservationError, match="action contains NaN"):
         history.push(dog_obs(2.0), np.array([np.nan, 0.0]))
+
+
+# ---------------------------------------------------------------- Agent and evaluation on tasks
+def _tiny_model(robot: str, spec: RobotSpec):
+    from simdist_planner.config import ImageEncoderConfig, go2_config, ur5e_small_config
+    from simdist_planner.model import WorldModel
+
+    torch.manual_seed(0)
+    if robot == "go2":
+        cfg = go2_config(latent_dim=16, history=3, horizon=3)
+    else:
+        image = ImageEncoderConfig(spec.cameras, 32, 32, backbone="small_cnn", small_cnn_channels=(8, 8),
+                                   small_cnn_features=16)
+        cfg = ur5e_small_config(latent_dim=16, proprio_dim=spec.proprio_dim, history=3, horizon=3, image=image)
+    return WorldModel(cfg).eval()
+
+
+SMALL_PLANNER = dict(num_samples=24, num_elites=6, iterations=2)
+
+
+def test_agent_rejects_a_model_for_another_robot():
+    from simdist_planner.evaluate import Agent
+
+    model = _tiny_model("go2", DOG)
+    with pytest.raises(ValueError, match="proprio_dim 35 != robot 3"):
+        Agent(model, DOG)
+
+
+@pytest.mark.parametrize("task_name", ["peg", "go2_flat"])
+def test_evaluation_table_has_a_row_per_agent(task_name):
+    from robot_drivers.tasks import make_task
+    from simdist_planner.evaluate import build_agents, evaluate, format_table, task_overrides
+
+    probe = make_task(task_name, **task_overrides(task_name, max_steps=3))
+    model = _tiny_model("go2" if task_name.startswith("go2") else "ur5e", probe.spec)
+    probe.close()
+    task = make_task(task_name, **task_overrides(task_name, max_steps=3, model=model))
+    try:
+        agents = build_agents(("expert", "policy", "planner"), task, model, **SMALL_PLANNER)
+        summaries = evaluate(task, agents, episodes=1, seed=5, progress=False)
+    finally:
+        task.close()
+    assert [s.agent for s in summaries] == ["expert", "policy", "planner"]
+    for s in summaries:
+        assert s.episodes == 1 and s.errors == 0 and 1 <= s.mean_steps <= 3
+        assert 0.0 <= s.success_rate <= 1.0 and np.isfinite(s.mean_return) and s.episodes_per_minute > 0
+        assert np.isfinite(s.mean_distance) == task_name.startswith("go2")
+    plan = agents["planner"].last_plan
+    assert plan is not None and plan.mean.shape == (3, task.spec.action_dim)
+    table = format_table(summaries, "t")
+    assert [line.split()[0] for line in table.splitlines()[3:]] == ["expert", "policy", "planner"]
+
+
+def test_planner_error_ends_the_episode_as_a_counted_failure():
+    from robot_drivers.tasks import make_task
+    from simdist_planner.evaluate import build_agents, evaluate, task_overrides
+
+    task = make_task("go2_flat", **task_overrides("go2_flat", max_steps=3))
+    model = _tiny_model("go2", task.spec)
+    with torch.no_grad():
+        model.value_head.out.bias.fill_(float("nan"))  # a broken checkpoint
+    try:
+        agents = build_agents(("planner",), task, model, **SMALL_PLANNER)
+        (summary,) = evaluate(task, agents, episodes=1, progress=False)
+    finally:
+        task.close()
+    assert summary.errors == 1 and summary.success_rate == 0.0 and summary.mean_steps == 0
+
+
+def test_cli_prints_the_table(tmp_path, capsys):
+    from robot_drivers.tasks import make_task
+    from simdist_planner.checkpoint import save_checkpoint
+    from simdist_planner.evaluate import main
+
+    task = make_task("go2_flat")
+    save_checkpoint(_tiny_model("go2", task.spec), tmp_path / "ckpt")
+    task.close()
+    assert main(["--task", "go2_flat", "--checkpoint", str(tmp_path / "ckpt"), "--episodes", "1",
+                 "--max-steps", "2", "--agents", "policy,planner", "--samples", "24", "--elites", "6",
+                 "--iterations", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "go2_flat: 1 episodes per agent, seeds 0..0" in out
+    assert [line.split()[0] for line in out.strip().splitlines()[-2:]] == ["policy", "planner"]

@@ -149,6 +149,16 @@ def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
     )
 
 
+PLANNER_CONFIGS = {"go2": go2_planner_config, "ur5e": ur5e_planner_config}
+
+
+def planner_config_for(spec, **overrides) -> PlannerConfig:
+    """The robot's default planner config with the action bounds of its RobotSpec."""
+    if spec.name not in PLANNER_CONFIGS:
+        raise ValueError(f"no planner defaults for robot {spec.name!r}; known: {sorted(PLANNER_CONFIGS)}")
+    return PLANNER_CONFIGS[spec.name](spec.action_low, spec.action_high, **overrides)
+
+
 @dataclass(frozen=True)
 class PlanTimings:
     encode_s: float  # encoder, history encoder, base policy, candidate noise
