@@ -20,6 +20,7 @@ from geometry_msgs.msg import PoseStamped
 from nav_msgs.msg import Odometry
 from rclpy.clock import Clock, ClockType
 from rclpy.executors import ExternalShutdownException
+from rclpy.task import Future
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock as ClockMsg
 from sensor_msgs.msg import Image, Imu, JointState
@@ -79,7 +80,7 @@ class SimEpisode:
             self.task.backend.act(command)
             self.obs = self.task.backend.step()
             self.done = True
-            return TickResult(self.obs, 0.0, True, False, {"damped": True})
+            return TickResult(self.obs, 0.0, True, False, {"damped": True, "terminated": True, "truncated": False})
         if kind == expected:
             action = np.asarray(command.values, dtype=np.float64)
         elif self.robot == "ur5e":
@@ -92,11 +93,11 @@ class SimEpisode:
         self.done = bool(r.terminated or r.truncated or errors)
         info = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.info.items()}
         return TickResult(r.obs, float(r.reward), self.done, bool(r.success),
-                          {**info, "terminated": bool(r.terminated), "truncated": bool(r.truncated)})
+                          {**info, "terminated": bool(r.terminated or errors), "truncated": bool(r.truncated)})
 
 
 PARAMS = (
-    Param("robot", "ur5e", "ur5e or go2; must match the task", read_only=True),
+    Param("robot", "", "ur5e or go2; empty = the task's robot (a mismatch is an error)", read_only=True),
     Param("task", "peg", "peg | table_leg (UR5e); go2_flat | go2_slope | slippery_slope | foam (Go2)", read_only=True),
     Param("variant", "sim", "sim (training) or real (the hardware stand-in)", read_only=True),
     Param("region", "wide", "UR5e initial region: narrow or wide", read_only=True),
@@ -105,7 +106,7 @@ PARAMS = (
     Param("image_width", 224, "UR5e rendered image width (pixels)", 8, 1024, read_only=True),
     Param("seed", 0, "seed of the next ~/reset (and of the first episode)", 0, 2**31 - 1),
     Param("lockstep", True, "advance only when the command for the current tick arrives (sim time)", read_only=True),
-    Param("auto_reset", False, "start the next episode (seed + 1) when one ends"),
+    Param("episodes", 0, "episodes to run back to back (seeds seed, seed+1, ...); then the node exits 0; 0 = until stopped", 0, 1_000_000),
     Param("realtime_factor", 1.0, "real-time mode: sim seconds per wall second", 0.05, 20.0),
     Param("command_timeout_s", 0.5, "real-time mode: HOLD when no command arrived within this (wall s)", 0.01, 10.0),
     Param("lockstep_republish_s", 1.0, "lockstep: republish the waiting tick this often (late joiners)", 0.05, 60.0),
@@ -131,6 +132,7 @@ class MujocoDriverNode(Node):
         self.last = TickResult(self.episode.reset(self.seed), 0.0, False, False, {})
         self.latest: tuple[Command, float] | None = None  # real-time mode: newest command, wall time
         self.dropped = 0
+        self.finished = Future()  # set when `episodes` episodes have run
         self.diag = Diagnostics(self, hardware_id=f"mujoco:{p['task']}:{p['variant']}")
         self._make_io()
         steady = Clock(clock_type=ClockType.STEADY_TIME)
@@ -184,9 +186,11 @@ class MujocoDriverNode(Node):
             mujoco.mju_mat2Quat(quat, np.asarray(priv["tcp_mat"], np.float64).reshape(9))
             self.pub_tcp.publish(ros_msgs.pose_msg(priv["tcp_pos"], quat, t))
         self.pub_episode.publish(ros_msgs.episode_msg(
-            task=self.episode.task.name, variant=self.episode.task.variant, seed=self.seed,
-            episode=self.episode_id, step=self.episode.step_count, reward=self.last.reward,
-            success=self.last.success, done=self.episode.done, stamp_ns=t, info=self.last.info))
+            task=self.episode.task.name, variant=self.episode.task.variant, robot=self.spec.name,
+            seed=self.seed, episode=self.episode_id, step=self.episode.step_count, reward=self.last.reward,
+            success=self.last.success, terminated=self.last.info.get("terminated", False),
+            truncated=self.last.info.get("truncated", False), done=self.episode.done, stamp_ns=t,
+            info=self.last.info))
         self.pub_proprio.publish(ros_msgs.proprio_to_msg(obs, self.spec, t))  # last: completes the tick
 
     def republish_if_waiting(self) -> None:
@@ -216,9 +220,12 @@ class MujocoDriverNode(Node):
 
     def advance(self, command: Command) -> None:
         self.apply_params()
-        if self.episode.done:
-            if not self.params["auto_reset"]:
-                self.diag.set("episode", Level.WARN, "episode over: waiting for ~/reset", episode=self.episode_id)
+        if self.episode.done:  # the command answering an episode's last tick starts the next one
+            limit = self.params["episodes"]
+            if limit and self.episode_id + 1 >= limit:
+                self.diag.set("episode", Level.OK, f"all {limit} episodes done")
+                if not self.finished.done():
+                    self.finished.set_result(True)
                 return
             self.start_episode(self.seed + 1)
             return
@@ -268,7 +275,7 @@ def _check(name, value, values) -> str | None:
         return f"unknown task {value!r}; expected one of {sorted(ROBOT_OF_TASK)}"
     if name in ("robot", "task"):
         task = values.get("task")
-        if task in ROBOT_OF_TASK and values.get("robot") != ROBOT_OF_TASK[task]:
+        if task in ROBOT_OF_TASK and values.get("robot") not in ("", ROBOT_OF_TASK[task]):
             return f"task {task!r} runs on robot {ROBOT_OF_TASK[task]!r}, but robot is {values.get('robot')!r}"
     if name == "variant" and value not in ("sim", "real"):
         return f"variant must be 'sim' or 'real', got {value!r}"
@@ -281,7 +288,7 @@ def main(args=None):
     rclpy.init(args=args)
     node = MujocoDriverNode()
     try:
-        rclpy.spin(node)
+        rclpy.spin_until_future_complete(node, node.finished)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
