@@ -3,8 +3,8 @@
 Topics are discovered continuously and subscribed raw (the CDR bytes on the wire go to the bag
 untouched). With `split_episodes` (the MuJoCo robot publishes `/simdist/episode` every tick) a
 bag opens when a new episode id appears and is finalised, with task, seed and success in its
-metadata, when the next episode starts or the recorder stops; otherwise one bag covers the whole
-run. SIGINT and SIGTERM finalise the open bag before the process exits (only SIGKILL cannot).
+metadata, shortly after the next episode starts or when the recorder stops; otherwise one bag
+covers the whole run. SIGINT and SIGTERM finalise the open bag before the process exits (only SIGKILL cannot).
 """
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ import json
 import os
 import pathlib
 import signal
+import struct
 import time
 
 import rclpy
+from rclpy.clock import Clock, ClockType
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
+from rosbags.interfaces import Nodetype
 
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
@@ -39,6 +42,7 @@ PARAMS = (
     Param("split_episodes", True, "one bag per /simdist/episode id (false: one bag for the whole run)"),
     Param("exclude_topics", ["/rosout", "/parameter_events"], "topics never recorded"),
     Param("discovery_period_s", 0.2, "how often new topics are looked for", 0.01, 10.0),
+    Param("grace_s", 1.0, "an ended episode's bag stays open this long (wall s) for late messages", 0.0, 60.0),
 )
 EPISODE_TOPIC = "/simdist/episode"
 
@@ -49,19 +53,41 @@ def bag_name(task: str, episode: int, seed) -> str:
     return f"{task or 'episode'}_{stamp}_{os.getpid()}_ep{episode:04d}_seed{seed if seed is not None else 'na'}"
 
 
+def header_stamp_ns(msgtype: str, cdr: bytes) -> int | None:
+    """The header stamp of a raw CDR message whose first field is a std_msgs/Header, else None."""
+    fields = TYPESTORE.fielddefs[msgtype][1]
+    if not fields or fields[0][1] != (Nodetype.NAME, "std_msgs/msg/Header") or len(cdr) < 12:
+        return None
+    order = "<" if cdr[1] else ">"
+    sec, nanosec = struct.unpack_from(order + "iI", cdr, 4)
+    return sec * 1_000_000_000 + nanosec
+
+
 class RecorderNode(Node):
+    """Routes each message into the bag of the episode its header stamp belongs to.
+
+    Messages of one tick arrive on separate subscriptions in any order, so a stamped message is
+    held until an episode message with a stamp >= its own says which episode that is; an ended
+    episode's bag stays open `grace_s` for late messages (the action answering its last tick).
+    """
+
     def __init__(self, **kwargs):
         super().__init__("recorder", **kwargs)
         self.params = NodeParams(self, PARAMS)
         self.diag = Diagnostics(self, hardware_id="recorder")
-        self._subscribed: dict[str, str] = {}  # topic -> type
-        self._bag: EpisodeBagWriter | None = None
+        self._subscribed: dict[str, str] = {}  # topic -> type ("" = not recordable)
+        self._bags: list[EpisodeBagWriter] = []  # open bags, oldest first; the last is current
+        self._starts: dict[int, int] = {}  # id(bag) -> first tick stamp of its episode
+        self._closing: dict[int, float] = {}  # id(bag) -> wall time it is finalised at
+        self._held: list[tuple[str, int, bytes, int]] = []  # (topic, receive ns, cdr, header ns)
         self._episode_id = None
+        self._episode_stamp = -1  # newest tick stamp announced on /simdist/episode
         self.finished: list[pathlib.Path] = []
         self._dropped = 0
         self.create_timer(self.params["discovery_period_s"], self._discover)
+        self.create_timer(0.1, self._housekeeping, clock=Clock(clock_type=ClockType.STEADY_TIME))
         if not self.params["split_episodes"]:
-            self._open(EpisodeMeta(task=self.params["task"], checkpoint=self.params["checkpoint"]))
+            self._open(EpisodeMeta(task=self.params["task"], checkpoint=self.params["checkpoint"]), start=0)
         self.diag.set("recording", Level.OK, "waiting for topics", bag_dir=self.params["bag_dir"])
 
     def _discover(self) -> None:
@@ -72,65 +98,99 @@ class RecorderNode(Node):
                 continue
             try:
                 msgtype = ros_type_name(types[0])
-            except BagError as exc:
-                self.diag.set("topics", Level.WARN, f"not recording {topic}: {exc}")
+                cls = _message_class(msgtype)
+            except (BagError, ImportError, AttributeError) as exc:
+                self.diag.set("topics", Level.WARN, f"not recording {topic} [{types[0]}]: {exc}")
                 self._subscribed[topic] = ""
                 continue
-            cls = _message_class(msgtype)
             self.create_subscription(cls, topic, lambda data, t=topic: self._on_message(t, data), RECORD_QOS, raw=True)
             self._subscribed[topic] = msgtype
             self.get_logger().info(f"recording {topic} [{msgtype}]")
 
     def _on_message(self, topic: str, data: bytes) -> None:
-        stamp = self.get_clock().now().nanoseconds
-        if topic == EPISODE_TOPIC and self.params["split_episodes"]:
-            self._on_episode(data, stamp)
-        if self._bag is None:
-            self._dropped += 1
+        received = self.get_clock().now().nanoseconds
+        if not self.params["split_episodes"]:
+            self._write(self._bags[-1], topic, received, data)
             return
-        if not self._bag.has_topic(topic):
-            self._bag.add_topic(topic, self._subscribed[topic])
-        self._bag.write_raw(topic, stamp, data)
+        if topic == EPISODE_TOPIC:
+            self._on_episode(data, received)
+            return
+        stamp = header_stamp_ns(self._subscribed[topic], data)
+        if stamp is None or stamp == 0:  # unstamped: belongs to whatever episode runs now
+            stamp = self._episode_stamp if self._bags else None
+        if stamp is not None and 0 <= stamp <= self._episode_stamp:
+            self._route(topic, received, data, stamp)
+        else:
+            self._held.append((topic, received, data, stamp))
 
-    def _on_episode(self, data: bytes, stamp: int) -> None:
-        """A new episode id closes the running bag and opens the next one; a terminal tick sets success."""
+    def _route(self, topic: str, received: int, data: bytes, stamp: int) -> None:
+        """Write into the newest open bag whose episode started at or before `stamp`."""
+        for bag in reversed(self._bags):
+            if self._starts[id(bag)] <= stamp:
+                self._write(bag, topic, received, data)
+                return
+        self._dropped += 1  # older than every open episode: its bag is already finalised
+
+    def _write(self, bag: EpisodeBagWriter, topic: str, received: int, data: bytes) -> None:
+        if not bag.has_topic(topic):
+            bag.add_topic(topic, self._subscribed[topic])
+        bag.write_raw(topic, received, data)
+
+    def _on_episode(self, data: bytes, received: int) -> None:
+        """A new episode id opens the next bag; a terminal tick sets success; held messages are routed."""
         msg = TYPESTORE.deserialize_cdr(data, "std_msgs/msg/String")
         try:
             info = json.loads(msg.data)
-            episode = info["episode"]
+            episode, stamp = info["episode"], int(info.get("stamp_ns", received))
         except (ValueError, KeyError, TypeError) as exc:
             self.diag.set("episode", Level.WARN, f"unreadable episode message {msg.data!r}: {exc}")
             return
         if episode != self._episode_id:
-            self._close()
+            if self._bags:  # the ended episode keeps its bag a moment for late messages
+                self._closing[id(self._bags[-1])] = time.monotonic() + self.params["grace_s"]
             self._episode_id = episode
-            self._open(
-                EpisodeMeta(
-                    task=str(info.get("task") or self.params["task"]),
-                    seed=info.get("seed"),
-                    episode=int(episode),
-                    variant=str(info.get("variant", "")),
-                    robot=str(info.get("robot", "")),
-                    checkpoint=self.params["checkpoint"],
-                )
+            meta = EpisodeMeta(
+                task=str(info.get("task") or self.params["task"]),
+                seed=info.get("seed"),
+                episode=int(episode),
+                variant=str(info.get("variant", "")),
+                robot=str(info.get("robot", "")),
+                checkpoint=self.params["checkpoint"],
             )
-        meta = self._bag.meta
+            self._open(meta, start=stamp)
+        bag = self._bags[-1]
+        self._write(bag, EPISODE_TOPIC, received, data)
+        meta = bag.meta
         meta.steps = max(meta.steps, int(info.get("step", 0)))
         if info.get("terminated") or info.get("truncated"):
             meta.success = bool(info.get("success", False))
             meta.extra.update(terminated=bool(info.get("terminated")), truncated=bool(info.get("truncated")))
             meta.complete = True
+        self._episode_stamp = max(self._episode_stamp, stamp)
+        held, self._held = self._held, []
+        for topic, rec, raw, st in held:
+            st = self._episode_stamp if st is None else st
+            if st <= self._episode_stamp:
+                self._route(topic, rec, raw, st)
+            else:
+                self._held.append((topic, rec, raw, st))
 
-    def _open(self, meta: EpisodeMeta) -> None:
+    def _open(self, meta: EpisodeMeta, start: int) -> None:
         path = pathlib.Path(self.params["bag_dir"]) / bag_name(meta.task, meta.episode, meta.seed)
-        self._bag = EpisodeBagWriter(path, meta)
+        bag = EpisodeBagWriter(path, meta)
+        self._bags.append(bag)
+        self._starts[id(bag)] = start
         self.diag.set("recording", Level.OK, f"recording episode {meta.episode} to {path}", bag=str(path))
 
-    def _close(self) -> None:
-        """Finalise the open bag (idempotent)."""
-        bag, self._bag = self._bag, None
-        if bag is None:
-            return
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        for bag in [b for b in self._bags if self._closing.get(id(b), float("inf")) <= now]:
+            self._finalise(bag)
+
+    def _finalise(self, bag: EpisodeBagWriter) -> None:
+        self._bags.remove(bag)
+        self._closing.pop(id(bag), None)
+        self._starts.pop(id(bag), None)
         if not self.params["split_episodes"]:
             bag.meta.complete = True
         bag.close()
@@ -139,7 +199,13 @@ class RecorderNode(Node):
         self.diag.set("recording", Level.OK, f"finalised {bag.path}", bags=len(self.finished), dropped=self._dropped)
 
     def shutdown(self) -> None:
-        self._close()
+        """Route what is still held into the current episode, then finalise every open bag."""
+        if self._bags:
+            for topic, rec, raw, _ in self._held:
+                self._write(self._bags[-1], topic, rec, raw)
+        self._held = []
+        for bag in list(self._bags):
+            self._finalise(bag)
 
 
 def _message_class(msgtype: str):

@@ -1,0 +1,228 @@
+"""Episode bags: the recorder node writes real DDS traffic to MCAP; an independent reader decodes it.
+
+Real DDS on loopback, private ROS domain; the recorder runs as its own process so it can be
+interrupted like in the field.
+"""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import rclpy
+from mcap.reader import make_reader
+from mcap_ros2.decoder import DecoderFactory
+from rclpy.node import Node
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from simdist_adapter.bags import BagError, EpisodeBag, EpisodeBagWriter, EpisodeMeta, list_episode_bags
+from simdist_adapter.recorder_node import RECORD_QOS
+
+RECORDER = str(pathlib.Path(sys.executable).parent / "recorder_node")
+
+
+def _mcap_messages(bag_dir: pathlib.Path) -> dict[str, list]:
+    """Every message of the bag decoded by mcap + mcap_ros2 (not rosbags)."""
+    (mcap_file,) = bag_dir.glob("*.mcap")
+    out: dict[str, list] = {}
+    with open(mcap_file, "rb") as f:
+        reader = make_reader(f, decoder_factories=[DecoderFactory()])
+        for _schema, channel, _message, decoded in reader.iter_decoded_messages():
+            out.setdefault(channel.topic, []).append(decoded)
+    return out
+
+
+class Publisher:
+    """The test's side of the graph: a driver-like node publishing an episode."""
+
+    def __init__(self):
+        rclpy.init()
+        self.node = Node("bag_test_publisher")
+        self.pubs = {
+            "/simdist/episode": self.node.create_publisher(String, "/simdist/episode", RECORD_QOS),
+            "/joint_states": self.node.create_publisher(JointState, "/joint_states", RECORD_QOS),
+            "/camera/wrist/image_raw": self.node.create_publisher(Image, "/camera/wrist/image_raw", RECORD_QOS),
+            "/simdist/action": self.node.create_publisher(JointTrajectory, "/simdist/action", RECORD_QOS),
+        }
+
+    def wait_for_recorder(self, timeout=30.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if all(p.get_subscription_count() > 0 for p in self.pubs.values()):
+                return
+            rclpy.spin_once(self.node, timeout_sec=0.05)
+        raise TimeoutError("the recorder never subscribed to every topic")
+
+    def tick(self, episode: int, step: int, last: bool):
+        now = self.node.get_clock().now()
+        stamp = now.to_msg()
+        info = dict(task="peg", variant="real", seed=100 + episode, episode=episode, step=step, reward=0.0,
+                    success=last, terminated=last, truncated=False, stamp_ns=now.nanoseconds)  # fmt: skip
+        self.pubs["/simdist/episode"].publish(String(data=json.dumps(info)))
+        js = JointState(name=["j0", "j1"], position=[float(step), float(episode)])
+        js.header.stamp = stamp
+        self.pubs["/joint_states"].publish(js)
+        img = Image(height=4, width=5, encoding="rgb8", step=15, data=bytes([step % 256]) * 60)
+        img.header.stamp = stamp
+        self.pubs["/camera/wrist/image_raw"].publish(img)
+        act = JointTrajectory(joint_names=["dx"], points=[JointTrajectoryPoint(positions=[0.01 * step])])
+        act.header.stamp, act.header.frame_id = stamp, "ee_delta"
+        self.pubs["/simdist/action"].publish(act)
+        rclpy.spin_once(self.node, timeout_sec=0.02)
+
+    def close(self):
+        self.node.destroy_node()
+        rclpy.shutdown()
+
+
+@pytest.fixture
+def recorder(tmp_path, ros_domain):
+    procs = []
+
+    def start():
+        proc = subprocess.Popen(
+            [RECORDER, "--ros-args", "-p", f"bag_dir:={tmp_path / 'bags'}", "-p", "checkpoint:=/ck/v1"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_for(predicate, timeout=20.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError("condition not reached")
+
+
+def test_recorder_writes_one_finalised_bag_per_episode_readable_by_mcap(tmp_path, recorder):
+    proc = recorder()
+    pub = Publisher()
+    try:
+        pub.wait_for_recorder()
+        for step in range(6):
+            pub.tick(episode=0, step=step, last=step == 5)
+        pub.tick(episode=1, step=0, last=False)  # a new episode finalises the first bag
+        _wait_for(lambda: (len(list_episode_bags(tmp_path / "bags")) == 2))
+        for step in range(1, 3):
+            pub.tick(episode=1, step=step, last=False)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)  # the interrupted second episode is finalised too
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+    finally:
+        pub.close()
+
+    first, second = list_episode_bags(tmp_path / "bags")
+    with EpisodeBag(first) as bag:
+        assert (bag.meta.task, bag.meta.seed, bag.meta.episode) == ("peg", 100, 0)
+        assert bag.meta.success is True and bag.meta.complete and bag.meta.steps == 5
+        assert bag.meta.checkpoint == "/ck/v1"
+        assert bag.topics["/camera/wrist/image_raw"] == "sensor_msgs/msg/Image"
+        positions = [m.data.position.tolist() for m in bag.messages(["/joint_states"])]
+        assert positions == [[float(s), 0.0] for s in range(6)]
+    decoded = _mcap_messages(first)
+    assert set(decoded) >= {"/simdist/episode", "/joint_states", "/camera/wrist/image_raw", "/simdist/action"}
+    assert set(decoded) == set(EpisodeBag(first).topics)  # every recorded topic decodes
+    assert [m.position for m in decoded["/joint_states"]] == [[float(s), 0.0] for s in range(6)]
+    assert [bytes(m.data)[0] for m in decoded["/camera/wrist/image_raw"]] == list(range(6))
+    assert [m.points[0].positions[0] for m in decoded["/simdist/action"]] == pytest.approx([0.01 * s for s in range(6)])
+    assert json.loads(decoded["/simdist/episode"][-1].data)["success"] is True
+
+    with EpisodeBag(second) as bag:  # interrupted mid-episode: readable, marked incomplete
+        assert bag.meta.episode == 1 and bag.meta.success is None and not bag.meta.complete
+        assert len(list(bag.messages(["/joint_states"]))) == 3
+    assert len(_mcap_messages(second)["/joint_states"]) == 3
+
+
+def test_sigterm_finalises_the_open_bag_and_sigkill_is_reported(tmp_path, recorder):
+    pub = Publisher()
+    try:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            proc = recorder()
+            pub.wait_for_recorder()
+            for step in range(3):
+                pub.tick(episode=7 if sig == signal.SIGTERM else 8, step=step, last=False)
+            time.sleep(0.5)
+            proc.send_signal(sig)
+            proc.communicate(timeout=30)
+            _wait_for(lambda: all(p.get_subscription_count() == 0 for p in pub.pubs.values()))
+    finally:
+        pub.close()
+    bags = sorted((tmp_path / "bags").iterdir(), key=lambda p: "ep0008" in p.name)
+    terminated, killed = bags
+    with EpisodeBag(terminated) as bag:
+        assert bag.meta.episode == 7 and len(list(bag.messages(["/joint_states"]))) == 3
+    assert len(_mcap_messages(terminated)["/camera/wrist/image_raw"]) == 3
+    with pytest.raises(BagError, match="never finalised"):
+        EpisodeBag(killed)
+
+
+def _small_bag(path: pathlib.Path, n: int = 300) -> pathlib.Path:
+    from simdist_adapter.bags import TYPESTORE
+
+    t = TYPESTORE.types
+    with EpisodeBagWriter(path, EpisodeMeta(task="peg", seed=1, success=False, complete=True)) as bag:
+        bag.add_topic("/joint_states", "sensor_msgs/JointState")
+        for k in range(n):
+            msg = t["sensor_msgs/msg/JointState"](
+                header=t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=k, nanosec=0), frame_id=""),
+                name=["a"], position=np.array([float(k)]), velocity=np.zeros(0), effort=np.zeros(0),
+            )  # fmt: skip
+            bag.write("/joint_states", (k + 1) * 1000, msg)
+    return path
+
+
+def test_reader_round_trip_and_metadata_fallback(tmp_path):
+    path = _small_bag(tmp_path / "ep")
+    (path / "episode.json").unlink()  # the metadata also lives in metadata.yaml
+    with EpisodeBag(path) as bag:
+        assert bag.meta.seed == 1 and bag.meta.success is False and bag.message_count == 300
+        stamps = [m.stamp_ns for m in bag.messages()]
+        assert stamps == [(k + 1) * 1000 for k in range(300)]
+        with pytest.raises(BagError, match=r"no topic\(s\) \['/odom'\]"):
+            list(bag.messages(["/odom"]))
+
+
+@pytest.mark.parametrize("damage", ["truncate_half", "truncate_tail", "overwrite_middle"])
+def test_truncated_or_corrupt_bag_gives_a_clear_error(tmp_path, damage):
+    path = _small_bag(tmp_path / "ep")
+    (mcap_file,) = path.glob("*.mcap")
+    data = bytearray(mcap_file.read_bytes())
+    if damage == "truncate_half":
+        data = data[: len(data) // 2]
+    elif damage == "truncate_tail":
+        data = data[:-10]
+    else:
+        data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+    mcap_file.write_bytes(bytes(data))
+    with pytest.raises(BagError, match=r"truncated or corrupt") as err:
+        with EpisodeBag(path) as bag:
+            list(bag.messages())
+    assert str(path) in str(err.value)
+
+
+def test_writer_refuses_overwrite_and_unknown_types(tmp_path):
+    path = _small_bag(tmp_path / "ep", n=1)
+    with pytest.raises(BagError, match="already exists"):
+        EpisodeBagWriter(path, EpisodeMeta(task="peg"))
+    with EpisodeBagWriter(tmp_path / "other", EpisodeMeta(task="peg")) as bag:
+        with pytest.raises(BagError, match="not a ROS 2 Kilted type"):
+            bag.add_topic("/x", "my_msgs/msg/Custom")
+        with pytest.raises(BagError, match="was not declared"):
+            bag.write_raw("/y", 1, b"\x00\x01\x00\x00")
+    assert os.path.isfile(tmp_path / "other" / "metadata.yaml")
