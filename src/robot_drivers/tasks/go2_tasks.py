@@ -68,17 +68,18 @@ class Go2Gap:
 
 SLIPPERY_SLOPE_GAP = Go2Gap(
     name="slippery_slope",
-    description="PTFE sheets on both panels: foot-panel friction 0.8 -> 0.1 (rubber on PTFE); "
-                "geometry unchanged, so the height scan cannot see the difference.",
-    panel_friction=0.1,
+    description="PTFE sheets on both panels: foot-panel friction 0.8 -> 0.15 (rubber on PTFE; "
+                "1.5x the 0.10 needed to stand on the 5.7 deg panel). Geometry is unchanged, so "
+                "the height scan cannot see the difference.",
+    panel_friction=0.15,
 )
 FOAM_GAP = Go2Gap(
     name="foam",
-    description="memory foam instead of rigid pads: soft contact (solref time constant 0.1 s, "
-                "damping ratio 1; solimp width 5 cm) lets feet sink a few cm below the surface "
-                "the height scan reports.",
-    pad_solref=(0.1, 1.0),
-    pad_solimp=(0.0, 0.95, 0.05, 0.5, 2.0),
+    description="memory foam instead of rigid pads: soft contact (solref time constant 0.04 s, "
+                "damping ratio 1; solimp 0.5 -> 0.95 over 4 cm) lets a standing foot sink about "
+                "2.5 cm below the surface the height scan reports.",
+    pad_solref=(0.04, 1.0),
+    pad_solimp=(0.5, 0.95, 0.04, 0.5, 2.0),
 )
 
 SLOPE_COURSE = TerrainConfig(

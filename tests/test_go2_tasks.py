@@ -1,0 +1,164 @@
+"""Go2 tasks, the official expert / checkpoints / critic, and the sim-vs-real gap."""
+import numpy as np
+import pytest
+
+from robot_drivers.experts.go2 import (
+    TorchScriptGo2Policy, experts_dir, load_go2_critic, load_go2_ladder,
+)
+from robot_drivers.tasks import expert_ladder, expert_value, make_task
+from robot_drivers.tasks.go2_tasks import FOAM_GAP, GO2_TASKS, SLIPPERY_SLOPE_GAP
+
+
+@pytest.fixture(scope="module")
+def ladder():
+    return load_go2_ladder()
+
+
+def rollout(task, policy, seed, steps=None, value=None):
+    """Run one episode; returns (last StepResult, mean body-frame velocity, critic values)."""
+    obs = task.reset(seed)
+    vel, values = [], []
+    for _ in range(steps or task.max_steps):
+        r = task.step(policy.act(obs))
+        obs = r.obs
+        vel.append(obs.privileged["base_lin_vel"][:2])
+        if value is not None:
+            values.append(value(obs))
+        if r.terminated or r.truncated:
+            break
+    return r, np.mean(vel, axis=0), values
+
+
+@pytest.mark.parametrize("name,variant", [("go2_flat", "sim"), ("go2_slope", "sim"),
+                                          ("slippery_slope", "real"), ("foam", "real")])
+def test_tasks_reset_step_and_score(name, variant):
+    task = make_task(name, variant)
+    obs = task.reset(0)
+    assert obs.proprio.shape == (35,) and obs.height_map.shape == (21, 15)
+    assert obs.command.shape == (3,) and obs.privileged["expert_obs"].shape == (433,)
+    r = task.step(np.zeros(12))
+    assert np.isfinite(r.reward) and isinstance(r.reward, float)
+    assert set(r.info) >= {"distance", "fallen", "vel_rmse"}
+    assert not r.success and not r.truncated
+    assert task.max_steps == 1000
+
+
+def test_real_variants_are_documented_changes_of_the_sim_course():
+    sim, real = make_task("slippery_slope", "sim"), make_task("slippery_slope", "real")
+    assert sim.backend.terrain.panel_friction == 0.8
+    assert real.backend.terrain.panel_friction == SLIPPERY_SLOPE_GAP.panel_friction
+    assert sim.backend.terrain.panels == real.backend.terrain.panels
+    foam = make_task("foam", "real")
+    assert foam.backend.terrain.pad_solref == FOAM_GAP.pad_solref
+    assert make_task("foam", "sim").backend.terrain.pad_solref == (0.02, 1.0)
+    assert SLIPPERY_SLOPE_GAP.description and FOAM_GAP.description
+
+
+def test_bad_task_arguments_raise_clearly():
+    with pytest.raises(ValueError, match="no 'real' variant"):
+        make_task("go2_flat", "real")
+    with pytest.raises(ValueError, match="unknown override"):
+        make_task("go2_flat", "sim", speed=1.0)
+    with pytest.raises(ValueError, match="command"):
+        make_task("go2_flat", "sim", command=(0.5, np.nan, 0.0))
+    task = make_task("go2_flat", "sim")
+    with pytest.raises(RuntimeError, match="reset"):
+        task.step(np.zeros(12))
+    task.reset(0)
+    with pytest.raises(ValueError, match="shape"):
+        task.step(np.zeros(3))
+    assert set(GO2_TASKS) == {"go2_flat", "go2_slope", "slippery_slope", "foam"}
+
+
+def test_command_override_and_heading_hold():
+    task = make_task("go2_flat", "sim", command=(0.3, 0.1, 0.0), heading_gain=1.0)
+    obs = task.reset(0)
+    np.testing.assert_allclose(obs.command, [0.3, 0.1, 0.0], atol=1e-6)
+    d = task.backend.data
+    yaw = 0.3  # turn the robot left: the yaw command steers it back
+    d.qpos[3:7] = (np.cos(yaw / 2), 0, 0, np.sin(yaw / 2))
+    r = task.step(np.zeros(12))
+    assert r.obs.command[2] == pytest.approx(-yaw, abs=0.02)
+    assert r.obs.privileged["expert_obs"][11] == pytest.approx(r.obs.command[2])
+
+
+def test_reward_tracks_velocity():
+    task = make_task("go2_flat", "sim", command=(0.5, 0.0, 0.0))
+    obs = task.reset(0)
+    command = obs.command.astype(float)
+    moving = obs.privileged.copy()
+    moving["base_lin_vel"] = np.array([0.5, 0.0, 0.0])
+    standing = dict(moving, base_lin_vel=np.zeros(3))
+    obs.privileged = moving
+    r_track = task.reward(obs, command, np.zeros(12))
+    obs.privileged = standing
+    r_still = task.reward(obs, command, np.zeros(12))
+    assert r_track - r_still == pytest.approx(0.02 * 1.5 * (1 - np.exp(-1.0)), rel=1e-6)
+
+
+def test_expert_files_errors_say_where_to_get_them(monkeypatch, tmp_path):
+    monkeypatch.delenv("SIMDIST_GO2_EXPERTS")
+    with pytest.raises(FileNotFoundError, match="SIMDIST_GO2_EXPERTS.*CLeARoboticsLab/simdist"):
+        experts_dir()
+    with pytest.raises(FileNotFoundError, match="policies"):
+        experts_dir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="missing TorchScript"):
+        TorchScriptGo2Policy(tmp_path / "nope.pt")
+
+
+def test_ladder_and_value_through_the_registry(ladder):
+    task = make_task("go2_flat", "sim")
+    names = [p.name for p in expert_ladder(task)]
+    assert names[0] == "policy_4999" and names[-1] == "policy_0" and len(names) == 12
+    assert [p.name for p in ladder] == names
+    obs = task.reset(0)
+    assert np.isfinite(expert_value(task)(obs))
+    obs.privileged = None
+    with pytest.raises(ValueError, match="expert_obs"):
+        ladder[0].act(obs)
+
+
+def check_expert_bar(ladder, seeds, seconds):
+    task = make_task("go2_flat", "sim", command=(0.5, 0.0, 0.0), episode_s=seconds)
+    rmses = []
+    for seed in seeds:
+        r, v, _ = rollout(task, ladder[0], seed)
+        assert not r.info["fallen"] and r.success and r.truncated, f"seed {seed} fell"
+        assert 0.4 < v[0] < 0.6 and abs(v[1]) < 0.1, f"seed {seed}: mean velocity {v}"
+        rmses.append(r.info["vel_rmse"])
+    print(f"expert 0.5 m/s, {len(seeds)} seeds x {seconds} s: tracking RMSE "
+          f"{np.mean(rmses):.3f} m/s (max {np.max(rmses):.3f})")
+    assert max(rmses) < 0.2
+
+
+def test_expert_walks_fast_bar(ladder):
+    check_expert_bar(ladder, seeds=(0, 1), seconds=10.0)
+
+
+@pytest.mark.slow
+def test_expert_walks_full_bar(ladder):
+    check_expert_bar(ladder, seeds=tuple(range(10)), seconds=20.0)
+
+
+def test_critic_prefers_expert_states_over_policy_0(ladder):
+    task = make_task("go2_flat", "sim")
+    critic = load_go2_critic()
+    _, _, v_expert = rollout(task, ladder[0], 0, steps=200, value=critic)
+    r0, _, v_zero = rollout(task, ladder[-1], 0, steps=200, value=critic)
+    assert ladder[-1].name == "policy_0" and not r0.info["fallen"]
+    assert np.mean(v_expert) > np.mean(v_zero) + 0.05
+
+
+def test_sim_to_real_gap_slippery_slope(ladder):
+    """At 0.1 m/s the expert climbs the nominal course but slips and falls on PTFE panels."""
+    kw = dict(command=(0.1, 0.0, 0.0), episode_s=25.0)
+    sim = make_task("go2_slope", "sim", **kw)
+    real = make_task("slippery_slope", "real", **kw)
+    sim_runs = [rollout(sim, ladder[0], s)[0] for s in (0, 1)]
+    real_runs = [rollout(real, ladder[0], s)[0] for s in (0, 1)]
+    assert all(r.success for r in sim_runs)
+    assert sum(r.success for r in real_runs) < len(real_runs)
+    sim_d = np.mean([r.info["distance"] for r in sim_runs])
+    real_d = np.mean([r.info["distance"] for r in real_runs])
+    print(f"slope 0.1 m/s: sim distance {sim_d:.2f} m, slippery {real_d:.2f} m")
+    assert real_d < sim_d - 0.1
