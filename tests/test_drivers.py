@@ -1,5 +1,8 @@
 """Driver nodes: MuJoCo lockstep on DDS, and the hardware backends' translation logic without hardware."""
 import json
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,9 +16,16 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
-from robot_drivers.interface import Command, CommandKind
+from robot_drivers.go2.config import DEFAULT_POSE_UNITREE, UNITREE_JOINT_NAMES
+from robot_drivers.hardware.go2_sdk import (
+    LOWCMD_SIZE, POS_STOP, VEL_STOP, Go2SdkBackend, Go2SdkConfig, LowCmd, crc32_mpeg2, import_sdk,
+    lowcmd_crc, pack_lowcmd, unitree_crc,
+)
+from robot_drivers.hardware.ur5e_rtde import RTDE_PORT, UR5eRtdeBackend, UR5eRtdeConfig, connect_ur5e
+from robot_drivers.interface import Command, CommandKind, FaultLevel
 from robot_drivers.mujoco_driver_node import CLOCK_START_NS, MujocoDriverNode, SimEpisode
 from robot_drivers.tasks import make_task
+from robot_drivers.ur5e_rtde_driver_node import UR5eRtdeDriverNode
 from robot_ros_helpers import RosHarness, diagnostics_text
 
 
@@ -106,3 +116,241 @@ def test_mujoco_driver_ur5e_publishes_cameras_and_tcp(ros_domain):
         assert len(joints[0].name) == 6 and imgs[0].header.stamp == tcp[0].header.stamp
     finally:
         ros.close()
+
+
+# --- UR5e over ur_rtde -------------------------------------------------------------------------
+
+
+def _port_closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_ur_rtde_real_client_fails_clearly_on_a_closed_port():
+    if not _port_closed(RTDE_PORT):
+        pytest.skip(f"something listens on 127.0.0.1:{RTDE_PORT}")
+    with pytest.raises(ConnectionError, match=r"UR5e at 127\.0\.0\.1: could not open RTDE on port 30004"):
+        connect_ur5e("127.0.0.1", UR5eRtdeConfig())
+    proc = subprocess.run(
+        [sys.executable, "-m", "robot_drivers.ur5e_rtde_driver_node", "--ros-args",
+         "-p", "robot_ip:=127.0.0.1", "-p", "gripper:=false"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "could not open RTDE on port 30004" in proc.stdout + proc.stderr
+
+
+class FakeReceive:
+    """Stands in for the physical arm's RTDE receive side."""
+
+    def __init__(self):
+        self.tcp = [0.1, -0.5, 0.3, np.pi, 0.0, 0.0]  # base frame, tool pointing down
+        self.q, self.qd = [0.0, -1.57, 1.57, -1.57, -1.57, 0.0], [0.0] * 6
+        self.connected, self.protective, self.estop, self.mode, self.scaling = True, False, False, 7, 1.0
+
+    def getActualTCPPose(self): return list(self.tcp)
+    def getActualQ(self): return list(self.q)
+    def getActualQd(self): return list(self.qd)
+    def getSpeedScalingCombined(self): return self.scaling
+    def isConnected(self): return self.connected
+    def isProtectiveStopped(self): return self.protective
+    def isEmergencyStopped(self): return self.estop
+    def getRobotMode(self): return self.mode
+    def reconnect(self): self.connected = True
+    def disconnect(self): self.connected = False
+
+
+class FakeControl:
+    """Stands in for the physical arm's RTDE control side; records what the driver sends."""
+
+    def __init__(self):
+        self.servo, self.kicks, self.stops, self.connected, self.running = [], 0, 0, True, True
+
+    def servoL(self, pose, speed, accel, t, lookahead, gain): self.servo.append((list(pose), t, lookahead, gain))
+    def kickWatchdog(self): self.kicks += 1
+    def servoStop(self, *a): self.stops += 1
+    def isConnected(self): return self.connected
+    def isProgramRunning(self): return self.running
+    def reconnect(self): self.connected = True
+    def stopScript(self): pass
+    def disconnect(self): self.connected = False
+
+
+class FakeGripper:
+    def __init__(self): self.moves, self.pos = [], 0
+    def move(self, p): self.moves.append(p); self.pos = p
+    def position(self): return self.pos
+    def close(self): pass
+
+
+def _ur5e(clock):
+    recv, ctrl, grip = FakeReceive(), FakeControl(), FakeGripper()
+    return UR5eRtdeBackend(ctrl, recv, UR5eRtdeConfig(), grip, clock=lambda: clock[0]), recv, ctrl, grip
+
+
+def test_ur5e_rtde_interpolates_targets_in_the_world_frame_and_kicks_the_watchdog():
+    clock = [100.0]
+    ur, recv, ctrl, grip = _ur5e(clock)
+    obs = ur.reset()
+    # world = Rz(pi) * base: base (0.1, -0.5) is world (-0.1, 0.5), the sim's peg region
+    np.testing.assert_allclose(obs.proprio[12:15], [-0.1, 0.5, 0.3], atol=1e-9)
+    ur.act(Command(CommandKind.EE_DELTA, np.array([0.01, 0, 0, 0, 0, 0, 1.0], np.float32)))
+    assert grip.moves == [255] and ur.observe().proprio[-1] == 1.0
+    clock[0] += 0.1  # half of the 0.2 s control period
+    half = ur.servo_step()
+    np.testing.assert_allclose(half[:3], [0.1 - 0.005, -0.5, 0.3], atol=1e-6)  # world +x = base -x
+    clock[0] += 0.2
+    full = ur.servo_step()
+    np.testing.assert_allclose(full[:3], [0.09, -0.5, 0.3], atol=1e-6)
+    assert ctrl.kicks == 2 and ctrl.servo[-1][1:] == (1 / 500.0, 0.1, 300.0)
+    ur.act(Command(CommandKind.EE_DELTA, np.array([0.0, 0.0, -1.0, 0, 0, 0, 1.0], np.float32)))
+    clock[0] += 1.0
+    np.testing.assert_allclose(ur.servo_step()[2], 0.3 - 0.05, atol=1e-6)  # capped at max_step_pos
+    ur.act(Command(CommandKind.DAMP))  # the arm's "damp" is a servo stop
+    n = len(ctrl.servo)
+    assert ur.servo_step() is None and ctrl.stops == 1 and len(ctrl.servo) == n and ctrl.kicks == 4
+
+
+def test_ur5e_rtde_stops_and_scaling_become_faults():
+    ur, recv, ctrl, _ = _ur5e([0.0])
+    ur.reset()
+    recv.scaling = 0.4
+    ur.observe()
+    assert [f.code for f in ur.faults()] == ["speed_scaling"] and ur.faults()[0].level == FaultLevel.WARN
+    recv.protective = True
+    assert ur.faults()[0].code == "protective_stop" and ur.faults()[0].level == FaultLevel.ERROR
+    with pytest.raises(RuntimeError, match="refusing a command while faulted: protective_stop"):
+        ur.act(Command(CommandKind.EE_DELTA, np.zeros(7, np.float32)))
+    with pytest.raises(RuntimeError, match="protective stop"):
+        ur.reset()
+    recv.protective, recv.estop = False, True
+    assert ur.faults()[0].code == "emergency_stop"
+    recv.estop, ctrl.running = False, False
+    assert "script_stopped" in [f.code for f in ur.faults()]
+
+
+def test_ur5e_driver_node_reports_a_disconnect_and_ignores_commands(ros_domain):
+    ros = RosHarness(ros_domain)
+    clock = [0.0]
+    backend, recv, ctrl, _ = _ur5e(clock)
+    try:
+        ros.add(UR5eRtdeDriverNode(backend=backend, context=ros.context, parameter_overrides=[
+            Parameter("publish_rate_hz", value=50.0)]))
+        tcp = ros.collect(PoseStamped, "/tcp_pose")
+        proprio = ros.collect(JointState, "/simdist/robot/proprio")
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        cmd = ros.probe.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
+        reset = ros.probe.create_client(Trigger, "/ur5e_driver/reset")
+        assert ros.spin_until(lambda: tcp and proprio and cmd.get_subscription_count())
+        assert ros_msgs.proprio_from_msg(proprio[-1], backend.spec)[0].shape == (22,)
+        assert ros.call(reset, Trigger.Request()).success
+        move = Command(CommandKind.EE_DELTA, np.array([0, 0, 0.01, 0, 0, 0, 0], np.float32))
+        cmd.publish(ros_msgs.command_to_msg(move, ros_msgs.action_names("ur5e"), 1, 0.2))
+        assert ros.spin_until(lambda: backend._segment is not None)
+
+        recv.connected = False  # the cable is pulled
+        assert ros.spin_until(lambda: any(lvl == 2 and "disconnected" in m for lvl, m in diagnostics_text(diags, "ur5e_driver")))
+        backend._segment = None
+        cmd.publish(ros_msgs.command_to_msg(move, ros_msgs.action_names("ur5e"), 2, 0.2))
+        assert ros.spin_until(lambda: any("command ignored" in m for _, m in diagnostics_text(diags, "ur5e_driver")))
+        assert backend._segment is None  # nothing reached the arm
+        res = ros.call(reset, Trigger.Request())  # reset reconnects (the fake link comes back)
+        assert res.success and recv.connected
+    finally:
+        ros.close()
+
+
+# --- Go2 over unitree_sdk2py ----------------------------------------------------------------
+
+
+def _crc32_core_reference(words):
+    """The SDK's crc32_core, bit by bit over 32-bit words (as in its C and Python sources)."""
+    crc, poly = 0xFFFFFFFF, 0x04C11DB7
+    for data in words:
+        xbit = 1 << 31
+        for _ in range(32):
+            crc = ((crc << 1) & 0xFFFFFFFF) ^ poly if crc & 0x80000000 else (crc << 1) & 0xFFFFFFFF
+            if data & xbit:
+                crc ^= poly
+            xbit >>= 1
+    return crc
+
+
+def test_unitree_crc_matches_the_sdk_algorithm():
+    assert crc32_mpeg2(b"123456789") == 0x0376E6E7  # the CRC-32/MPEG-2 catalogue check value
+    assert _crc32_core_reference([0x12345678, 0x9ABCDEF0]) == crc32_mpeg2(bytes.fromhex("123456789ABCDEF0"))
+    cmd = LowCmd()
+    cmd.motor_cmd[0].q, cmd.motor_cmd[0].kp, cmd.motor_cmd[11].kd = 0.5, 25.0, 0.5
+    packed = pack_lowcmd(cmd)
+    assert len(packed) == LOWCMD_SIZE == 812
+    words = np.frombuffer(packed, dtype="<u4")[:-1].tolist()  # every word but the crc field
+    assert lowcmd_crc(cmd) == unitree_crc(packed) == _crc32_core_reference(words)
+    before = lowcmd_crc(cmd)
+    cmd.crc = 0xDEADBEEF  # the crc field itself is not covered
+    assert lowcmd_crc(cmd) == before
+    cmd.motor_cmd[5].q = 0.25
+    assert lowcmd_crc(cmd) != before
+
+
+class FakeLowState:
+    """Stands in for rt/lowstate from the physical robot."""
+
+    class Motor:
+        def __init__(self, q, dq): self.q, self.dq = q, dq
+
+    class Imu:
+        quaternion = [1.0, 0.0, 0.0, 0.0]
+        gyroscope = [0.0, 0.0, 0.1]
+        accelerometer = [0.0, 0.0, 9.81]
+
+    def __init__(self, q, dq, quat=(1.0, 0.0, 0.0, 0.0)):
+        self.motor_state = [self.Motor(a, b) for a, b in zip(q, dq)] + [self.Motor(0.0, 0.0)] * 8
+        self.imu_state = self.Imu()
+        self.imu_state.quaternion = list(quat)
+
+
+def test_go2_lowcmd_joint_order_units_and_damping_on_fault():
+    clock, sent = [0.0], []
+    dog = Go2SdkBackend(sent.append, LowCmd, Go2SdkConfig(lowstate_timeout_s=0.1), clock=lambda: clock[0])
+    assert dog.build_lowcmd().motor_cmd[0].kp == 0.0  # damped until reset
+    q = DEFAULT_POSE_UNITREE + np.arange(12) * 0.01
+    dog.on_lowstate(FakeLowState(q, np.full(12, 0.5)))
+    dog.set_base_velocity([0.4, 0.0, 0.0])
+    obs = dog.reset()
+    np.testing.assert_allclose(obs.proprio[9:21], np.arange(12) * 0.01, atol=1e-6)  # joint_pos - default
+    np.testing.assert_allclose(obs.proprio[6:9], [0, 0, -1], atol=1e-9)  # upright: gravity straight down
+    a = np.zeros(12, np.float32)
+    a[UNITREE_JOINT_NAMES.index("RL_calf_joint")] = 1.0
+    dog.act(Command(CommandKind.JOINT_POSITION, a))
+    cmd = dog.build_lowcmd()
+    assert cmd.motor_cmd[11].q == pytest.approx(DEFAULT_POSE_UNITREE[11] + 0.25, abs=1e-6)  # SDK index 11 = RL calf
+    assert cmd.motor_cmd[0].q == pytest.approx(DEFAULT_POSE_UNITREE[0])
+    assert (cmd.motor_cmd[3].kp, cmd.motor_cmd[3].kd, cmd.motor_cmd[3].mode) == (25.0, 0.5, 1)
+    assert (cmd.motor_cmd[15].q, cmd.motor_cmd[15].dq, cmd.motor_cmd[15].kp) == (POS_STOP, VEL_STOP, 0.0)
+    assert cmd.head == [0xFE, 0xEF] and cmd.crc == lowcmd_crc(cmd)
+    dog.publish_lowcmd()
+    assert sent and sent[-1].crc == lowcmd_crc(sent[-1])
+
+    clock[0] += 0.5  # rt/lowstate stops: the link is gone
+    assert dog.faults()[0].code == "disconnected"
+    damp = dog.build_lowcmd()
+    assert all(damp.motor_cmd[i].kp == 0.0 and damp.motor_cmd[i].kd == 0.5 for i in range(12))
+    assert damp.motor_cmd[0].q == POS_STOP
+    dog.on_lowstate(FakeLowState(q, np.zeros(12)))
+    assert dog.build_lowcmd().motor_cmd[0].kp == 0.0  # still latched until reset
+    dog.reset()
+    assert dog.build_lowcmd().motor_cmd[0].kp == 25.0
+
+    tilted = (np.cos(0.7), np.sin(0.7), 0.0, 0.0)  # rolled 1.4 rad: fallen
+    dog.on_lowstate(FakeLowState(q, np.zeros(12), tilted))
+    assert dog.faults()[0].code == "fallen" and dog.build_lowcmd().motor_cmd[0].kp == 0.0
+    with pytest.raises(RuntimeError, match="cannot leave damping mode: base tilt"):
+        dog.reset()
+
+
+def test_unitree_sdk_import_error_says_how_to_install():
+    try:
+        import unitree_sdk2py  # noqa: F401
+        pytest.skip("unitree_sdk2py is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match="github.com/unitreerobotics/unitree_sdk2_python"):
+        import_sdk()
