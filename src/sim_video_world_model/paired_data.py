@@ -231,3 +231,128 @@ def synthetic_pairs(num_episodes: int, num_frames: int = 9, steps: int = 16, str
     flat = actions.reshape(-1, actions.shape[-1])
     return PairedWindows(np.stack(sims), np.stack(reals), actions, np.stack(masks), flat.min(0), flat.max(0),
                          {"source": "synthetic", "num_frames": num_frames, "size": cfg.size, "seed": seed})
+
+
+# ---------------------------------------------------------------------------------------------
+# MuJoCo UR5e tasks (robot_drivers): the sim task and its "real" variant, one action sequence.
+# ---------------------------------------------------------------------------------------------
+class JointStateMaskRenderer:
+    """Segmenter for a real camera: the robot mask rendered from the MEASURED joint state through
+    the calibrated camera model (a never-stepped MuJoCo scene whose camera carries the calibration).
+    Swap in any other `Segmenter` (e.g. a learned one) where no robot model is available."""
+
+    def __init__(self, backend, camera: str):
+        self.backend, self.camera = backend, camera
+
+    def __call__(self, image: np.ndarray, joint_pos: np.ndarray | None) -> np.ndarray:
+        import mujoco
+
+        if joint_pos is None:
+            raise ValueError("JointStateMaskRenderer needs the measured joint positions (obs.joint_pos)")
+        b = self.backend
+        qadr = b.controller.qadr
+        q = np.asarray(joint_pos, np.float64)
+        if q.shape != (len(qadr),):
+            raise ValueError(f"joint_pos has shape {q.shape}, expected ({len(qadr)},)")
+        b.data.qpos[qadr] = q
+        mujoco.mj_forward(b.model, b.data)
+        mask = b.render_robot_mask(self.camera)
+        if mask.shape != image.shape[:2]:
+            raise ValueError(f"mask {mask.shape} and image {image.shape[:2]} differ: camera models disagree")
+        return mask
+
+
+@dataclass
+class MujocoPairsConfig:
+    task: str = "peg"
+    camera: str = "side"
+    size: int = 64
+    steps: int = 24  # control steps per episode (5 Hz)
+    noise_std: float = 4.0
+
+
+def mujoco_pairs(num_episodes: int, num_frames: int = 9, stride: int = 4, cfg: MujocoPairsConfig | None = None,
+                 seed: int = 0, segmenter: Segmenter | None = None) -> PairedWindows:
+    """Replay each episode's expert actions (a random rung of the expert ladder, acting on the sim
+    task) in the "real" variant too. The sim stream is the sim rendering masked by MuJoCo's
+    segmentation; the real stream gets camera noise; real masks come from `segmenter` (default: the
+    joint-state mask renderer through the real variant's calibrated camera)."""
+    from robot_drivers.tasks import expert_ladder, make_task
+
+    cfg = cfg or MujocoPairsConfig()
+    kw = dict(image_size=(cfg.size, cfg.size), cameras=(cfg.camera,))
+    sim, real = make_task(cfg.task, "sim", **kw), make_task(cfg.task, "real", **kw)
+    calibrated = make_task(cfg.task, "real", **kw)
+    segmenter = segmenter or JointStateMaskRenderer(calibrated.backend, cfg.camera)
+    ladder = expert_ladder(sim)
+    rng = np.random.default_rng(seed)
+    sims, reals, acts, masks = [], [], [], []
+    try:
+        for ep in range(num_episodes):
+            ep_seed = int(rng.integers(1 << 30))
+            expert = ladder[int(rng.integers(len(ladder)))]
+            obs_s, obs_r = sim.reset(ep_seed), real.reset(ep_seed)
+            expert.reset(ep_seed)
+            sim_f, real_f, real_m, actions = [], [], [], []
+
+            def record(o_s, o_r):
+                img_s = o_s.images[cfg.camera]
+                sim_f.append(np.where(sim.backend.render_robot_mask(cfg.camera)[..., None], img_s, 0).astype(np.uint8))
+                real_f.append(o_r.images[cfg.camera])
+                real_m.append(segmenter(o_r.images[cfg.camera], o_r.joint_pos))
+
+            record(obs_s, obs_r)
+            for _ in range(cfg.steps):
+                a = np.asarray(expert.act(obs_s), np.float32)
+                res_s, res_r = sim.step(a), real.step(a)
+                obs_s, obs_r = res_s.obs, res_r.obs
+                actions.append(a)
+                record(obs_s, obs_r)
+                if res_s.terminated or res_r.terminated:
+                    break
+            real_v = add_camera_noise(np.stack(real_f), rng, cfg.noise_std)
+            sim_v, actions = np.stack(sim_f), np.stack(actions)
+            for s0 in cut_windows(len(actions), num_frames, stride):
+                sims.append(sim_v[s0:s0 + num_frames])
+                reals.append(real_v[s0:s0 + num_frames])
+                acts.append(actions[s0:s0 + num_frames - 1])
+                masks.append(real_m[s0])
+    finally:
+        for t in (sim, real, calibrated):
+            t.close()
+    if not sims:
+        raise ValueError(f"no window of {num_frames} frames fits in episodes of {cfg.steps} steps")
+    actions = np.stack(acts)
+    flat = actions.reshape(-1, actions.shape[-1])
+    return PairedWindows(np.stack(sims), np.stack(reals), actions, np.stack(masks), flat.min(0), flat.max(0),
+                         {"source": f"mujoco:{cfg.task}", "camera": cfg.camera, "num_frames": num_frames,
+                          "size": cfg.size, "seed": seed})
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m sim_video_world_model.paired_data --source peg --episodes 40 --out pairs.h5"""
+    import argparse
+
+    p = argparse.ArgumentParser(description="Write paired sim/real video windows to an HDF5 file.")
+    p.add_argument("--source", default="peg", help="'synthetic' or a UR5e task name (peg, table_leg)")
+    p.add_argument("--episodes", type=int, default=40)
+    p.add_argument("--frames", type=int, default=9)
+    p.add_argument("--stride", type=int, default=4)
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--camera", default="side")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    if args.source == "synthetic":
+        w = synthetic_pairs(args.episodes, args.frames, args.steps, args.stride, SyntheticWorldConfig(size=args.size),
+                            args.seed)
+    else:
+        w = mujoco_pairs(args.episodes, args.frames, args.stride,
+                         MujocoPairsConfig(args.source, args.camera, args.size, args.steps), args.seed)
+    w.save(args.out)
+    print(f"wrote {len(w)} windows of {w.num_frames} frames ({w.meta['source']}) to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -27,13 +27,17 @@ class TinyVideoAutoencoder(VideoAutoencoder):
         self.temporal_factor = cfg.temporal_factor
         self.spatial_factor = cfg.spatial_factor
         downs = int(math.log2(cfg.spatial_factor))
-        enc = [nn.Conv2d(3, c, 3, padding=1), nn.SiLU()]
-        dec = []
-        for _ in range(downs):
+        # Strided from the first layer and transposed to 3 channels at the last: nothing runs with
+        # c channels at full resolution, which keeps the autoencoder cheap on a CPU.
+        enc = [nn.Conv2d(3, c, 4, stride=2, padding=1), nn.SiLU(), nn.Conv2d(c, c, 3, padding=1), nn.SiLU()]
+        for _ in range(downs - 1):
             enc += [nn.Conv2d(c, c, 4, stride=2, padding=1), nn.SiLU(), nn.Conv2d(c, c, 3, padding=1), nn.SiLU()]
-            dec += [nn.ConvTranspose2d(c, c, 4, stride=2, padding=1), nn.SiLU(), nn.Conv2d(c, c, 3, padding=1), nn.SiLU()]
+        dec = []
+        for _ in range(downs - 1):
+            dec += [nn.Conv2d(c, c, 3, padding=1), nn.SiLU(), nn.ConvTranspose2d(c, c, 4, stride=2, padding=1), nn.SiLU()]
+        dec += [nn.Conv2d(c, c, 3, padding=1), nn.SiLU(), nn.ConvTranspose2d(c, 3, 4, stride=2, padding=1)]
         self.frame_encoder = nn.Sequential(*enc)
-        self.frame_decoder = nn.Sequential(*dec, nn.Conv2d(c, 3, 3, padding=1))
+        self.frame_decoder = nn.Sequential(*dec)
         tf = cfg.temporal_factor
         self.first_in, self.group_in = nn.Conv2d(c, z, 1), nn.Conv2d(tf * c, z, 1)
         self.first_out, self.group_out = nn.Conv2d(z, c, 1), nn.Conv2d(z, tf * c, 1)

@@ -1,0 +1,254 @@
+"""`simforcing-eval`: held-out PSNR / SSIM (+ LPIPS / FID / FVD from local weights), the ablation
+table, the guidance sweep, the (N_s, N_r, w) latency grid and a qualitative PNG grid.
+
+    simforcing-eval --run runs/sf --heldout heldout.h5 --out runs/sf/eval
+    simforcing-eval --small --out runs/small     # data + training + evaluation, ~15 min on a CPU
+
+Predictions start from the real first frame and the window's actions; scores cover the predicted
+frames 1..T-1 only (frame 0 is the given observation).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+
+from sim_video_world_model.checkpoint import ModelBundle, load_bundle
+from sim_video_world_model.config import Variant
+from sim_video_world_model.paired_data import PairedVideoDataset, PairedWindows
+from sim_video_world_model.pipeline import SimForcingPipeline
+from sim_video_world_model.scheduler import FlowMatchScheduler
+
+log = logging.getLogger("simforcing.eval")
+
+ROW_NAMES = {Variant.SFT: "real-only SFT", Variant.JOINT_FM: "+ joint FM", Variant.MOTION: "+ motion distillation",
+             Variant.FULL: "+ sim conditioning (full)"}
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    sim_steps: int = 5
+    real_steps: int = 10
+    guidance: float = 0.6
+    sweep: tuple[float, ...] = (0.0, 0.3, 0.6, 1.0)
+    latency_sim_steps: tuple[int, ...] = (1, 5, 10)
+    latency_real_steps: tuple[int, ...] = (1, 5, 10)
+    latency_guidance: tuple[float, ...] = (0.0, 0.6, 1.0)
+    latency_reps: int = 3
+    batch_size: int = 8
+    seed: int = 0
+    device: str = "cpu"
+
+
+def predict(bundle: ModelBundle, data: PairedVideoDataset, sim_steps: int, real_steps: int, w: float,
+            cfg: EvalConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(predicted, ground-truth) real videos of every held-out window, (N, 3, T, H, W) on the CPU."""
+    pipe = SimForcingPipeline(bundle.autoencoder, bundle.denoiser, FlowMatchScheduler(5.0))
+    preds, gts = [], []
+    for start in range(0, len(data), cfg.batch_size):
+        items = [data[i] for i in range(start, min(len(data), start + cfg.batch_size))]
+        real = torch.stack([it["real"] for it in items]).to(cfg.device)
+        actions = torch.stack([it["actions"] for it in items]).to(cfg.device)
+        mask = torch.stack([it["mask"] for it in items]).to(cfg.device)
+        out = pipe(real[:, :, 0], actions, real.shape[2], robot_mask=mask, sim_steps=sim_steps,
+                   real_steps=real_steps, guidance=w, seed=cfg.seed + start)
+        preds.append(out.video.float().cpu())
+        gts.append(real.cpu())
+    return torch.cat(preds), torch.cat(gts)
+
+
+class Scorer:
+    """PSNR / SSIM always; LPIPS / FID / FVD when their local weight files are configured."""
+
+    def __init__(self, lpips_backbone: str | None = None, lpips_heads: str | None = None,
+                 fid_weights: str | None = None, fvd_weights: str | None = None):
+        from sim_video_world_model import metrics
+
+        self.m = metrics
+        self.extra = {}
+        if lpips_backbone and lpips_heads:
+            self.extra["lpips"] = metrics.LPIPS(lpips_backbone, lpips_heads)
+        if fid_weights:
+            self.extra["fid"] = metrics.FrechetInceptionDistance(fid_weights)
+        if fvd_weights:
+            self.extra["fvd"] = metrics.FrechetVideoDistance(fvd_weights)
+
+    def __call__(self, pred: torch.Tensor, gt: torch.Tensor) -> dict[str, float]:
+        p, g = pred[:, :, 1:], gt[:, :, 1:]
+        scores = {"psnr": self.m.psnr(p, g), "ssim": self.m.ssim(p, g)}
+        for name, metric in self.extra.items():
+            scores[name] = metric(p, g)
+        return scores
+
+
+def latency_grid(bundle: ModelBundle, item: dict, cfg: EvalConfig) -> list[dict]:
+    """Seconds per sample (sim generation + real generation + decoding), warm-up excluded."""
+    pipe = SimForcingPipeline(bundle.autoencoder, bundle.denoiser, FlowMatchScheduler(5.0))
+    real = item["real"][None].to(cfg.device)
+    actions, mask = item["actions"][None].to(cfg.device), item["mask"][None].to(cfg.device)
+    rows = []
+    for ns in cfg.latency_sim_steps:
+        for nr in cfg.latency_real_steps:
+            for w in cfg.latency_guidance:
+                run = lambda: pipe(real[:, :, 0], actions, real.shape[2], robot_mask=mask, sim_steps=ns,  # noqa: E731
+                                   real_steps=nr, guidance=w, seed=cfg.seed)
+                run()
+                if cfg.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(cfg.latency_reps):
+                    run()
+                if cfg.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                rows.append({"sim_steps": ns, "real_steps": nr, "w": w,
+                             "seconds": (time.perf_counter() - t0) / cfg.latency_reps})
+    return rows
+
+
+def qualitative_grid(gt: torch.Tensor, rows: dict[str, torch.Tensor], path: str, samples: int = 2) -> None:
+    """PNG: per sample, ground truth then each method, one row of frames each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def strip(video):  # (3, T, H, W) -> (H, T*W, 3) uint8
+        v = ((video.clamp(-1, 1) + 1) * 127.5).round().byte().permute(2, 1, 3, 0)
+        return v.reshape(v.shape[0], -1, 3).numpy()
+
+    names = ["ground truth", *rows]
+    n = min(samples, gt.shape[0])
+    fig, axes = plt.subplots(n * len(names), 1, figsize=(gt.shape[2] * 1.2, 1.3 * n * len(names)), squeeze=False)
+    for s in range(n):
+        for r, name in enumerate(names):
+            ax = axes[s * len(names) + r, 0]
+            ax.imshow(strip(gt[s] if name == "ground truth" else rows[name][s]))
+            ax.set_axis_off()
+            ax.set_title(f"sample {s}: {name}", fontsize=8, loc="left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scorer: Scorer) -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    data = PairedVideoDataset(PairedWindows.load(heldout))
+    table, preds, gt = [], {}, None
+    available = [v for v in Variant if os.path.isfile(os.path.join(run_dir, f"student_{v.value}", "config.json"))]
+    if not available:
+        raise FileNotFoundError(f"no student_<variant>/ checkpoint under {run_dir}")
+    torch.manual_seed(cfg.seed)
+    for variant in available:
+        bundle = load_bundle(os.path.join(run_dir, f"student_{variant.value}"), cfg.device)
+        weights = cfg.sweep if variant.sim_conditioning else (0.0,)
+        for w in weights:
+            pred, gt = predict(bundle, data, cfg.sim_steps, cfg.real_steps, w, cfg)
+            name = ROW_NAMES[variant] + (f" w={w:g}" if variant.sim_conditioning else "")
+            row = {"method": name, "variant": variant.value, "w": w, **scorer(pred, gt)}
+            log.info("%s", row)
+            table.append(row)
+            if variant is Variant.SFT or (variant.sim_conditioning and w == cfg.guidance):
+                preds["SFT" if variant is Variant.SFT else f"SimForcing (w={w:g})"] = pred
+    latency = []
+    if Variant.FULL in available:
+        latency = latency_grid(load_bundle(os.path.join(run_dir, "student_full"), cfg.device), data[0], cfg)
+    qualitative_grid(gt, preds, os.path.join(out_dir, "qualitative.png"))
+    result = {"heldout_windows": len(data), "sim_steps": cfg.sim_steps, "real_steps": cfg.real_steps,
+              "device": cfg.device, "table": table, "latency": latency}
+    sft = next((r for r in table if r["variant"] == "sft"), None)
+    full = next((r for r in table if r["variant"] == "full" and r["w"] == cfg.guidance), None)
+    if sft and full:
+        result["full_beats_sft"] = bool(full["psnr"] > sft["psnr"] and full["ssim"] > sft["ssim"])
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(format_markdown(result))
+    return result
+
+
+def format_markdown(result: dict) -> str:
+    keys = [k for k in ("psnr", "ssim", "lpips", "fid", "fvd") if k in result["table"][0]]
+    lines = [f"Held-out windows: {result['heldout_windows']}, N_s={result['sim_steps']}, "
+             f"N_r={result['real_steps']}, device {result['device']}", "",
+             "| method | " + " | ".join(k.upper() for k in keys) + " |", "|---|" + "---|" * len(keys)]
+    lines += [f"| {r['method']} | " + " | ".join(f"{r[k]:.4f}" for k in keys) + " |" for r in result["table"]]
+    if result["latency"]:
+        lines += ["", "| N_s | N_r | w | seconds / sample |", "|---|---|---|---|"]
+        lines += [f"| {r['sim_steps']} | {r['real_steps']} | {r['w']:g} | {r['seconds']:.3f} |" for r in result["latency"]]
+    if "full_beats_sft" in result:
+        lines += ["", f"Full student beats real-only SFT on PSNR and SSIM: {result['full_beats_sft']}"]
+    return "\n".join(lines) + "\n"
+
+
+def small_run(out: str, device: str, source: str | None = None) -> dict:
+    """Data (MuJoCo peg when robot_drivers' tasks load, else synthetic) -> training -> evaluation."""
+    from sim_video_world_model.config import BackboneConfig, TinyBackboneConfig, TrainConfig
+    from sim_video_world_model.paired_data import MujocoPairsConfig, mujoco_pairs, synthetic_pairs
+    from sim_video_world_model.train import RunConfig, run
+
+    os.makedirs(out, exist_ok=True)
+    train_file, heldout_file = os.path.join(out, "train.h5"), os.path.join(out, "heldout.h5")
+    if not (os.path.isfile(train_file) and os.path.isfile(heldout_file)):
+        if source is None:
+            try:
+                import robot_drivers.tasks.ur5e_tasks  # noqa: F401
+
+                source = "peg"
+            except ImportError:
+                source = "synthetic"
+        if source == "synthetic":
+            synthetic_pairs(48, num_frames=9, steps=24, stride=4, seed=1).save(train_file)
+            synthetic_pairs(8, num_frames=9, steps=24, stride=8, seed=2).save(heldout_file)
+        else:
+            mcfg = MujocoPairsConfig(task=source, steps=20)
+            mujoco_pairs(24, 9, 4, mcfg, seed=1).save(train_file)
+            mujoco_pairs(6, 9, 4, mcfg, seed=2).save(heldout_file)
+    tiny = TinyBackboneConfig(spatial_factor=8, latent_channels=16, ae_channels=32, hidden=96, heads=4, layers=4,
+                              ffn=256)
+    common = dict(device=device, batch_size=8, log_every=10, save_every=10_000)
+    cfg = RunConfig(backbone=BackboneConfig(tiny=tiny),
+                    autoencoder_train=TrainConfig(steps=400, lr=2e-3, **dict(common, batch_size=4)),
+                    teacher_train=TrainConfig(steps=500, lr=5e-4, **common),
+                    student_train=TrainConfig(steps=250, lr=2e-4, **common))
+    run(cfg, train_file, out, ["autoencoder", "teacher", "student"], list(Variant), resume=True)
+    return evaluate_run(out, heldout_file, os.path.join(out, "eval"),
+                        EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2), Scorer())
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", help="training run directory with student_<variant>/ checkpoints")
+    p.add_argument("--heldout", help="held-out paired-window HDF5 file")
+    p.add_argument("--out", required=True)
+    p.add_argument("--small", action="store_true", help="generate data, train every variant and evaluate (~15 min CPU)")
+    p.add_argument("--source", help="--small data source: 'peg', 'table_leg' or 'synthetic' (default: peg if available)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--sim-steps", type=int, default=5)
+    p.add_argument("--real-steps", type=int, default=10)
+    p.add_argument("--guidance", type=float, default=0.6)
+    p.add_argument("--lpips-backbone", help="local AlexNet weights (safetensors or state dict)")
+    p.add_argument("--lpips-heads", help="local LPIPS linear-head weights")
+    p.add_argument("--fid-weights", help="local Inception-v3 weights")
+    p.add_argument("--fvd-weights", help="local R3D-18 weights")
+    args = p.parse_args(argv)
+    if args.small:
+        result = small_run(args.out, args.device, args.source)
+    else:
+        if not (args.run and args.heldout):
+            p.error("--run and --heldout are required unless --small")
+        cfg = EvalConfig(sim_steps=args.sim_steps, real_steps=args.real_steps, guidance=args.guidance,
+                         device=args.device)
+        scorer = Scorer(args.lpips_backbone, args.lpips_heads, args.fid_weights, args.fvd_weights)
+        result = evaluate_run(args.run, args.heldout, args.out, cfg, scorer)
+    print(format_markdown(result))
+
+
+if __name__ == "__main__":
+    main()

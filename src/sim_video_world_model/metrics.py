@@ -1,0 +1,176 @@
+"""Video prediction metrics. Videos are (N, 3, T, H, W) in [-1, 1].
+
+PSNR / SSIM: torchmetrics, per frame, averaged. LPIPS (AlexNet features + learned linear heads),
+FID (Inception-v3 pool features) and FVD (video features, Frechet distance) need pretrained weights:
+they load them from LOCAL files (safetensors, or a PyTorch state dict read with weights_only=True)
+and are skipped when none are given. Deviation: torchvision has no I3D, so FVD uses torchvision's
+R3D-18 Kinetics network; pass its weights to get comparable-in-spirit (not paper-identical) numbers.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+
+
+def _frames01(video: torch.Tensor) -> torch.Tensor:
+    if video.ndim != 5 or video.shape[1] != 3:
+        raise ValueError(f"videos must be (N, 3, T, H, W), got {tuple(video.shape)}")
+    return ((video.float() + 1.0) / 2.0).clamp(0, 1).transpose(1, 2).flatten(0, 1)
+
+
+def _check_pair(pred: torch.Tensor, target: torch.Tensor) -> None:
+    if pred.shape != target.shape:
+        raise ValueError(f"prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ")
+
+
+def psnr(pred: torch.Tensor, target: torch.Tensor) -> float:
+    _check_pair(pred, target)
+    p, t = _frames01(pred), _frames01(target)
+    per_frame = peak_signal_noise_ratio(p, t, data_range=1.0, reduction="none", dim=(1, 2, 3))
+    return float(per_frame.clamp(max=100.0).mean())  # identical frames: capped at 100 dB
+
+
+def ssim(pred: torch.Tensor, target: torch.Tensor) -> float:
+    _check_pair(pred, target)
+    return float(structural_similarity_index_measure(_frames01(pred), _frames01(target), data_range=1.0))
+
+
+def read_state(path: str) -> dict[str, torch.Tensor]:
+    """Local weights only: safetensors or a plain state dict (torch.load with weights_only=True)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"metric weights not found: {path}")
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_weights(module: nn.Module, path: str, drop_prefixes: tuple[str, ...] = (), strip: str = "") -> nn.Module:
+    state = read_state(path)
+    if strip and any(k.startswith(strip) for k in state):
+        state = {k[len(strip):]: v for k, v in state.items() if k.startswith(strip)}
+    state = {k: v for k, v in state.items() if not k.startswith(drop_prefixes)} if drop_prefixes else state
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"{path} does not fit {type(module).__name__}: {err}") from err
+    return module
+
+
+class LPIPS(nn.Module):
+    """Learned perceptual distance: unit-normalised AlexNet features, squared differences weighted
+    per channel by non-negative 1x1 heads, spatially averaged, summed over the 5 layers."""
+
+    CHANNELS = (64, 192, 384, 256, 256)
+    TAPS = (1, 4, 7, 9, 11)  # ReLU outputs in torchvision's alexnet.features
+
+    def __init__(self, backbone_weights: str | None = None, head_weights: str | None = None):
+        super().__init__()
+        from torchvision.models import alexnet
+
+        self.features = alexnet(weights=None).features
+        if backbone_weights:
+            load_weights(self.features, backbone_weights, strip="features.")  # full AlexNet or features only
+        self.heads = nn.ModuleList(nn.Conv2d(c, 1, 1, bias=False) for c in self.CHANNELS)
+        for h in self.heads:
+            nn.init.uniform_(h.weight, 0.0, 1.0 / h.in_channels)
+        if head_weights:
+            load_weights(self.heads, head_weights)
+        self.register_buffer("shift", torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1))
+        self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1))
+        self.requires_grad_(False).eval()
+
+    def _taps(self, x: torch.Tensor) -> list[torch.Tensor]:
+        out = []
+        for i, layer in enumerate(self.features):
+            x = layer(x)
+            if i in self.TAPS:
+                out.append(x / (x.pow(2).sum(dim=1, keepdim=True).sqrt() + 1e-10))
+            if i == self.TAPS[-1]:
+                break
+        return out
+
+    @torch.no_grad()
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> float:
+        """Mean LPIPS over all frames of two (N, 3, T, H, W) videos in [-1, 1]."""
+        _check_pair(pred, target)
+        p = (_frames01(pred) * 2 - 1 - self.shift) / self.scale
+        t = (_frames01(target) * 2 - 1 - self.shift) / self.scale
+        size = max(64, p.shape[-1])
+        p, t = (F.interpolate(v, size=(size, size), mode="bilinear", align_corners=False) for v in (p, t))
+        dist = sum(head((fp - ft) ** 2).mean(dim=(1, 2, 3))
+                   for head, fp, ft in zip(self.heads, self._taps(p), self._taps(t)))
+        return float(dist.mean())
+
+
+def frechet_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||mu_a - mu_b||^2 + tr(S_a + S_b - 2 (S_a S_b)^1/2) of two feature sets (N, D), in float64."""
+    a, b = a.double(), b.double()
+    mu_a, mu_b = a.mean(0), b.mean(0)
+    s_a, s_b = torch.cov(a.T), torch.cov(b.T)
+    if a.shape[0] < 2 or b.shape[0] < 2:
+        raise ValueError("the Frechet distance needs at least 2 samples per set")
+    ev, vecs = torch.linalg.eigh(s_a)
+    root_a = vecs @ torch.diag(ev.clamp_min(0).sqrt()) @ vecs.T
+    cross = torch.linalg.eigvalsh(root_a @ s_b @ root_a).clamp_min(0).sqrt().sum()
+    value = (mu_a - mu_b).pow(2).sum() + torch.trace(s_a) + torch.trace(s_b) - 2 * cross
+    return float(value.clamp_min(0.0))
+
+
+class FrechetInceptionDistance(nn.Module):
+    """FID on all frames: Inception-v3 2048-d pool features at 299x299 (`size`), ImageNet normalisation."""
+
+    def __init__(self, weights: str | None = None, size: int = 299):
+        super().__init__()
+        from torchvision.models import inception_v3
+
+        if size < 75:
+            raise ValueError(f"Inception-v3 needs inputs of at least 75x75, got size {size}")
+        self.size = size
+        net = inception_v3(weights=None, aux_logits=False, init_weights=False)
+        if weights:
+            load_weights(net, weights, drop_prefixes=("AuxLogits.",))
+        net.fc = nn.Identity()
+        self.net = net.requires_grad_(False).eval()
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
+
+    @torch.no_grad()
+    def features(self, video: torch.Tensor) -> torch.Tensor:
+        x = F.interpolate(_frames01(video), size=(self.size, self.size), mode="bilinear", align_corners=False)
+        return torch.cat([self.net((c - self.mean) / self.std) for c in x.split(16)])
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> float:
+        return frechet_distance(self.features(pred), self.features(target))
+
+
+class FrechetVideoDistance(nn.Module):
+    """FVD: Frechet distance of whole-clip features (torchvision R3D-18, 112x112 (`size`), Kinetics norm)."""
+
+    def __init__(self, weights: str | None = None, size: int = 112):
+        super().__init__()
+        from torchvision.models.video import r3d_18
+
+        self.size = size
+        net = r3d_18(weights=None)
+        if weights:
+            load_weights(net, weights)
+        net.fc = nn.Identity()
+        self.net = net.requires_grad_(False).eval()
+        self.register_buffer("mean", torch.tensor([0.43216, 0.394666, 0.37645]).view(1, 3, 1, 1, 1))
+        self.register_buffer("std", torch.tensor([0.22803, 0.22145, 0.216989]).view(1, 3, 1, 1, 1))
+
+    @torch.no_grad()
+    def features(self, video: torch.Tensor) -> torch.Tensor:
+        n, _, t = video.shape[:3]
+        frames = F.interpolate(_frames01(video), size=(self.size, self.size), mode="bilinear", align_corners=False)
+        clips = frames.view(n, t, 3, self.size, self.size).transpose(1, 2)
+        return self.net((clips - self.mean) / self.std)
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> float:
+        return frechet_distance(self.features(pred), self.features(target))
