@@ -354,3 +354,38 @@ def test_unitree_sdk_import_error_says_how_to_install():
         pass
     with pytest.raises(ImportError, match="github.com/unitreerobotics/unitree_sdk2_python"):
         import_sdk()
+
+
+def test_lockstep_loop_through_ingestion_and_safety(ros_domain):
+    """driver -> ingestion -> (the probe as planner) -> safety -> driver, on /clock, tick by tick."""
+    from robot_drivers.ingestion_node import IngestionNode
+    from robot_drivers.safety_node import SafetyNode
+
+    ros = RosHarness(ros_domain)
+    try:
+        sim_time = Parameter("use_sim_time", value=True)
+        driver = ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=[
+            Parameter("task", value="go2_flat"), Parameter("lockstep_republish_s", value=0.2)]))
+        ros.add(IngestionNode(context=ros.context, parameter_overrides=[
+            sim_time, Parameter("cameras", value=[""]), Parameter("height_map_rows", value=21),
+            Parameter("height_map_cols", value=15), Parameter("proprio_dim", value=35)]))
+        ros.add(SafetyNode(context=ros.context, parameter_overrides=[sim_time, Parameter("robot", value="go2")]))
+        act = ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
+        names = ros_msgs.action_names("go2")
+        planned = []
+
+        def plan(msg):  # answer every observation with a small action, stamped with its tick
+            stamp = ros_msgs.stamp_ns(msg.header.stamp)
+            if stamp not in planned:
+                planned.append(stamp)
+                a = Command(CommandKind.JOINT_POSITION, np.full(12, 0.05, np.float32))
+                act.publish(ros_msgs.command_to_msg(a, names, stamp, 0.02))
+
+        ros.probe.create_subscription(JointState, "/simdist/observation/proprio", plan, 10)
+        assert ros.spin_until(lambda: driver.tick >= 10, 30.0), f"stalled at tick {driver.tick}"
+        period = round(1e9 / driver.spec.control_rate_hz)
+        assert planned[:10] == [CLOCK_START_NS + k * period for k in range(10)]  # every tick, in order
+        assert driver.dropped == 0
+        np.testing.assert_allclose(driver.episode.task.backend._last_action, 0.05, atol=1e-6)
+    finally:
+        ros.close()

@@ -34,6 +34,7 @@ from robot_drivers.interface import Command, CommandKind, FaultLevel, Observatio
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.tasks import make_task
 from robot_drivers.tasks.base import Task
+from robot_drivers.ur5e.config import SceneConfig
 
 ROBOT_OF_TASK = {"peg": "ur5e", "table_leg": "ur5e", "go2_flat": "go2", "go2_slope": "go2",
                  "slippery_slope": "go2", "foam": "go2"}
@@ -102,8 +103,8 @@ PARAMS = (
     Param("variant", "sim", "sim (training) or real (the hardware stand-in)", read_only=True),
     Param("region", "wide", "UR5e initial region: narrow or wide", read_only=True),
     Param("cameras", ["wrist", "overhead", "side"], "UR5e cameras to render ([] for none)", read_only=True),
-    Param("image_height", 224, "UR5e rendered image height (pixels)", 8, 1024, read_only=True),
-    Param("image_width", 224, "UR5e rendered image width (pixels)", 8, 1024, read_only=True),
+    Param("image_height", SceneConfig().image_size[0], "UR5e rendered image height (pixels)", 8, 1024, read_only=True),
+    Param("image_width", SceneConfig().image_size[1], "UR5e rendered image width (pixels)", 8, 1024, read_only=True),
     Param("seed", 0, "seed of the next ~/reset (and of the first episode)", 0, 2**31 - 1),
     Param("lockstep", True, "advance only when the command for the current tick arrives (sim time)", read_only=True),
     Param("episodes", 0, "episodes to run back to back (seeds seed, seed+1, ...); then the node exits 0; 0 = until stopped", 0, 1_000_000),
