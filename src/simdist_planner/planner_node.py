@@ -317,8 +317,8 @@ class PlannerNode(Node):
         if not self._loading.acquire(blocking=False):
             return False, "a model load is already in progress"
         try:
-            p = self.params.values
-            path, device = p["checkpoint"], p["device"]
+            # the accepted values, even if no tick has applied them yet
+            path, device = (self.get_parameter(n).value for n in ("checkpoint", "device"))
             try:
                 candidate = load_world_model(path, device)
                 self._validate_candidate(candidate)

@@ -1,0 +1,219 @@
+"""Planner node over real DDS: parameters set as rqt does, hot swap without a dropped tick, NaN guard.
+
+The node runs as its own process (lockstep: one tick per observation) with a small randomly
+initialised UR5e world model; the test plays ingestion, publishing observations and reading
+the node's action, plan, values and diagnostics.
+"""
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import rclpy
+import torch
+from diagnostic_msgs.msg import DiagnosticArray
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
+from rclpy.node import Node
+from sensor_msgs.msg import Image, JointState
+from std_srvs.srv import Trigger
+from trajectory_msgs.msg import JointTrajectory
+
+from robot_drivers import ros_msgs
+from robot_drivers.interface import Observation
+from simdist_planner.planner_node import QOS, robot_spec
+
+PLANNER = str(pathlib.Path(sys.executable).parent / "planner_node")
+SPEC = robot_spec("ur5e")
+
+
+def make_checkpoint(path, seed=0, scale=1.0):
+    """A small random UR5e world model saved with the world-model engineer's save_checkpoint."""
+    from simdist_planner.checkpoint import save_checkpoint
+    from simdist_planner.config import AttentionConfig, ur5e_small_config
+    from simdist_planner.model import WorldModel
+
+    torch.manual_seed(seed)
+    config = ur5e_small_config(
+        proprio_dim=SPEC.proprio_dim, latent_dim=32, dynamics=AttentionConfig(1, 2), policy=AttentionConfig(1, 2)
+    )
+    model = WorldModel(config)
+    if scale != 1.0:  # finite weights whose activations overflow: the model outputs NaN/Inf
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(scale)
+    save_checkpoint(model, path)
+    return str(path)
+
+
+class Ingestion:
+    """The test's stand-in for ingestion: publishes complete observations, collects outputs."""
+
+    def __init__(self):
+        rclpy.init()
+        self.node = Node("planner_test")
+        self.rng = np.random.default_rng(0)
+        self.images = {c: self.node.create_publisher(Image, f"/simdist/observation/image/{c}", QOS) for c in SPEC.cameras}
+        self.proprio = self.node.create_publisher(JointState, "/simdist/observation/proprio", QOS)
+        self.actions, self.plans, self.values, self.diags = {}, {}, {}, []
+        n = self.node
+        n.create_subscription(JointTrajectory, "/simdist/action", lambda m: self._keep(self.actions, m), QOS)
+        n.create_subscription(JointTrajectory, "/simdist/plan", lambda m: self._keep(self.plans, m), QOS)
+        n.create_subscription(JointTrajectory, "/simdist/values", lambda m: self._keep(self.values, m), QOS)
+        n.create_subscription(DiagnosticArray, "/diagnostics", self.diags.append, QOS)
+        self.set_params = n.create_client(SetParameters, "/planner/set_parameters")
+        self.load_model = n.create_client(Trigger, "/planner/load_model")
+        self.stamp = 1_000_000_000
+
+    @staticmethod
+    def _keep(store, msg):
+        store[ros_msgs.stamp_ns(msg.header.stamp)] = msg
+
+    def spin(self, seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            rclpy.spin_once(self.node, timeout_sec=0.02)
+
+    def wait(self, predicate, timeout=30.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if predicate():
+                return True
+            rclpy.spin_once(self.node, timeout_sec=0.02)
+        return False
+
+    def publish(self) -> int:
+        """One observation (a new tick) once the planner listens; returns its stamp."""
+        pubs = [self.proprio, *self.images.values()]
+        assert self.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 60.0), "planner never subscribed"
+        self.stamp += 200_000_000
+        obs = Observation(stamp=0.0, proprio=self.rng.normal(size=SPEC.proprio_dim).astype(np.float32))
+        for cam, pub in self.images.items():
+            pub.publish(ros_msgs.image_to_msg(self.rng.integers(0, 255, (*SPEC.image_shape, 3), dtype=np.uint8), self.stamp, cam))
+        self.proprio.publish(ros_msgs.proprio_to_msg(obs, SPEC, self.stamp))
+        return self.stamp
+
+    def tick(self, timeout=20.0) -> bool:
+        """Publish an observation and wait for its action; False if none came."""
+        stamp = self.publish()
+        return self.wait(lambda: stamp in self.actions, timeout)
+
+    def call(self, client, request, timeout=60.0):
+        assert client.wait_for_service(timeout_sec=30.0), f"{client.srv_name} not available"
+        future = client.call_async(request)
+        assert self.wait(future.done, timeout), f"{client.srv_name} did not answer"
+        return future.result()
+
+    def set(self, **values):
+        """SetParameters exactly as rqt_reconfigure sends it."""
+        request = SetParameters.Request()
+        for name, value in values.items():
+            if isinstance(value, bool):
+                pv = ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=value)
+            elif isinstance(value, int):
+                pv = ParameterValue(type=ParameterType.PARAMETER_INTEGER, integer_value=value)
+            elif isinstance(value, float):
+                pv = ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value)
+            else:
+                pv = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=value)
+            request.parameters.append(Parameter(name=name, value=pv))
+        return self.call(self.set_params, request).results
+
+    def planning_status(self, since: int = 0):
+        """Key-values of the newest 'planning' diagnostic (after index `since`)."""
+        for array in reversed(self.diags[since:]):
+            for status in array.status:
+                if status.name == "planner: planning":
+                    return status, {kv.key: kv.value for kv in status.values}
+        return None, {}
+
+    def close(self):
+        self.node.destroy_node()
+        rclpy.shutdown()
+
+
+@pytest.fixture
+def planner(tmp_path, ros_domain):
+    procs = []
+
+    def start(checkpoint, *params):
+        cmd = [PLANNER, "--ros-args", "-r", "__node:=planner", "-p", f"checkpoint:={checkpoint}",
+               "-p", "lockstep:=true", "-p", "num_samples:=32", "-p", "num_elites:=8", "-p", "iterations:=2"]  # fmt: skip
+        for p in params:
+            cmd += ["-p", p]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(proc)
+        return proc
+
+    ingestion = Ingestion()
+    yield start, ingestion
+    ingestion.close()
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def test_set_parameters_applied_or_rejected_with_reason_and_used_next_tick(tmp_path, planner):
+    start, ing = planner
+    start(make_checkpoint(tmp_path / "ck"))
+    assert ing.tick(60.0), "no action for the first observation"
+    stamp = max(ing.actions)
+    assert ing.wait(lambda: stamp in ing.plans and stamp in ing.values)
+    assert len(ing.plans[stamp].points) == 5 and len(ing.values[stamp].points) == 5
+    assert ing.actions[stamp].header.frame_id == "ee_delta"
+
+    (ok,) = ing.set(num_samples=48)
+    assert ok.successful
+    (bad,) = ing.set(temperature=500.0)  # outside the declared range
+    assert not bad.successful and "temperature" in bad.reason
+    (bad_combo,) = ing.set(num_elites=100)  # in range, but more elites than candidates
+    assert not bad_combo.successful and "num_elites" in bad_combo.reason
+    (bad_horizon,) = ing.set(horizon=7)
+    assert not bad_horizon.successful and "must equal the model's horizon T=5" in bad_horizon.reason
+
+    mark = len(ing.diags)
+    assert ing.tick()
+    assert ing.wait(lambda: ing.planning_status(mark)[1].get("last_stamp") == str(ing.stamp))
+    _, values = ing.planning_status(mark)
+    assert values["num_samples"] == "48"  # the tick after the set planned with the new value
+    assert values["temperature"] == "0.4" and values["num_elites"] == "8"  # rejected sets changed nothing
+
+
+def test_hot_swap_answers_every_observation(tmp_path, planner):
+    start, ing = planner
+    start(make_checkpoint(tmp_path / "v1", seed=1))
+    assert ing.tick(60.0)
+    (ok,) = ing.set(checkpoint=make_checkpoint(tmp_path / "v2", seed=2))
+    assert ok.successful
+    future = ing.load_model.call_async(Trigger.Request())
+    assert ing.load_model.wait_for_service(timeout_sec=10.0)
+    stamps = []
+    while not future.done() or len(stamps) < 3:
+        stamps.append(ing.publish())
+        assert ing.wait(lambda: stamps[-1] in ing.actions, 20.0), f"tick {len(stamps)} dropped during the swap"
+        assert len(stamps) < 200, "the swap never finished"
+    result = future.result()
+    assert result.success, result.message
+    assert str(tmp_path / "v2") in result.message
+    assert ing.wait(lambda: all(s in ing.plans for s in stamps))
+
+    (ok,) = ing.set(checkpoint=str(tmp_path / "missing"))
+    assert ok.successful
+    refused = ing.call(ing.load_model, Trigger.Request())
+    assert not refused.success and "refused checkpoint" in refused.message and "v2" in refused.message
+    assert ing.tick(), "the node stopped planning after a refused swap"
+
+
+def test_nan_model_output_publishes_no_action_and_reports_an_error(tmp_path, planner):
+    start, ing = planner
+    start(make_checkpoint(tmp_path / "nan", scale=1e30))
+    stamp = ing.publish()
+    assert ing.wait(lambda: ing.planning_status()[0] is not None and ing.planning_status()[0].level == b"\x02", 60.0)
+    status, values = ing.planning_status()
+    assert "no action published" in status.message and "non-finite" in status.message
+    assert values["failed_plans"] == "1"
+    ing.spin(0.5)
+    assert stamp not in ing.actions and not ing.actions and not ing.plans
