@@ -92,6 +92,7 @@ COMMON_ARGS: tuple[LaunchArg, ...] = (
     LaunchArg("record", "false", "record every topic of each episode to an MCAP bag", BOOL),
     LaunchArg("bag_dir", "bags", "directory the recorder writes episode bags into"),
     LaunchArg("video", "false", "run the SimForcing video-prediction preview node", BOOL),
+    LaunchArg("video_checkpoint", "", "video:=true: the SimForcing student checkpoint directory"),
     LaunchArg("adapt", "false", "run the adapter node (fine-tunes f on recorded episodes)", BOOL),
     LaunchArg(
         "lockstep",
@@ -137,7 +138,12 @@ def _nodes(robot: str) -> tuple[NodeSpec, ...]:
             when=(("record", ("true",)),),
             arg_params=(("bag_dir", "bag_dir"), ("checkpoint", "checkpoint")),
         ),
-        NodeSpec("video_prediction", "video_prediction_node", when=(("video", ("true",)),)),
+        NodeSpec(
+            "video_prediction",
+            "video_prediction_node",
+            when=(("video", ("true",)),),
+            arg_params=(("checkpoint", "video_checkpoint"), ("device", "device")),
+        ),
         NodeSpec("adapter", "adapter_node", when=(("adapt", ("true",)),), arg_params=(("checkpoint", "checkpoint"),)),
     )
 
@@ -211,7 +217,7 @@ def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
         raise ValueError(f"argument domain:={args['domain']!r} must be an integer ROS domain id 0..232")
     if not args["checkpoint"]:
         raise ValueError("argument checkpoint:=<dir> is required: the planner needs a world-model checkpoint")
-    for name in ("checkpoint", "bag", "bag_dir"):  # nodes may run elsewhere than the caller's cwd
+    for name in ("checkpoint", "bag", "bag_dir", "video_checkpoint"):  # nodes may run elsewhere than the caller's cwd
         if args[name]:
             args[name] = os.path.abspath(os.path.expanduser(args[name]))
     if args["robot"] == "replay" and not args["bag"]:
