@@ -389,3 +389,22 @@ def test_lockstep_loop_through_ingestion_and_safety(ros_domain):
         np.testing.assert_allclose(driver.episode.task.backend._last_action, 0.05, atol=1e-6)
     finally:
         ros.close()
+
+
+def test_mujoco_driver_realtime_mode_holds_without_commands(ros_domain):
+    ros = RosHarness(ros_domain)
+    try:
+        node = ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=[
+            Parameter("task", value="go2_flat"), Parameter("lockstep", value=False)]))
+        proprio = ros.collect(JointState, "/simdist/robot/proprio")
+        assert ros.spin_until(lambda: node.tick >= 5 and len(proprio) >= 3, 10.0)  # runs on its own
+        stamps = [ros_msgs.stamp_ns(m.header.stamp) for m in proprio]
+        assert stamps == sorted(stamps) and stamps[0] > 10**18  # wall-clock stamps
+        np.testing.assert_array_equal(node.episode.task.backend._last_action, 0.0)  # HOLD = stand
+        cmd = ros.probe.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
+        a = Command(CommandKind.JOINT_POSITION, np.full(12, 0.1, np.float32))
+        assert ros.spin_until(lambda: cmd.get_subscription_count() > 0)
+        cmd.publish(ros_msgs.command_to_msg(a, ros_msgs.action_names("go2"), 0, 0.02))
+        assert ros.spin_until(lambda: np.allclose(node.episode.task.backend._last_action, 0.1))
+    finally:
+        ros.close()

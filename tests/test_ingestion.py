@@ -147,3 +147,39 @@ def test_ingestion_node_bad_input_withholds_observation(ros_domain):
         assert node.stats["rejected"] == 3
     finally:
         ros.close()
+
+
+def test_observation_assembler_and_command_packing():
+    from robot_drivers.interface import Observation, ProprioTerm, RobotSpec
+
+    spec = RobotSpec(name="go2", action_dim=12, control_rate_hz=50.0, proprio_terms=(ProprioTerm("q", 2),),
+                     height_map_shape=(3, 2), command_dim=1)
+    asm = ros_msgs.ObservationAssembler(cameras=("front",), has_height_map=True, spec=spec)
+    obs_in = Observation(
+        stamp=0.0, proprio=np.array([1.0, 2.0], np.float32), command=np.array([0.5], np.float32))
+    t = 5_000_000_123
+    prop = ros_msgs.proprio_to_msg(obs_in, spec, t)
+    assert list(prop.name) == ["q[0]", "q[1]", "command[0]"]
+    assert asm.add_proprio(prop) is None  # arrival order does not matter
+    assert asm.add_height_map(ros_msgs.height_map_to_msg(np.ones((3, 2), np.float32), t)) is None
+    obs = asm.add_image("front", ros_msgs.image_to_msg(np.zeros((4, 4, 3), np.uint8), t, "front_camera"))
+    assert obs is not None and obs.stamp == pytest.approx(t * 1e-9)
+    np.testing.assert_array_equal(obs.proprio, [1.0, 2.0])
+    np.testing.assert_array_equal(obs.command, [0.5])
+    assert obs.images["front"].shape == (4, 4, 3) and obs.height_map.shape == (3, 2)
+    prop.name[1] = "dq[0]"
+    with pytest.raises(ros_msgs.MessageError, match="layout differs from the spec at element 1"):
+        asm.add_proprio(prop)
+    with pytest.raises(ros_msgs.MessageError, match="expected 3x2"):
+        asm.add_height_map(ros_msgs.height_map_to_msg(np.ones((2, 2), np.float32), t))
+
+    cmd = Command(CommandKind.JOINT_POSITION, np.arange(12, dtype=np.float32))
+    msg = ros_msgs.command_to_msg(cmd, ros_msgs.action_names("go2"), t, 0.02)
+    back = ros_msgs.command_from_msg(msg, spec)
+    assert back.kind == CommandKind.JOINT_POSITION and back.stamp == pytest.approx(t * 1e-9)
+    np.testing.assert_array_equal(back.values, cmd.values)
+    msg.header.frame_id = "fly"
+    with pytest.raises(ros_msgs.MessageError, match="command kind 'fly' unknown"):
+        ros_msgs.command_from_msg(msg)
+    hold = ros_msgs.command_to_msg(Command(CommandKind.HOLD), ros_msgs.action_names("go2"), t, 0.02)
+    assert ros_msgs.command_from_msg(hold).kind == CommandKind.HOLD and list(hold.points[0].positions) == []
