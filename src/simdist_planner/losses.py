@@ -1,0 +1,102 @@
+"""Eq. 2 (pretraining) and Eq. 3 (dynamics-only adaptation) on scaler-normalised targets.
+
+Eq. 2 per window: ||z^ - sg(E(o))||^2 + c1 (r^ - r)^2 + c2 (v^ - v)^2 + c3 1_e ||a^ - a||^2
+with the official weights latent 1 / reward 1 / value 1 / action 4 (config.loss) and the expert
+mask 1_e = cumulative product of the expert flags along the horizon: once a corrupted action
+enters the chunk, no later action is a target for pi. Each term is a mean over its elements.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from simdist_planner.config import LossWeights
+from simdist_planner.model import WorldModel
+
+TERMS = ("latent", "reward", "value", "action", "reconstruction")
+
+
+@dataclass
+class LossTerms:
+    """The weighted total and every unweighted term (for logging and tests)."""
+
+    total: torch.Tensor
+    latent: torch.Tensor
+    reward: torch.Tensor
+    value: torch.Tensor
+    action: torch.Tensor
+    reconstruction: torch.Tensor
+
+    def as_floats(self) -> dict[str, float]:
+        return {k: float(getattr(self, k).detach()) for k in ("total", *TERMS)}
+
+
+def expert_mask(expert: torch.Tensor) -> torch.Tensor:
+    """(B, T) expert flags -> (B, T) float mask, zero from the first non-expert action on."""
+    return torch.cumprod((expert.float() > 0.5).float(), dim=1)
+
+
+def latent_loss(pred: dict) -> torch.Tensor:
+    return ((pred["latents"] - pred["target_latents"]) ** 2).mean()
+
+
+def world_model_loss(model: WorldModel, window: dict, weights: LossWeights | None = None) -> LossTerms:
+    """Eq. 2 for one batch of windows; `weights` defaults to the model config's."""
+    w = weights or model.config.loss
+    pred = model.predict_window(window)
+    scaler = model.scaler
+    rewards = scaler.normalize_scalar("rewards", window["rewards"].float())
+    values = scaler.normalize_scalar("values", window["values"].float())
+    t = rewards.shape[1]
+    _check_shape("values", window["values"], rewards.shape)
+    _check_shape("expert", window["expert"], rewards.shape)
+    h = window["actions"].shape[1] - t
+    actions = scaler.normalize("actions", window["actions"][:, h:].float())
+    mask = expert_mask(window["expert"]).unsqueeze(-1)
+
+    latent = latent_loss(pred)
+    reward = ((pred["rewards"] - rewards) ** 2).mean()
+    value = ((pred["values"] - values) ** 2).mean()
+    action = (((pred["actions"] - actions) * mask) ** 2).mean()
+    recon = latent.new_zeros(())
+    if "reconstruction" in pred:
+        recon = sum(((pred["reconstruction"][k] - v) ** 2).mean()
+                    for k, v in pred["reconstruction_targets"].items())
+    total = (w.latent * latent + w.reward * reward + w.value * value + w.action * action
+             + w.reconstruction * recon)
+    return LossTerms(total, latent, reward, value, action, recon)
+
+
+def adaptation_loss(model: WorldModel, window: dict) -> torch.Tensor:
+    """Eq. 3: the latent-dynamics term only (targets from the frozen encoder)."""
+    return latent_loss(model.predict_window(window))
+
+
+def _check_shape(name: str, x: torch.Tensor, shape) -> None:
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"window {name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+
+
+def freeze_for_adaptation(model: WorldModel, train_encoder: bool = False,
+                          train_value: bool = False) -> list[nn.Parameter]:
+    """Prepare Eq. 3: only f trains (train mode, dropout on); everything else frozen, eval mode.
+
+    `train_encoder` / `train_value` unfreeze E / V as well (the paper's ablations, which fail).
+    Returns the trainable parameters for the optimiser. Call again after any `model.train()`.
+    """
+    trainable_parts = {"dynamics"} | ({"encoder"} if train_encoder else set()) | (
+        {"value"} if train_value else set())
+    model.eval()
+    params = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(model.part_of(name) in trainable_parts)
+        if p.requires_grad:
+            params.append(p)
+    model.f.train()
+    if train_encoder:
+        model.encoder.train()
+    if train_value:
+        model.value_head.train()
+    return params

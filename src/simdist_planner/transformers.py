@@ -1,0 +1,130 @@
+"""Transformer building blocks of the world model (post-LayerNorm, as in the official model)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MLP(nn.Module):
+    """Linear layers with GELU between them; dropout after each hidden activation."""
+
+    def __init__(self, in_dim: int, hidden: list[int] | tuple[int, ...], out_dim: int,
+                 dropout: float = 0.0):
+        super().__init__()
+        layers: list[nn.Module] = []
+        prev = in_dim
+        for width in hidden:
+            layers += [nn.Linear(prev, width), nn.GELU()]
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+            prev = width
+        layers.append(nn.Linear(prev, out_dim))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with separate q / k / v / out projections (4 (D^2 + D) weights)."""
+
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.dropout = dropout
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, causal: bool) -> torch.Tensor:
+        q, k, v = self._split(self.q(x)), self._split(self.k(context)), self._split(self.v(context))
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
+        )
+        b, h, n, d = y.shape
+        return self.out(y.transpose(1, 2).reshape(b, n, h * d))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention + feed-forward, each followed by residual and LayerNorm."""
+
+    def __init__(self, dim: int, heads: int, mlp_dim: int, drop_att: float, drop_mlp: float,
+                 causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.attn = Attention(dim, heads, drop_att)
+        self.mlp = MLP(dim, [mlp_dim], dim, drop_mlp)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x, x, self.causal))
+        return self.norm2(x + self.mlp(x))
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to a context, feed-forward (post-LN)."""
+
+    def __init__(self, dim: int, heads: int, mlp_dim: int, drop_att: float, drop_mlp: float):
+        super().__init__()
+        self.self_attn = Attention(dim, heads, drop_att)
+        self.cross_attn = Attention(dim, heads, drop_att)
+        self.mlp = MLP(dim, [mlp_dim], dim, drop_mlp)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.norm3 = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.self_attn(x, x, causal=True))
+        x = self.norm2(x + self.cross_attn(x, context, causal=False))
+        return self.norm3(x + self.mlp(x))
+
+
+class TransformerEncoder(nn.Module):
+    def __init__(self, dim: int, att, drop_att: float, drop_mlp: float, causal: bool = False):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            EncoderLayer(dim, att.heads, dim * att.mlp_factor, drop_att, drop_mlp, causal)
+            for _ in range(att.layers)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class TransformerDecoder(nn.Module):
+    def __init__(self, dim: int, att, drop_att: float, drop_mlp: float):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderLayer(dim, att.heads, dim * att.mlp_factor, drop_att, drop_mlp)
+            for _ in range(att.layers)
+        )
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, context)
+        return x
+
+
+class SequenceEmbedding(nn.Module):
+    """Per-step linear projection plus a learned position embedding for up to `max_len` steps."""
+
+    def __init__(self, in_dim: int, dim: int, max_len: int):
+        super().__init__()
+        self.max_len = max_len
+        self.proj = nn.Linear(in_dim, dim)
+        self.pos = nn.Parameter(torch.randn(max_len, dim) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        if n > self.max_len:
+            raise ValueError(f"sequence of {n} steps is longer than the model's horizon {self.max_len}")
+        return self.proj(x) + self.pos[:n]

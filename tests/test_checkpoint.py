@@ -1,0 +1,146 @@
+"""Checkpoints: exact round trip, atomic replacement, and clear refusals of bad files."""
+import json
+import pickle
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from simdist_planner.checkpoint import CheckpointError, load_checkpoint, read_metrics, save_checkpoint
+from simdist_planner.config import AttentionConfig, go2_config
+from simdist_planner.model import WorldModel
+from simdist_planner.synthetic import synthetic_windows
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Two OpenMP threads on a shared, loaded 2-core machine run ~25x slower than one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_cfg(**kw):
+    att = AttentionConfig(1, 2)
+    base = dict(latent_dim=16, history=2, horizon=3, dynamics=att, reward=att, value=att, policy=att)
+    return go2_config(**{**base, **kw})
+
+
+@pytest.fixture
+def saved(tmp_path):
+    cfg = tiny_cfg()
+    model = WorldModel(cfg)
+    w = synthetic_windows(cfg, 4)
+    model.scaler.fit({k: w[k] for k in model.scaler.dims})
+    path = save_checkpoint(model, tmp_path / "ckpt", metrics={"step": 7, "loss": 0.5})
+    return model, path, w
+
+
+def test_round_trip_is_exact(saved):
+    model, path, w = saved
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "metrics.json", "model.safetensors", "scaler.json"]
+    loaded = load_checkpoint(path)
+    assert loaded.config == model.config
+    a, b = model.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert read_metrics(path) == {"step": 7, "loss": 0.5}
+    model.eval()
+    obs = {k: w[k][:, 2] for k in ("proprio", "height_map")}
+    assert torch.equal(model.encode(obs), loaded.encode(obs))
+
+
+def test_save_replaces_atomically_and_leaves_no_temporaries(saved, tmp_path):
+    model, path, _ = saved
+    with torch.no_grad():
+        model.f.decoder.layers[0].mlp.net[0].weight.add_(1.0)
+    save_checkpoint(model, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded.f.decoder.layers[0].mlp.net[0].weight, model.f.decoder.layers[0].mlp.net[0].weight)
+
+
+def test_truncated_weights_are_refused(saved):
+    _, path, _ = saved
+    file = path / "model.safetensors"
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: corrupt or truncated"):
+        load_checkpoint(path)
+
+
+def test_flipped_bytes_are_refused(saved):
+    _, path, _ = saved
+    file = path / "model.safetensors"
+    data = bytearray(file.read_bytes())
+    data[-10] ^= 0xFF
+    file.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: SHA-256 does not match"):
+        load_checkpoint(path)
+
+
+def test_wrong_shape_tensor_is_refused(saved):
+    _, path, _ = saved
+    file = path / "model.safetensors"
+    tensors = load_file(str(file))
+    tensors["f.action_embed.proj.weight"] = torch.zeros(16, 13)
+    save_file(tensors, str(file))
+    with pytest.raises(CheckpointError, match=r"f\.action_embed\.proj\.weight \(16, 13\) \(config needs \(16, 12\)\)"):
+        load_checkpoint(path)
+
+
+def test_missing_tensor_is_refused(saved):
+    _, path, _ = saved
+    file = path / "model.safetensors"
+    tensors = load_file(str(file))
+    del tensors["value_head.out.bias"]
+    save_file(tensors, str(file))
+    with pytest.raises(CheckpointError, match=r"missing \['value_head\.out\.bias'\]"):
+        load_checkpoint(path)
+
+
+def test_config_mismatch_is_refused(saved):
+    model, path, _ = saved
+    with pytest.raises(CheckpointError, match=r"config mismatch: latent_dim: checkpoint 16 != expected 32"):
+        load_checkpoint(path, expect=tiny_cfg(latent_dim=32))
+    # a config.json edited to another architecture no longer matches the stored tensors
+    cfg_file = path / "config.json"
+    data = json.loads(cfg_file.read_text())
+    data["config"]["latent_dim"] = 32
+    cfg_file.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="tensor shapes do not match the config"):
+        load_checkpoint(path)
+    data["config"]["flavour"] = "x"
+    cfg_file.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=r"config\.json: invalid world-model config: .*unknown keys \['flavour'\]"):
+        load_checkpoint(path)
+    data["format_version"] = 0
+    cfg_file.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="checkpoint format_version 0"):
+        load_checkpoint(path)
+
+
+def test_bad_scaler_and_missing_files_are_refused(saved, tmp_path):
+    _, path, _ = saved
+    (path / "scaler.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="scaler.json"):
+        load_checkpoint(path)
+    (path / "metrics.json").unlink()
+    with pytest.raises(CheckpointError, match=r"metrics\.json: missing"):
+        read_metrics(path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_loading_never_unpickles(saved, monkeypatch):
+    _, path, _ = saved
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a checkpoint load tried to unpickle")
+
+    monkeypatch.setattr(pickle, "load", forbidden)
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    monkeypatch.setattr(torch, "load", forbidden)
+    load_checkpoint(path)
