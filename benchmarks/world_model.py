@@ -1,0 +1,69 @@
+"""Forward latency of the dynamics f for a batch of candidate action sequences (MPPI's workload):
+chunked (one pass for all T steps) versus autoregressive (one pass per step), Go2 and UR5e.
+
+    python benchmarks/world_model.py [--device cuda] [--batch 472] [--repeats 20] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from simdist_planner.config import go2_config, ur5e_config
+from simdist_planner.model import WorldModel
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_dynamics(config, batch: int, repeats: int, device: torch.device) -> list[float]:
+    """Seconds per call of model.dynamics on `batch` candidates with a full history."""
+    model = WorldModel(config).to(device).eval()
+    g = torch.Generator(device="cpu").manual_seed(0)
+    d, h, t, a = config.latent_dim, config.history, config.horizon, config.action_dim
+    z = torch.randn(batch, d, generator=g).to(device)
+    history = torch.randn(batch, 2 * h, d, generator=g).to(device)
+    actions = torch.randn(batch, t, a, generator=g).to(device)
+    times = []
+    with torch.inference_mode():
+        for i in range(repeats + 3):  # 3 warm-up calls
+            _sync(device)
+            start = time.perf_counter()
+            out = model.dynamics(z, actions, history)
+            _sync(device)
+            if i >= 3:
+                times.append(time.perf_counter() - start)
+    assert out.shape == (batch, t, d) and torch.isfinite(out).all()
+    return times
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", type=int, default=472, help="candidates (official Go2: 450 + 22)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    print(f"dynamics f forward latency, batch {args.batch}, device {device}, "
+          f"{args.threads} CPU thread(s), {args.repeats} repeats (median / min, ms)")
+    print(f"{'robot':6} {'H':>3} {'T':>3} {'chunked':>17} {'autoregressive':>17} {'AR / chunked':>13}")
+    for name, make in (("go2", go2_config), ("ur5e", ur5e_config)):
+        row = {}
+        for kind in ("chunked", "autoregressive"):
+            cfg = make(dynamics_kind=kind)
+            times = time_dynamics(cfg, args.batch, args.repeats, device)
+            row[kind] = (statistics.median(times) * 1e3, min(times) * 1e3)
+        ratio = row["autoregressive"][0] / row["chunked"][0]
+        fmt = lambda m: f"{m[0]:8.2f} / {m[1]:6.2f}"  # noqa: E731
+        print(f"{name:6} {cfg.history:3d} {cfg.horizon:3d} {fmt(row['chunked']):>17} "
+              f"{fmt(row['autoregressive']):>17} {ratio:12.1f}x")
+
+
+if __name__ == "__main__":
+    main()
