@@ -1,0 +1,68 @@
+"""One adaptation round of Algorithm 1: bags -> D_real -> Eq. 3 on f -> validation gate -> deploy.
+
+The gate deploys a candidate only if its held-out latent loss beats the deployed model's on the
+same held-out episodes; otherwise the deployed model stays and the round says why.
+"""
+from __future__ import annotations
+
+import logging
+import pathlib
+from dataclasses import asdict, dataclass
+
+from robot_drivers.interface import RobotSpec
+from simdist_adapter.finetune import AdaptConfig, finetune_dynamics, real_windows
+from simdist_adapter.real_data import build_real_dataset
+from simdist_adapter.registry import ModelRegistry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundReport:
+    deployed: bool
+    version: str  # the version deployed after the round
+    reason: str
+    heldout_deployed: float  # held-out latent loss of the model deployed before the round
+    heldout_candidate: float
+    train_loss: float
+    steps: int
+    seconds: float
+    episodes: int
+    transitions: int
+    bags_skipped: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def gate(candidate_loss: float, deployed_loss: float) -> tuple[bool, str]:
+    """Deploy only a strict, finite improvement of the held-out latent loss."""
+    if candidate_loss != candidate_loss or candidate_loss == float("inf"):
+        return False, f"candidate held-out loss is {candidate_loss}"
+    if candidate_loss < deployed_loss:
+        return True, f"held-out latent loss {deployed_loss:.5f} -> {candidate_loss:.5f}"
+    return False, f"candidate held-out loss {candidate_loss:.5f} does not beat deployed {deployed_loss:.5f}"
+
+
+def adapt_round(registry: ModelRegistry, bags, spec: RobotSpec, workdir, config: AdaptConfig,
+                demos=None, progress=None) -> RoundReport:
+    """Build D_real from all `bags` (+ demos), fine-tune f of the deployed model, gate, deploy."""
+    workdir = pathlib.Path(workdir)
+    built = build_real_dataset(bags, workdir / "d_real", spec, demos=demos)
+    model = registry.load_deployed(config.device)
+    train, heldout = real_windows(workdir / "d_real", model.config.history, model.config.horizon,
+                                  config.holdout, config.seed)
+    result = finetune_dynamics(model, train, heldout, config, progress)
+    ok, reason = gate(result.heldout_after, result.heldout_before)
+    if ok:
+        registry.deploy(result.model, {
+            "heldout_latent_loss": result.heldout_after,
+            "heldout_latent_loss_before": result.heldout_before,
+            "train_loss": result.train_loss, "steps": result.steps,
+            "episodes": built.episodes, "transitions": built.transitions,
+            "adapt_config": result.config,
+        })
+    log.info("adaptation round: %s", reason)
+    return RoundReport(ok, registry.deployed_version or "", reason, result.heldout_before,
+                       result.heldout_after, result.train_loss, result.steps, result.seconds,
+                       built.episodes, built.transitions, built.bags_skipped)

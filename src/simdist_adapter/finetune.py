@@ -1,0 +1,148 @@
+"""Eq. 3: re-fit only the dynamics f on real windows; E, C, R, V and pi stay frozen.
+
+One clear loop (as in nanoGPT): Adam on f's parameters, linear warm-up then constant lr, batches
+from the training episodes, the held-out latent loss measured on episodes never trained on.
+Official settings: batch 32, lr 2e-4, 2k warm-up steps, 100 epochs, 95/5 split by episode; the
+step budget here is a parameter because a robot adapts between episodes, not overnight.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from simdist_planner.dataset import ShardedDataset, WindowDataset
+from simdist_planner.losses import adaptation_loss, freeze_for_adaptation
+from simdist_planner.model import WorldModel
+
+
+@dataclass
+class AdaptConfig:
+    batch_size: int = 32
+    lr: float = 2e-4
+    warmup_steps: int = 2000
+    epochs: int = 100
+    max_steps: int | None = None  # cap on optimiser steps (None: `epochs` full passes)
+    holdout: float = 0.05  # fraction of episodes held out for the validation gate
+    seed: int = 0
+    device: str = "cpu"
+    train_encoder: bool = False  # ablation: also unfreeze E (the paper: complete failure)
+    train_value: bool = False  # ablation: also unfreeze V (the paper: catastrophic forgetting)
+    eval_batches: int | None = None  # cap on held-out batches per evaluation (None: all)
+
+    def __post_init__(self):
+        for name in ("batch_size", "warmup_steps", "epochs"):
+            if getattr(self, name) < (1 if name != "warmup_steps" else 0):
+                raise ValueError(f"AdaptConfig.{name} must be positive, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"AdaptConfig.lr must be > 0, got {self.lr}")
+        if not 0.0 < self.holdout < 1.0:
+            raise ValueError(f"AdaptConfig.holdout must be in (0, 1), got {self.holdout}")
+
+
+def window_batch(items: list[dict]) -> dict[str, torch.Tensor]:
+    """Collate WindowDataset items into the flat model window (observation keys at top level)."""
+    out = {k: torch.stack([it["obs"][k] for it in items]) for k in items[0]["obs"]}
+    for k in ("actions", "rewards", "values", "expert"):
+        out[k] = torch.stack([it[k] for it in items])
+    return out
+
+
+def _to(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def real_windows(dataset_dir, history: int, horizon: int, holdout: float, seed: int):
+    """(train, held-out) window datasets of D_real, split by episode."""
+    windows = WindowDataset(ShardedDataset(dataset_dir), history, horizon)
+    n = windows.dataset.num_episodes
+    if n < 2:
+        raise ValueError(f"D_real in {dataset_dir} has {n} episode(s); need at least 2 to hold one out")
+    order = np.random.default_rng(seed).permutation(n)
+    held = order[: min(n - 1, max(1, int(round(holdout * n))))]
+    is_held = np.isin(windows.episode_index, held)
+    train, heldout = np.nonzero(~is_held)[0], np.nonzero(is_held)[0]
+    if len(train) == 0 or len(heldout) == 0:
+        raise ValueError(f"D_real split left {len(train)} training and {len(heldout)} held-out windows")
+    return Subset(windows, train.tolist()), Subset(windows, heldout.tolist())
+
+
+@torch.no_grad()
+def latent_loss(model: WorldModel, windows, batch_size: int = 64, device="cpu",
+                max_batches: int | None = None) -> float:
+    """Mean Eq. 3 loss of `model` (eval mode) over `windows`: the validation gate's figure."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    loader = DataLoader(windows, batch_size=batch_size, shuffle=False, collate_fn=window_batch)
+    for i, batch in enumerate(loader):
+        if max_batches is not None and i >= max_batches:
+            break
+        b = next(iter(batch.values())).shape[0]
+        total += float(adaptation_loss(model, _to(batch, device))) * b
+        count += b
+    model.train(was_training)
+    if count == 0:
+        raise ValueError("no held-out windows to evaluate")
+    return total / count
+
+
+@dataclass
+class AdaptResult:
+    model: WorldModel
+    heldout_before: float
+    heldout_after: float
+    train_loss: float
+    steps: int
+    seconds: float
+    config: dict
+
+
+def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
+                      progress=None) -> AdaptResult:
+    """Fine-tune a COPY of `model` with Eq. 3; the input model is left untouched.
+
+    `progress(step, total_steps, loss)` is called every optimiser step (status topic, bars).
+    """
+    device = torch.device(config.device)
+    torch.manual_seed(config.seed)
+    candidate = copy.deepcopy(model).to(device)
+    before = latent_loss(candidate, heldout, config.batch_size, device, config.eval_batches)
+    params = freeze_for_adaptation(candidate, config.train_encoder, config.train_value)
+    optimiser = torch.optim.Adam(params, lr=config.lr)
+    steps_per_epoch = math.ceil(len(train) / config.batch_size)
+    total = config.epochs * steps_per_epoch
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    warmup = max(1, min(config.warmup_steps, total // 10))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: min(1.0, (s + 1) / warmup))
+    gen = torch.Generator().manual_seed(config.seed)
+    loader = DataLoader(train, batch_size=config.batch_size, shuffle=True, drop_last=False,
+                        collate_fn=window_batch, generator=gen)
+    start, step, running = time.perf_counter(), 0, float("nan")
+    while step < total:
+        for batch in loader:
+            loss = adaptation_loss(candidate, _to(batch, device))
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"adaptation loss became {float(loss)} at step {step}")
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            schedule.step()
+            running = float(loss.detach()) if step == 0 else 0.9 * running + 0.1 * float(loss.detach())
+            step += 1
+            if progress is not None:
+                progress(step, total, float(loss))
+            if step >= total:
+                break
+    candidate.eval()
+    for p in candidate.parameters():
+        p.requires_grad_(True)
+    after = latent_loss(candidate, heldout, config.batch_size, device, config.eval_batches)
+    return AdaptResult(candidate, before, after, running, step, time.perf_counter() - start,
+                       asdict(config))

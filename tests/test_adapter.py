@@ -1,0 +1,139 @@
+"""Real-world adaptation library: bags -> D_real -> Eq. 3 on f -> gate -> registry / rollback."""
+import numpy as np
+import pytest
+import torch
+from rclpy.serialization import serialize_message
+
+from robot_drivers.interface import Command, CommandKind, ProprioTerm, RobotSpec
+from robot_drivers.ros_msgs import command_to_msg, height_map_to_msg, pack_proprio, proprio_names
+from simdist_adapter.adapter import adapt_round, gate
+from simdist_adapter.bags import EpisodeBagWriter, EpisodeMeta
+from simdist_adapter.finetune import AdaptConfig, finetune_dynamics, latent_loss, real_windows
+from simdist_adapter.real_data import build_real_dataset, segments_from_bag
+from simdist_adapter.registry import ModelRegistry, RegistryError
+from simdist_planner.checkpoint import weight_tensors
+from simdist_planner.config import AttentionConfig, go2_config
+from simdist_planner.model import WorldModel
+
+SPEC = RobotSpec(
+    name="go2", action_dim=12, control_rate_hz=50.0,
+    proprio_terms=(ProprioTerm("base_lin_vel", 3), ProprioTerm("base_ang_vel", 3),
+                   ProprioTerm("projected_gravity", 3), ProprioTerm("joint_pos", 12),
+                   ProprioTerm("joint_vel", 12), ProprioTerm("cos_sin_phase", 2)),
+    height_map_shape=(21, 15), command_dim=3,
+    joint_names=tuple(f"j{i}" for i in range(12)),
+)
+H = T = 3
+
+
+def small_model(seed=0) -> WorldModel:
+    torch.manual_seed(seed)
+    cfg = go2_config(history=H, horizon=T, latent_dim=32, dynamics=AttentionConfig(1, 4),
+                     reward=AttentionConfig(1, 4), value=AttentionConfig(1, 4),
+                     policy=AttentionConfig(1, 4), dropout_mlp=0.0, dropout_attention=0.0)
+    return WorldModel(cfg)
+
+
+def write_episode_bag(path, seed, steps=24, hold_at=None):
+    """A bag as the recorder writes it: ingestion observations + executed safe commands."""
+    rng = np.random.default_rng(seed)
+    A = np.eye(35, dtype=np.float32) * 0.95
+    B = np.random.default_rng(123).normal(0, 0.2, (35, 12)).astype(np.float32)
+    x = rng.normal(0, 1, 35).astype(np.float32)
+    names = proprio_names(SPEC)
+    with EpisodeBagWriter(path, EpisodeMeta(task="slippery_slope", seed=seed, success=True, complete=True)) as bag:
+        bag.add_topic("/simdist/observation/proprio", "sensor_msgs/msg/JointState")
+        bag.add_topic("/simdist/observation/height_map", "sensor_msgs/msg/Image")
+        bag.add_topic("/simdist/safe_command", "trajectory_msgs/msg/JointTrajectory")
+        for k in range(steps):
+            stamp = 1_000_000_000 + k * 20_000_000
+            cmd = np.array([0.5, 0.0, 0.0], np.float32)
+            msg = pack_proprio(names, x, cmd, stamp, "go2")
+            hm = np.full((21, 15), 0.1 * np.tanh(x[0]), np.float32)
+            bag.write_raw("/simdist/observation/height_map", stamp, serialize_message(height_map_to_msg(hm, stamp)))
+            bag.write_raw("/simdist/observation/proprio", stamp, serialize_message(msg))
+            a = rng.normal(0, 1, 12).astype(np.float32)
+            command = Command(CommandKind.HOLD) if k == hold_at else Command(CommandKind.JOINT_POSITION, a)
+            bag.write_raw("/simdist/safe_command", stamp,
+                          serialize_message(command_to_msg(command, SPEC.joint_names, stamp, 0.02)))
+            x = (A @ x + B @ a).astype(np.float32)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bags(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bags")
+    return [write_episode_bag(root / f"ep{i}", seed=i) for i in range(6)]
+
+
+def test_segments_split_at_safe_actions(tmp_path):
+    bag = write_episode_bag(tmp_path / "hold", seed=1, steps=12, hold_at=5)
+    segments = segments_from_bag(bag, SPEC)
+    # ticks 0-4 driven (5 transitions, the HOLD tick's observation closes them); 6-11 -> 5 transitions
+    assert [len(s.actions) for s in segments] == [5, 5]
+    assert all(len(s.observations) == len(s.actions) + 1 for s in segments)
+
+
+def test_corrupt_bag_is_skipped_and_nothing_else_lost(bags, tmp_path, caplog):
+    broken = write_episode_bag(tmp_path / "broken", seed=99)
+    mcap = next(broken.glob("*.mcap"))
+    mcap.write_bytes(mcap.read_bytes()[: mcap.stat().st_size // 3])
+    report = build_real_dataset([*bags, broken], tmp_path / "d_real", SPEC)
+    assert str(broken) in report.bags_skipped
+    assert "truncated or corrupt" in report.bags_skipped[str(broken)]
+    assert report.bags_used == [str(b) for b in bags]
+    assert report.episodes == 6 and report.transitions == 6 * 23
+    assert any("skipping bag" in r.message for r in caplog.records)
+
+
+def test_finetune_changes_only_f_and_lowers_heldout_loss(bags, tmp_path):
+    build_real_dataset(bags, tmp_path / "d_real", SPEC)
+    model = small_model()
+    before = {k: v.clone() for k, v in weight_tensors(model).items()}
+    train, held = real_windows(tmp_path / "d_real", H, T, holdout=0.2, seed=0)
+    cfg = AdaptConfig(batch_size=16, lr=3e-3, warmup_steps=5, epochs=50, max_steps=100)
+    result = finetune_dynamics(model, train, held, cfg)
+    after = weight_tensors(result.model)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed, "fine-tuning changed nothing"
+    assert all(model.part_of(k) == "dynamics" for k in changed), sorted(changed)
+    for k, v in weight_tensors(model).items():  # the input model is untouched
+        assert torch.equal(v, before[k])
+    assert result.heldout_after < result.heldout_before / 3, (result.heldout_before, result.heldout_after)
+    assert latent_loss(result.model, held) == pytest.approx(result.heldout_after, rel=1e-5)
+
+
+def test_gate_refuses_worse_or_nonfinite():
+    assert gate(0.1, 0.2)[0]
+    ok, reason = gate(0.3, 0.2)
+    assert not ok and "does not beat" in reason
+    assert not gate(float("nan"), 0.2)[0]
+    assert not gate(0.2, 0.2)[0]
+
+
+def test_round_deploys_gates_and_rolls_back_exactly(bags, tmp_path):
+    from simdist_planner.checkpoint import save_checkpoint
+
+    pretrained = save_checkpoint(small_model(), tmp_path / "pretrained")
+    registry = ModelRegistry(tmp_path / "registry")
+    registry.init_from(pretrained)
+    v0 = {k: v.clone() for k, v in weight_tensors(registry.load_deployed()).items()}
+    with pytest.raises(RegistryError, match="nothing to roll back"):
+        registry.rollback()
+
+    good = AdaptConfig(batch_size=16, lr=3e-3, warmup_steps=5, epochs=50, max_steps=30, holdout=0.2)
+    report = adapt_round(registry, bags, SPEC, tmp_path / "round1", good)
+    assert report.deployed and report.version == "v0001"
+    assert report.heldout_candidate < report.heldout_deployed
+    assert registry.history()[-1]["metrics"]["heldout_latent_loss"] == pytest.approx(report.heldout_candidate)
+
+    # A destructive candidate (huge lr) must not replace the deployed model.
+    bad = AdaptConfig(batch_size=16, lr=50.0, warmup_steps=0, epochs=1, max_steps=3, holdout=0.2)
+    refused = adapt_round(registry, bags, SPEC, tmp_path / "round2", bad)
+    assert not refused.deployed and refused.version == "v0001"
+    assert refused.heldout_candidate >= refused.heldout_deployed
+
+    assert registry.rollback() == "v0000"
+    restored = weight_tensors(registry.load_deployed())
+    assert all(torch.equal(restored[k], v0[k]) for k in v0)
+    assert (tmp_path / "registry" / "versions" / "v0001").is_dir()  # every version is kept
