@@ -49,6 +49,9 @@ def test_alignment_nearest_stamp_within_tolerance():
     core.add_image("b", S(1.004), img + 1)  # ... but this one is within 10 ms
     (obs,) = core.pop_aligned()
     assert obs.stamp_ns == S(1.0) and obs.images["b"].shape == (8, 8, 3) and obs.images["b"][0, 0, 0] == 1
+    core.add_proprio(S(1.0), np.ones(3), None, ["x[0]", "x[1]", "x[2]"])  # the tick republished
+    (again,) = core.pop_aligned()  # re-emitted, same stamp and content, for a late-joining planner
+    assert again.stamp_ns == S(1.0) and again.images["b"][0, 0, 0] == 1
     core.add_proprio(S(2.0), np.ones(3), None, ["x[0]", "x[1]", "x[2]"])
     core.add_image("a", S(2.05), img)  # newer than 2.0 + tolerance: 2.0 can never complete
     assert core.pop_aligned() == [] and core.unmatched == 1

@@ -107,8 +107,9 @@ class Ingestion:
         if self._names is not None and list(names) != self._names:
             raise StreamError(f"proprio: layout changed from {len(self._names)} to {len(names)} named values")
         self._names = list(names)
-        if self._store("proprio", stamp, (proprio, command)):
-            self._pending.append(stamp)
+        self._store("proprio", stamp, (proprio, command))
+        if stamp not in self._pending:  # a lockstep republish of a tick re-emits its observation,
+            self._pending.append(stamp)  # so a late-joining planner still gets it
 
     def add_image(self, camera: str, stamp: int, image: np.ndarray) -> None:
         if camera not in self.config.cameras:
@@ -132,19 +133,18 @@ class Ingestion:
             raise StreamError("height map contains NaN or Inf")
         self._store("height_map", stamp, height_map.astype(np.float32))
 
-    def _store(self, stream: str, stamp: int, value) -> bool:
+    def _store(self, stream: str, stamp: int, value) -> None:
         """Buffer a sample; a repeat of the newest stamp (a lockstep republish) replaces it."""
         buf = self._buffers[stream]
         if buf and stamp == buf[-1][0]:
             buf[-1] = (stamp, value)
-            return False
+            return
         if buf and stamp < buf[-1][0]:
             buf.clear()  # time went backwards (replay restarted): old samples are meaningless
             if stream == "proprio":
                 self._pending.clear()
         buf.append((stamp, value))
         self.last_stamp[stream] = stamp
-        return True
 
     # --- outputs ------------------------------------------------------------------------------
     def stale(self, now_ns: int) -> dict[str, str]:

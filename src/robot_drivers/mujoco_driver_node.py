@@ -108,7 +108,7 @@ PARAMS = (
     Param("seed", 0, "seed of the next ~/reset (and of the first episode)", 0, 2**31 - 1),
     Param("lockstep", True, "advance only when the command for the current tick arrives (sim time)", read_only=True),
     Param("episodes", 0, "episodes to run back to back (seeds seed, seed+1, ...); then the node exits 0; 0 = until stopped", 0, 1_000_000),
-    Param("realtime_factor", 1.0, "real-time mode: sim seconds per wall second", 0.05, 20.0),
+    Param("realtime_factor", 1.0, "real-time mode: sim seconds per wall second", 0.05, 20.0, read_only=True),
     Param("command_timeout_s", 0.5, "real-time mode: HOLD when no command arrived within this (wall s)", 0.01, 10.0),
     Param("lockstep_republish_s", 1.0, "lockstep: republish the waiting tick this often (late joiners)", 0.05, 60.0),
 )
@@ -220,7 +220,7 @@ class MujocoDriverNode(Node):
         self.advance(self.latest[0] if fresh else Command(CommandKind.HOLD))
 
     def advance(self, command: Command) -> None:
-        self.apply_params()
+        self.params.apply()
         if self.episode.done:  # the command answering an episode's last tick starts the next one
             limit = self.params["episodes"]
             if limit and self.episode_id + 1 >= limit:
@@ -260,11 +260,8 @@ class MujocoDriverNode(Node):
         self.report_faults()
         self.publish_tick()
 
-    def apply_params(self) -> None:
-        self.params.apply()
-
     def on_reset(self, request, response):
-        self.apply_params()
+        self.params.apply()
         self.start_episode(int(self.params["seed"]))
         response.success = True
         response.message = f"episode {self.episode_id} seed {self.seed} tick {self.tick} stamp_ns {self._stamp}"

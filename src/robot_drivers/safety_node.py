@@ -25,7 +25,7 @@ from robot_drivers.safety import GO2_DEFAULT_POSE, GO2_JOINT_HIGH, GO2_JOINT_LOW
 PARAMS = (
     Param("robot", "ur5e", "robot whose limits apply: ur5e (EE deltas, HOLD) or go2 (joint targets, DAMP)", read_only=True),
     Param("watchdog_rate_hz", 50.0, "how often the command-rate watchdog runs (node clock)", 1.0, 1000.0, read_only=True),
-    Param("command_timeout_s", 0.5, "no fresh plan for this long -> safe action", 0.01, 10.0),
+    Param("command_timeout_s", 0.5, "no fresh plan for this long -> safe action (keep above one control period)", 0.01, 10.0),
     Param("damp_grace_s", 0.2, "Go2: stand (HOLD) this long after a plan timeout, then DAMP", 0.0, 10.0),
     Param("observation_timeout_s", 0.5, "newest observation older than this -> safe action", 0.01, 10.0),
     Param("max_step_pos", 0.03, "UR5e: max TCP translation per control step (m)", 0.001, 0.2),
@@ -80,11 +80,7 @@ class SafetyNode(Node):
 
     def apply_params(self) -> None:
         if self.params.apply():
-            estopped = self.core.estopped
-            state = (self.core.last_command_time, self.core.last_observation_stamp, self.core.tcp_pos)
-            self.core = SafetySupervisor(_config(self.params.values))
-            self.core.estopped = estopped
-            self.core.last_command_time, self.core.last_observation_stamp, self.core.tcp_pos = state
+            self.core.config = _config(self.params.values)  # limits only: the supervisor's state stays
 
     def on_observation(self, msg: JointState) -> None:
         self.core.observation(ros_msgs.stamp_ns(msg.header.stamp) * 1e-9)
