@@ -70,6 +70,15 @@ def test_target_latents_are_stop_gradient():
     assert proprio.grad[:, h + 1:].abs().sum() == 0  # E(o_{t+1..t+T}) are targets only
 
 
+def test_nested_obs_window_gives_the_same_loss():
+    cfg = tiny_go2()
+    w = synthetic_windows(cfg, 3)
+    model = fitted(cfg, w).eval()
+    obs_keys = ("proprio", "height_map", "command")
+    nested = {"obs": {k: w[k] for k in obs_keys}, **{k: v for k, v in w.items() if k not in obs_keys}}
+    torch.testing.assert_close(world_model_loss(model, nested).total, world_model_loss(model, w).total)
+
+
 def test_loss_weights_and_terms():
     cfg = tiny_go2(loss=LossWeights(latent=1, reward=2, value=3, action=4, reconstruction=0.5))
     w = synthetic_windows(cfg, 3)

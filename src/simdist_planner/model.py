@@ -190,17 +190,19 @@ class WorldModel(nn.Module):
         """Normalised predictions and targets for one training window (docs/architecture.md).
 
         Target latents E(o_{t+1..t+T}) come from the same encoder pass as z_t and are detached
-        (the stop-gradient of Eq. 2).
+        (the stop-gradient of Eq. 2). Observations may sit at the top level of `window` or under
+        `window["obs"]` (the dataset's WindowDataset items).
         """
+        obs = window.get("obs", window)
         actions, rewards = window["actions"], window["rewards"]
         self._check_tail("window actions", actions, (self.config.action_dim,), 3)
         _need(rewards.dim() == 2, f"window rewards must be (B, T), got {tuple(rewards.shape)}")
         b, t = rewards.shape
         h = actions.shape[1] - t
         _need(h >= 0 and actions.shape[0] == b, f"window actions {tuple(actions.shape)} do not fit rewards (B, T) = {(b, t)}")
-        _need(window["proprio"].shape[:2] == (b, h + t + 1),
-              f"window proprio {tuple(window['proprio'].shape)} must have (B, H + T + 1) = {(b, h + t + 1)} leading dims")
-        proprio_n, hm, images = self._obs_parts(window)
+        _need("proprio" in obs and obs["proprio"].shape[:2] == (b, h + t + 1),
+              f"window proprio must have (B, H + T + 1) = {(b, h + t + 1)} leading dims")
+        proprio_n, hm, images = self._obs_parts(obs)
         actions_n = self.scaler.normalize("actions", actions.float())
         history = self.history_n(proprio_n[:, :h], actions_n[:, :h])
         sl = lambda x: None if x is None else x[:, h:]  # noqa: E731
@@ -208,7 +210,8 @@ class WorldModel(nn.Module):
         z, target = enc[:, 0], enc[:, 1:].detach()
         commands = None
         if self.config.command_dim:
-            commands = self._commands_n(window["command"][:, h:], t + 1, b)
+            _need("command" in obs, f"{self.config.robot} window needs 'command' (B, H + T + 1, C)")
+            commands = self._commands_n(obs["command"][:, h:], t + 1, b)
         pred = self.dynamics_n(z, actions_n[:, h:], history)
         latents = torch.cat((z.unsqueeze(1), pred), dim=1)
         out = {
