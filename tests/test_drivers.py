@@ -408,3 +408,41 @@ def test_mujoco_driver_realtime_mode_holds_without_commands(ros_domain):
         assert ros.spin_until(lambda: np.allclose(node.episode.task.backend._last_action, 0.1))
     finally:
         ros.close()
+
+
+def test_go2_driver_node_damps_and_reports_when_lowstate_stops(ros_domain):
+    from sensor_msgs.msg import Imu
+
+    from robot_drivers.go2_sdk_driver_node import Go2SdkDriverNode
+
+    sent = []
+    backend = Go2SdkBackend(sent.append, LowCmd, Go2SdkConfig(lowcmd_rate_hz=100.0, lowstate_timeout_s=0.2))
+    state = FakeLowState(DEFAULT_POSE_UNITREE, np.zeros(12))
+    backend.on_lowstate(state)
+    ros = RosHarness(ros_domain)
+    try:
+        ros.add(Go2SdkDriverNode(backend=backend, context=ros.context))
+        imu = ros.collect(Imu, "/imu")
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        cmd = ros.probe.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
+        reset = ros.probe.create_client(Trigger, "/go2_driver/reset")
+
+        def feed():  # the robot keeps streaming rt/lowstate while "connected"
+            backend.on_lowstate(state)
+            return False
+
+        assert ros.spin_until(lambda: feed() or (imu and cmd.get_subscription_count()))
+        assert ros.call(reset, Trigger.Request()).success
+        a = Command(CommandKind.JOINT_POSITION, np.full(12, 0.2, np.float32))
+        cmd.publish(ros_msgs.command_to_msg(a, ros_msgs.action_names("go2"), 1, 0.02))
+        target = DEFAULT_POSE_UNITREE[0] + 0.25 * 0.2
+        assert ros.spin_until(lambda: feed() or abs(sent[-1].motor_cmd[0].q - target) < 1e-5)
+        assert sent[-1].motor_cmd[0].kp == 25.0 and sent[-1].crc == lowcmd_crc(sent[-1])
+
+        # rt/lowstate stops: damping on the wire, an ERROR diagnostic, commands ignored
+        assert ros.spin_until(lambda: sent[-1].motor_cmd[0].kp == 0.0 and sent[-1].motor_cmd[0].kd == 0.5)
+        assert ros.spin_until(lambda: any(lvl == 2 and "disconnected" in m for lvl, m in diagnostics_text(diags, "go2_driver")))
+        res = ros.call(reset, Trigger.Request())
+        assert not res.success and "no rt/lowstate" in res.message
+    finally:
+        ros.close()  # destroy_node stops the lowcmd thread
