@@ -219,8 +219,40 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     run(cfg, data, out, ["autoencoder", "teacher"], [], resume=True)
     after = load_bundle(os.path.join(out, "teacher")).denoiser.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+    # an interrupted stage (not marked complete) continues from its step with its optimizer state
+    state_file = os.path.join(out, "teacher", "train_state.json")
+    with open(state_file) as f:
+        state = json.load(f)
+    state["complete"] = False
+    with open(state_file, "w") as f:
+        json.dump(state, f)
     cfg.teacher_train.steps = 5
-    os.remove(os.path.join(out, "teacher", "train_state.json"))  # as if interrupted before the end
-    run(cfg, data, out, ["teacher"], [], resume=False)
-    with open(os.path.join(out, "teacher", "train_state.json")) as f:
-        assert json.load(f)["step"] == 5
+    run(cfg, data, out, ["teacher"], [], resume=True)
+    with open(state_file) as f:
+        state = json.load(f)
+    assert state["step"] == 5 and state["complete"]
+    resumed = load_bundle(os.path.join(out, "teacher")).denoiser.state_dict()
+    assert any(not torch.equal(before[k], resumed[k]) for k in before)
+
+
+@pytest.mark.slow
+def test_torchrun_ddp_gloo_two_ranks(tmp_path):
+    import random
+    import subprocess
+    import sys
+
+    data = str(tmp_path / "pairs.h5")
+    synthetic_pairs(4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0).save(data)
+    config = tmp_path / "run.json"
+    tiny = {k: (list(v) if isinstance(v, tuple) else v) for k, v in TINY.__dict__.items()}
+    small = {"steps": 2, "batch_size": 2, "log_every": 1}
+    config.write_text(json.dumps({"backbone": {"tiny": tiny}, "autoencoder_train": small, "teacher_train": small,
+                                  "student_train": small}))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(random.randint(20000, 40000)), "-m", "sim_video_world_model.train",
+           "--data", data, "--out", str(out), "--config", str(config), "--variant", "full"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / "student_full" / "train_state.json") as f:
+        assert json.load(f)["complete"]

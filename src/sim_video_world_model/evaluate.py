@@ -211,11 +211,11 @@ def small_run(out: str, device: str, source: str | None = None) -> dict:
             mujoco_pairs(6, 9, 4, mcfg, seed=2).save(heldout_file)
     tiny = TinyBackboneConfig(spatial_factor=8, latent_channels=16, ae_channels=32, hidden=96, heads=4, layers=4,
                               ffn=256)
-    common = dict(device=device, batch_size=8, log_every=10, save_every=10_000)
+    common = dict(device=device, batch_size=8, log_every=10, save_every=100)
     cfg = RunConfig(backbone=BackboneConfig(tiny=tiny),
-                    autoencoder_train=TrainConfig(steps=400, lr=2e-3, **dict(common, batch_size=4)),
-                    teacher_train=TrainConfig(steps=500, lr=5e-4, **common),
-                    student_train=TrainConfig(steps=250, lr=2e-4, **common))
+                    autoencoder_train=TrainConfig(steps=300, lr=2e-3, **dict(common, batch_size=4)),
+                    teacher_train=TrainConfig(steps=400, lr=5e-4, **common),
+                    student_train=TrainConfig(steps=200, lr=3e-4, **common))
     run(cfg, train_file, out, ["autoencoder", "teacher", "student"], list(Variant), resume=True)
     return evaluate_run(out, heldout_file, os.path.join(out, "eval"),
                         EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2), Scorer())
