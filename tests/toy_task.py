@@ -146,3 +146,25 @@ def expert_value(task):
         return -5.0 * float(np.linalg.norm(p["goal"] - p["pos"]))
 
     return value
+
+
+def robot_data_config(spec):
+    """Generation settings for the toy robot (the bursts of the UR5e, two action dims)."""
+    from simdist_planner.datagen import NoiseConfig, RobotDataConfig
+
+    return RobotDataConfig(
+        noise=NoiseConfig(
+            sigma_min=(0.05, 0.1), sigma_max=(0.4, 0.8), burst_steps=(1, 5), clean_steps=(5, 10)
+        ),
+        obs_noise={"pos": 0.01, "vel": 0.02, "height_map": 0.02},
+        default_episodes=6,
+    )
+
+
+def register():
+    """For subprocesses that run the CLI on the toy task (tests use monkeypatch instead)."""
+    from robot_drivers import tasks
+    from simdist_planner import datagen
+
+    tasks.TASKS["toy"] = ENTRY
+    datagen.ROBOT_DATA_CONFIGS["toy"] = robot_data_config

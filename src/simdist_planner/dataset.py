@@ -55,6 +55,10 @@ class DatasetError(ValueError):
     """A shard is missing, unreadable, of another schema version, or inconsistent."""
 
 
+class CorruptShardError(DatasetError):
+    """A shard's contents are damaged (e.g. a writer was killed mid-episode)."""
+
+
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}.h5"
 
@@ -159,16 +163,25 @@ class ShardWriter:
                 f"{self.path} exists; pass resume=True (CLI: --resume) to continue it "
                 "or choose an empty output directory"
             )
+        self.quarantined: pathlib.Path | None = None
         if self.path.exists():
-            self._file = _open_h5(self.path, "r+")
-            self._check_resumable(attrs, mutable_attrs)
-            for key in mutable_attrs:
-                if key in attrs:
-                    self._file.attrs[key] = attrs[key]
-            self._truncate_partial()
-        else:
+            try:
+                self._file = _open_h5(self.path, "r+")
+                self._check_resumable(attrs, mutable_attrs)
+                for key in mutable_attrs:
+                    if key in attrs:
+                        self._file.attrs[key] = attrs[key]
+                self._truncate_partial()
+            except (OSError, CorruptShardError):
+                # A kill mid-write can leave a shard HDF5 cannot repair. Keep it aside and
+                # start the shard again: its episodes are deterministic, nothing is lost.
+                if getattr(self, "_file", None) is not None and self._file.id.valid:
+                    self._file.close()
+                self.quarantined = _free_name(self.path.with_name(self.path.name + ".corrupt"))
+                self.path.rename(self.quarantined)
+        if not self.path.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = h5py.File(self.path, "w", libver="latest", track_order=False)
+            self._file = h5py.File(self.path, "w", track_order=False)
             self._create(attrs)
         self._file.flush()
 
@@ -232,18 +245,35 @@ class ShardWriter:
                 )
 
     def _truncate_partial(self) -> None:
-        """Drop a partly written episode: keep only rows covered by complete episode records."""
+        """Keep only complete episodes whose rows are all still readable; drop the rest.
+
+        A kill while appending can leave the chunks that append was rewriting unreadable,
+        including the last chunk shared with the previous (complete) episode; episodes
+        touching such a chunk are dropped too and get generated again.
+        """
         eps = self._file["episodes"]
         n = min(eps[name].shape[0] for name in eps)
-        for name in eps:
-            eps[name].resize(n, axis=0)
-        rows = int(eps["start"][n - 1] + eps["length"][n - 1]) if n else 0
+        ends = (eps["start"][:n] + eps["length"][:n]).astype(np.int64)
+        rows = int(ends[-1]) if n else 0
+        readable = rows
         for name, ds in _step_datasets(self._file):
             if ds.shape[0] < rows:
-                raise DatasetError(
+                raise CorruptShardError(
                     f"{self.path}: /steps/{name} has {ds.shape[0]} rows but the episode table "
-                    f"covers {rows}; the shard is corrupt, delete it and generate it again"
+                    f"covers {rows}"
                 )
+            chunk = ds.chunks[0]
+            for lo in range(rows // chunk * chunk, ds.shape[0], chunk):
+                try:
+                    ds[lo : min(lo + chunk, ds.shape[0])]
+                except OSError:
+                    readable = min(readable, lo)
+                    break
+        n = int(np.searchsorted(ends, readable, side="right"))
+        for name in eps:
+            eps[name].resize(n, axis=0)
+        rows = int(ends[n - 1]) if n else 0
+        for _, ds in _step_datasets(self._file):
             ds.resize(rows, axis=0)
 
     # -- appending
@@ -329,11 +359,18 @@ def _step_datasets(f: h5py.File):
     return out
 
 
+def _free_name(path: pathlib.Path) -> pathlib.Path:
+    k = 0
+    while path.with_name(f"{path.name}{k}").exists():
+        k += 1
+    return path.with_name(f"{path.name}{k}")
+
+
 def _open_h5(path: pathlib.Path, mode: str) -> h5py.File:
     try:
         return h5py.File(path, mode)
     except OSError as e:
-        raise DatasetError(
+        raise CorruptShardError(
             f"{path}: not a readable HDF5 file ({e}); it may be truncated or still being "
             "written. Delete it and generate it again (its episodes are deterministic)."
         ) from e
@@ -351,7 +388,7 @@ def _check_header(f: h5py.File, path) -> None:
         )
     for group in ("steps", "episodes"):
         if group not in f:
-            raise DatasetError(f"{path}: missing group /{group}")
+            raise CorruptShardError(f"{path}: missing group /{group}")
 
 
 # ------------------------------------------------------------------------------------- reader
@@ -383,7 +420,7 @@ class _Shard:
         rows = int(self.episodes["start"][-1] + self.episodes["length"][-1]) if n else 0
         short = {name: ds.shape[0] for name, ds in _step_datasets(f) if ds.shape[0] < rows}
         if short:
-            raise DatasetError(
+            raise CorruptShardError(
                 f"{path}: the episode table covers {rows} rows but {short} have fewer; "
                 "the shard is truncated or corrupt"
             )

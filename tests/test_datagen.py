@@ -1,0 +1,289 @@
+"""Algorithm 2 generation on a small real task: mixture, bursts, determinism, resume, CLI."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import toy_task
+from conftest import ROOT
+from robot_drivers import tasks
+from simdist_planner import datagen
+from simdist_planner.dataset import ShardedDataset, shard_name
+
+TOY_ROBOT = toy_task.robot_data_config(None)
+
+
+@pytest.fixture(autouse=True)
+def toy(monkeypatch):
+    monkeypatch.setitem(tasks.TASKS, "toy", toy_task.ENTRY)
+    monkeypatch.setitem(datagen.ROBOT_DATA_CONFIGS, "toy", toy_task.robot_data_config)
+
+
+def config(episodes=12, seed=0, **kw) -> datagen.GenerateConfig:
+    return datagen.GenerateConfig(task="toy", robot=TOY_ROBOT, episodes=episodes, seed=seed, **kw)
+
+
+def contents(out) -> dict:
+    """Every dataset and attribute of every shard in `out`, for exact comparison."""
+    result = {}
+    for path in sorted(out.glob("shard-*.h5")):
+        with h5py.File(path, "r") as f:
+            result[(path.name, "attrs")] = {k: str(v) for k, v in f.attrs.items()}
+
+            def visit(name, obj, path=path):
+                if isinstance(obj, h5py.Dataset):
+                    result[(path.name, name)] = obj[:]
+
+            f.visititems(visit)
+    return result
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert a[k] == b[k], k
+        else:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=str(k))
+
+
+def runs(flags: np.ndarray) -> list[tuple[int, int]]:
+    """(value, length) of consecutive runs."""
+    out, start = [], 0
+    for k in range(1, len(flags) + 1):
+        if k == len(flags) or flags[k] != flags[start]:
+            out.append((int(flags[start]), k - start))
+            start = k
+    return out
+
+
+def test_expert_fraction_matches_the_configured_mixture(tmp_path):
+    steps, episodes = 40, 150
+    cfg = config(episodes, seed=3, task_overrides={"terminate_on_success": False, "max_steps": steps})
+    datagen.generate(cfg, tmp_path, progress=False)
+    ds = ShardedDataset(tmp_path)
+    per_episode = np.array([ds.episode(i)["expert"][:-1].mean() for i in range(ds.num_episodes)])
+    assert all(n == steps + 1 for n in ds.lengths)
+    expected = datagen.expected_expert_fraction(cfg, n_ladder=3, steps=steps)
+    tolerance = 4 * per_episode.std() / np.sqrt(episodes)
+    assert abs(per_episode.mean() - expected) < tolerance, (per_episode.mean(), expected, tolerance)
+    # policy choice is the 0.5 mixture too
+    experts = sum(ds.episode_info(i)["policy"] == 0 for i in range(ds.num_episodes))
+    assert abs(experts / episodes - 0.5) < 4 * np.sqrt(0.25 / episodes)
+
+
+def test_expected_fraction_reproduces_the_papers_ur5e_mixture():
+    # METHOD_NOTES: UR5e bursts U[1,5], clean U[5,10] -> "about 36% clean expert actions"
+    frac = datagen.expected_expert_fraction(config(), n_ladder=5, steps=20_000)
+    assert frac == pytest.approx(0.36, abs=0.01)
+    assert datagen.expected_expert_fraction(config(expert_only=True), 5, 50) == 1.0
+
+
+def test_flags_bursts_and_noise_scales_follow_algorithm_2(tmp_path):
+    cfg = config(30, seed=5, task_overrides={"terminate_on_success": False, "max_steps": 40})
+    datagen.generate(cfg, tmp_path, progress=False)
+    ds = ShardedDataset(tmp_path)
+    nz = TOY_ROBOT.noise
+    saw_burst = False
+    for i in range(ds.num_episodes):
+        info, ep = ds.episode_info(i), ds.episode(i)
+        expert, noised = ep["expert"][:-1], ep["noised"][:-1]
+        assert ep["expert"][-1] == 0 and np.all(ep["action"][-1] == 0) and ep["reward"][-1] == 0
+        # expert flag = the expert acted and no noise was added
+        np.testing.assert_array_equal(expert, (info["policy"] == 0) & (noised == 0))
+        assert np.all(np.array(nz.sigma_min) <= info["noise_scale"])
+        assert np.all(info["noise_scale"] <= np.array(nz.sigma_max) + 1e-6)
+        if info["never_noised"]:
+            assert not noised.any()
+        # interior runs have lengths inside the configured ranges (the ends may be cut short)
+        for value, length in runs(noised)[1:-1]:
+            lo, hi = nz.burst_steps if value else nz.clean_steps
+            assert lo <= length <= hi
+            saw_burst |= bool(value)
+        # a noised action is off the clean policy's output: replay the clean policy and compare
+        assert np.all(np.abs(ep["action"]) <= 1.0)  # clipped to the action bounds
+    assert saw_burst
+
+
+def test_noised_actions_differ_from_the_policy_and_clean_ones_do_not(tmp_path):
+    cfg = config(8, seed=9, task_overrides={"terminate_on_success": False, "max_steps": 30})
+    datagen.generate(cfg, tmp_path, progress=False)
+    ds = ShardedDataset(tmp_path)
+    ladder = toy_task.expert_ladder(None)
+    task = tasks.make_task("toy", **cfg.task_overrides)
+    for i in range(ds.num_episodes):
+        info, ep = ds.episode_info(i), ds.episode(i)
+        obs = task.reset(info["seed"])  # the recorded episode replays from its seed
+        np.testing.assert_array_equal(obs.proprio, ep["proprio"][0])
+        for k in range(len(ep["action"]) - 1):
+            clean = ladder[info["policy"]].act(obs)
+            same = np.allclose(ep["action"][k], clean, atol=1e-6)
+            assert same != bool(ep["noised"][k]) or np.any(np.abs(ep["action"][k]) == 1.0)
+            obs = task.step(ep["action"][k]).obs
+            np.testing.assert_allclose(obs.proprio, ep["proprio"][k + 1], atol=1e-6)
+
+
+def test_same_seed_same_files_other_seed_differs(tmp_path):
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        datagen.generate(config(6, seed=seed), tmp_path / name, progress=False)
+    assert_same(contents(tmp_path / "a"), contents(tmp_path / "b"))
+    a, c = contents(tmp_path / "a"), contents(tmp_path / "c")
+    assert not np.array_equal(a[(shard_name(0), "steps/proprio")][:5], c[(shard_name(0), "steps/proprio")][:5])
+
+
+def test_workers_write_one_shard_each_with_worker_independent_episodes(tmp_path):
+    datagen.generate(config(7, seed=4), tmp_path / "one", workers=1, progress=False)
+    paths = datagen.generate(config(7, seed=4), tmp_path / "two", workers=2, progress=False)
+    assert [p.name for p in paths] == [shard_name(0), shard_name(1)]
+    one, two = ShardedDataset(tmp_path / "one"), ShardedDataset(paths)
+    by_id = lambda ds: {ds.episode_info(i)["id"]: ds.episode(i) for i in range(ds.num_episodes)}  # noqa: E731
+    e1, e2 = by_id(one), by_id(two)
+    assert e1.keys() == e2.keys() == set(range(7))
+    for k in e1:
+        for name in e1[k]:
+            np.testing.assert_array_equal(e1[k][name], e2[k][name], err_msg=f"{k} {name}")
+    with h5py.File(paths[1], "r") as f:
+        assert f["episodes/id"][:].tolist() == [1, 3, 5]
+        assert f.attrs["num_shards"] == 2
+
+
+def test_resume_after_interruption_equals_uninterrupted(tmp_path):
+    datagen.generate(config(9, seed=7), tmp_path / "full", progress=False)
+    part = tmp_path / "part"
+    datagen.generate(config(4, seed=7), part, progress=False)  # "interrupted" after 4 episodes
+    with h5py.File(part / shard_name(0), "r+") as f:  # ... in the middle of the 5th
+        for name in ("proprio", "action", "images/top"):
+            ds = f["steps/" + name]
+            ds.resize(ds.shape[0] + 6, axis=0)
+            ds[-6:] = 1
+    with pytest.raises(FileExistsError, match="resume"):
+        datagen.generate(config(9, seed=7), part, progress=False)
+    with pytest.raises(Exception, match="config"):
+        datagen.generate(config(9, seed=8), part, resume=True, progress=False)
+    datagen.generate(config(9, seed=7), part, resume=True, progress=False)
+    full, resumed = contents(tmp_path / "full"), contents(part)
+    assert_same(full, resumed)
+
+
+def test_resume_regenerates_episodes_in_a_damaged_chunk(tmp_path):
+    datagen.generate(config(9, seed=7), tmp_path / "full", progress=False)
+    part = tmp_path / "part"
+    datagen.generate(config(6, seed=7), part, progress=False)
+    # a kill while rewriting the last compressed chunk leaves garbage in it
+    with h5py.File(part / shard_name(0), "r") as f:
+        ds = f["steps/images/top"]
+        last = (ds.shape[0] - 1) // ds.chunks[0] * ds.chunks[0]
+        info = ds.id.get_chunk_info_by_coord((last, 0, 0, 0))
+        first_row_of_damage = last
+    with open(part / shard_name(0), "r+b") as fh:
+        fh.seek(info.byte_offset)
+        fh.write(b"\xff" * info.size)
+    datagen.generate(config(9, seed=7), part, resume=True, progress=False)
+    assert_same(contents(tmp_path / "full"), contents(part))
+    assert first_row_of_damage > 0
+
+
+def test_resume_sets_an_unreadable_shard_aside_and_starts_it_again(tmp_path):
+    datagen.generate(config(5, seed=2), tmp_path / "full", progress=False)
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / shard_name(0)).write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)  # killed at creation
+    datagen.generate(config(5, seed=2), part, resume=True, progress=False)
+    assert (part / (shard_name(0) + ".corrupt0")).exists()
+    assert_same(contents(tmp_path / "full"), contents(part))
+
+
+@pytest.mark.slow
+def test_resume_after_a_real_kill_equals_uninterrupted(tmp_path):
+    script = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import toy_task, simdist_planner.datagen as d\n"
+        "toy_task.register()\n"
+        "sys.exit(d.main(sys.argv[1:]))\n"
+    ) % str(ROOT / "tests")
+    base = [sys.executable, "-c", script, "--task", "toy", "--episodes", "300", "--seed", "3",
+            "--max-steps", "60", "--no-progress"]
+    env = dict(os.environ)
+    subprocess.run(base + ["--out", str(tmp_path / "full")], check=True, env=env)
+    proc = subprocess.Popen(base + ["--out", str(tmp_path / "part")], env=env)
+    shard = tmp_path / "part" / shard_name(0)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not shard.exists() or shard.stat().st_size < 200_000):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    subprocess.run(base + ["--out", str(tmp_path / "part"), "--resume"], check=True, env=env)
+    assert_same(contents(tmp_path / "full"), contents(tmp_path / "part"))
+
+
+def test_expert_only_mode_is_all_clean_expert(tmp_path):
+    datagen.generate(config(5, seed=1, expert_only=True), tmp_path, progress=False)
+    ds = ShardedDataset(tmp_path, expert_only=True)
+    assert ds.num_episodes == 5
+    for i in range(5):
+        assert ds.episode_info(i)["policy"] == 0
+        assert np.all(ds.episode(i)["expert"][:-1] == 1)
+
+
+def test_values_and_rewards_come_from_the_task(tmp_path):
+    datagen.generate(config(3, seed=2), tmp_path, progress=False)
+    ds = ShardedDataset(tmp_path)
+    value = toy_task.expert_value(None)
+    task = tasks.make_task("toy")
+    for i in range(ds.num_episodes):
+        ep, info = ds.episode(i), ds.episode_info(i)
+        obs = task.reset(info["seed"])
+        assert ep["value"][0] == pytest.approx(value(obs), rel=1e-6)
+        res = task.step(ep["action"][0])
+        assert ep["reward"][0] == pytest.approx(res.reward, rel=1e-6)
+        assert ep["value"][1] == pytest.approx(value(res.obs), rel=1e-6)
+        assert info["success"] == bool(info["terminated"])  # toy ends only on success or time
+
+
+def test_garbage_policy_output_stops_generation(tmp_path, monkeypatch):
+    class NaNPolicy(toy_task.PDPolicy):
+        def act(self, obs):
+            return np.array([np.nan, 0.0], np.float32)
+
+    monkeypatch.setattr(toy_task, "expert_ladder", lambda task: [NaNPolicy(1, 0, "nan")])
+    with pytest.raises(RuntimeError, match="finite"):
+        datagen.generate(config(2), tmp_path, progress=False)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="sigma"):
+        datagen.NoiseConfig((0.5,), (0.1,), (1, 2), (1, 2))
+    with pytest.raises(ValueError, match="burst_steps"):
+        datagen.NoiseConfig((0.1,), (0.5,), (0, 2), (1, 2))
+    with pytest.raises(ValueError, match="episodes"):
+        config(0)
+    bad = datagen.RobotDataConfig(
+        datagen.NoiseConfig((0.1,), (0.2,), (1, 2), (1, 2)), {}, default_episodes=1
+    )
+    with pytest.raises(ValueError, match="dimensions"):
+        datagen.EpisodeGenerator(datagen.GenerateConfig(task="toy", robot=bad, episodes=1))
+
+
+def test_go2_noise_ranges_come_from_the_official_system_file():
+    cfg = datagen.go2_data_config()
+    assert cfg.noise.sigma_min == (0.05,) * 12 and cfg.noise.sigma_max == (2.5,) * 12
+    assert cfg.noise.burst_steps == (1, 50) and cfg.noise.clean_steps == (25, 500)
+    assert cfg.obs_noise["joint_vel"] == 0.75 and cfg.obs_noise["height_map"] == 0.02
+
+
+def test_cli_writes_a_readable_dataset(tmp_path, capsys):
+    rc = datagen.main(["--task", "toy", "--episodes", "3", "--out", str(tmp_path), "--seed", "5",
+                       "--no-progress"])
+    assert rc == 0
+    ds = ShardedDataset(tmp_path)
+    assert ds.num_episodes == 3
+    stored = json.loads(ds.attrs["config"])
+    assert stored["seed"] == 5 and stored["task"] == "toy"
+    assert stored["robot"]["noise"]["burst_steps"] == [1, 5]
+    assert "clean expert actions" in capsys.readouterr().err
