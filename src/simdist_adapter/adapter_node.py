@@ -1,0 +1,223 @@
+"""Adapter node: re-fits the dynamics f from recorded episodes and hot-swaps the planner's model.
+
+Rounds run in a worker PROCESS (the planner's control loop and this node's executor never stall
+on training). A round is started by `~/adapt` (std_srvs/Trigger) or automatically once
+`adapt_every_episodes` new finished episode bags exist; a deployed candidate is announced to the
+planner through its `~/load_model` service (the planner's `checkpoint` parameter points at the
+registry's `deployed` link). `~/rollback` re-deploys the previous version. Progress and results
+go to `/simdist/adapter/status` (std_msgs/String, JSON) and `/diagnostics`.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import multiprocessing
+import pathlib
+import time
+
+import rclpy
+from rclpy.node import Node
+from std_msgs.msg import String
+from std_srvs.srv import Trigger
+
+from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.node_params import NodeParams, Param
+from simdist_adapter.bags import SIDECAR, BagError, EpisodeMeta, list_episode_bags
+from simdist_adapter.registry import ModelRegistry, RegistryError
+
+STATUS_TOPIC = "/simdist/adapter/status"
+
+PARAMS = (
+    Param("robot", "ur5e", "robot whose observation layout the bags hold (ur5e | go2)", read_only=True),
+    Param("registry_dir", "models", "model registry: versions/, deployed link, history.json"),
+    Param("initial_checkpoint", "", "pretrained checkpoint that seeds an empty registry as v0000"),
+    Param("bag_dir", "bags", "where the recorder writes episode bags"),
+    Param("work_dir", "adapt_work", "scratch space for D_real and round logs"),
+    Param("planner_node", "planner", "name of the planner node whose ~/load_model is called"),
+    Param("adapt_every_episodes", 20, "automatic round after this many new episodes (0 = only on request)", 0, 100000),
+    Param("batch_size", 32, "Eq. 3 batch size (official 32)", 1, 4096),
+    Param("lr", 2e-4, "Adam learning rate of f (official 2e-4)", 1e-7, 1.0),
+    Param("warmup_steps", 2000, "linear warm-up steps (capped at a tenth of the round)", 0, 1000000),
+    Param("epochs", 100, "passes over D_real per round (official 100)", 1, 100000),
+    Param("max_steps", 2000, "cap on optimiser steps per round (0 = no cap)", 0, 10000000),
+    Param("holdout", 0.05, "fraction of episodes held out for the validation gate", 0.01, 0.5),
+    Param("device", "cpu", "torch device of the worker (cpu, cuda, cuda:N)"),
+    Param("train_encoder", False, "ablation: also unfreeze the encoder E"),
+    Param("train_value", False, "ablation: also unfreeze the value function V"),
+    Param("poll_period_s", 1.0, "how often new bags and the worker's progress are checked", 0.05, 60.0),
+)
+
+
+def run_round(args: dict) -> dict:
+    """Worker-process entry: one adaptation round; progress lines go to args['progress_file']."""
+    import torch
+
+    from simdist_adapter.adapter import adapt_round
+    from simdist_adapter.finetune import AdaptConfig
+    from simdist_planner.planner_node import robot_spec
+
+    torch.set_num_threads(1)
+    progress_file = pathlib.Path(args["progress_file"])
+
+    def progress(step, total, loss):
+        if step == 1 or step == total or step % 20 == 0:
+            progress_file.write_text(json.dumps({"step": step, "total": total, "loss": loss}))
+
+    report = adapt_round(ModelRegistry(args["registry_dir"]), args["bags"], robot_spec(args["robot"]),
+                         args["work_dir"], AdaptConfig(**args["config"]), progress=progress)
+    return report.to_dict()
+
+
+def finished_bags(bag_dir) -> list[str]:
+    """Bags of episodes that ended (their sidecar says complete); cheap enough to poll.
+
+    A corrupt bag whose sidecar claims completion is still listed: the round's build step skips
+    it with a clear message, so nothing else is lost.
+    """
+    out = []
+    for p in list_episode_bags(bag_dir):
+        try:
+            if EpisodeMeta.from_json((p / SIDECAR).read_text(), str(p)).complete:
+                out.append(str(p))
+        except (BagError, OSError):
+            continue  # half-written sidecar or foreign directory: not a finished episode
+    return out
+
+
+class AdapterNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("adapter", **kwargs)
+        self.params = NodeParams(self, PARAMS)
+        self.diag = Diagnostics(self, hardware_id="adapter")
+        self.registry = ModelRegistry(self.params["registry_dir"])
+        if not self.registry.history() and self.params["initial_checkpoint"]:
+            self.registry.init_from(self.params["initial_checkpoint"])
+        self.status_pub = self.create_publisher(String, STATUS_TOPIC, 10)
+        self.create_service(Trigger, "~/adapt", self._on_adapt)
+        self.create_service(Trigger, "~/rollback", self._on_rollback)
+        self.load_client = self.create_client(Trigger, f"/{self.params['planner_node']}/load_model")
+        ctx = multiprocessing.get_context("spawn")
+        self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+        self.future: concurrent.futures.Future | None = None
+        self.round = 0
+        self.episodes_at_last_round = len(finished_bags(self.params["bag_dir"]))
+        self.rounds: list[dict] = []
+        self.create_timer(self.params["poll_period_s"], self._poll)
+        self._status("idle", deployed=self.registry.deployed_version)
+        self.diag.set("adaptation", Level.OK, f"idle; deployed {self.registry.deployed_version}")
+
+    # -- services
+    def _on_adapt(self, request, response):
+        response.success, response.message = self._start_round("requested")
+        return response
+
+    def _on_rollback(self, request, response):
+        if self.future is not None:
+            response.success, response.message = False, "an adaptation round is running; roll back after it"
+            return response
+        try:
+            version = self.registry.rollback()
+        except RegistryError as exc:
+            response.success, response.message = False, str(exc)
+            return response
+        self._request_swap()
+        response.success, response.message = True, f"rolled back to {version}"
+        self._status("rolled_back", deployed=version)
+        return response
+
+    # -- rounds
+    def _start_round(self, why: str) -> tuple[bool, str]:
+        if self.future is not None:
+            return False, f"round {self.round} is still running"
+        if not self.registry.history():
+            return False, "registry is empty: set initial_checkpoint to a pretrained checkpoint"
+        bags = finished_bags(self.params["bag_dir"])
+        if len(bags) < 2:
+            return False, f"need at least 2 finished episode bags in {self.params['bag_dir']}, found {len(bags)}"
+        self.round += 1
+        work = pathlib.Path(self.params["work_dir"]) / f"round{self.round:03d}"
+        work.mkdir(parents=True, exist_ok=True)
+        p = self.params
+        config = {k: p[k] for k in ("batch_size", "lr", "warmup_steps", "epochs", "holdout", "device",
+                                    "train_encoder", "train_value")}
+        config["max_steps"] = p["max_steps"] or None
+        self.progress_file = work / "progress.json"
+        self.future = self.pool.submit(run_round, {
+            "registry_dir": p["registry_dir"], "bags": bags, "robot": p["robot"], "work_dir": str(work),
+            "config": config, "progress_file": str(self.progress_file)})
+        self.episodes_at_last_round = len(bags)
+        self.round_started = time.monotonic()
+        self._status("adapting", round=self.round, episodes=len(bags), reason=why)
+        self.diag.set("adaptation", Level.OK, f"round {self.round} running on {len(bags)} episodes ({why})")
+        return True, f"round {self.round} started on {len(bags)} episodes"
+
+    def _poll(self) -> None:
+        self.params.apply()
+        if self.future is None:
+            every = self.params["adapt_every_episodes"]
+            if every and len(finished_bags(self.params["bag_dir"])) - self.episodes_at_last_round >= every:
+                self._start_round(f"{every} new episodes")
+            return
+        if not self.future.done():
+            if self.progress_file.exists():
+                try:
+                    self._status("adapting", round=self.round, **json.loads(self.progress_file.read_text()))
+                except json.JSONDecodeError:
+                    pass  # the worker is rewriting it; next poll reads it
+            return
+        future, self.future = self.future, None
+        try:
+            report = future.result()
+        except Exception as exc:  # noqa: BLE001 - the node survives a failed round and says why
+            self.diag.set("adaptation", Level.ERROR, f"round {self.round} failed: {exc}")
+            self._status("failed", round=self.round, error=str(exc))
+            return
+        report["round"] = self.round
+        report["seconds_wall"] = time.monotonic() - self.round_started
+        self.rounds.append(report)
+        if report["deployed"]:
+            self._request_swap()
+        level = Level.OK if report["deployed"] else Level.WARN
+        self.diag.set("adaptation", level, f"round {self.round}: {report['reason']}",
+                      deployed=report["version"])
+        self._status("deployed" if report["deployed"] else "refused", **report)
+
+    def _request_swap(self) -> None:
+        if not self.load_client.service_is_ready():
+            self.diag.set("hot_swap", Level.WARN, f"{self.load_client.srv_name} not available; "
+                          "the planner loads the deployed model at its next start")
+            return
+        future = self.load_client.call_async(Trigger.Request())
+        future.add_done_callback(self._on_swapped)
+
+    def _on_swapped(self, future) -> None:
+        result = future.result()
+        level = Level.OK if result.success else Level.ERROR
+        self.diag.set("hot_swap", level, f"planner load_model: {result.message}")
+        self._status("swapped" if result.success else "swap_failed", message=result.message,
+                     deployed=self.registry.deployed_version)
+
+    def _status(self, state: str, **fields) -> None:
+        self.status_pub.publish(String(data=json.dumps({"state": state, "stamp": time.time(), **fields},
+                                                       default=str)))
+
+    def destroy_node(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.diag.destroy()
+        return super().destroy_node()
+
+
+def main(args=None) -> None:
+    rclpy.init(args=args)
+    node = AdapterNode()
+    try:
+        rclpy.spin(node)
+    except (KeyboardInterrupt, rclpy.executors.ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    main()

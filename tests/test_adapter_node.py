@@ -1,0 +1,94 @@
+"""Adapter node over real DDS: adapt on request in a worker process, hot-swap the real planner node, roll back."""
+import json
+import threading
+import time
+
+import pytest
+import rclpy
+import torch
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.parameter import Parameter
+from std_msgs.msg import String
+from std_srvs.srv import Trigger
+
+from simdist_adapter.adapter_node import STATUS_TOPIC, AdapterNode
+from simdist_adapter.registry import ModelRegistry
+from simdist_planner.checkpoint import save_checkpoint, weight_tensors
+from simdist_planner.planner_node import PlannerNode
+from test_adapter import small_model, write_episode_bag
+
+
+def _weights_equal(a, b) -> bool:
+    wa, wb = weight_tensors(a), weight_tensors(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.timeout(300)
+def test_adapt_service_deploys_and_hot_swaps_then_rolls_back(tmp_path, ros_domain):
+    registry = ModelRegistry(tmp_path / "registry")
+    registry.init_from(save_checkpoint(small_model(), tmp_path / "pretrained"))
+    v0 = registry.load_deployed()
+    for i in range(4):
+        write_episode_bag(tmp_path / "bags" / f"ep{i}", seed=i)
+
+    rclpy.init()
+    try:
+        planner = PlannerNode(parameter_overrides=[
+            Parameter("checkpoint", value=str(registry.link)), Parameter("horizon", value=3),
+            Parameter("num_samples", value=16), Parameter("num_elites", value=4),
+            Parameter("iterations", value=1)])
+        adapter = AdapterNode(parameter_overrides=[
+            Parameter("robot", value="go2"), Parameter("registry_dir", value=str(registry.root)),
+            Parameter("bag_dir", value=str(tmp_path / "bags")), Parameter("work_dir", value=str(tmp_path / "work")),
+            Parameter("adapt_every_episodes", value=0), Parameter("batch_size", value=16),
+            Parameter("lr", value=3e-3), Parameter("max_steps", value=40), Parameter("warmup_steps", value=4),
+            Parameter("holdout", value=0.25), Parameter("poll_period_s", value=0.2)])
+        client_node = rclpy.create_node("adapter_test_client")
+        statuses: list[dict] = []
+        client_node.create_subscription(String, STATUS_TOPIC, lambda m: statuses.append(json.loads(m.data)), 10)
+        adapt = client_node.create_client(Trigger, "/adapter/adapt")
+        rollback = client_node.create_client(Trigger, "/adapter/rollback")
+        executor = MultiThreadedExecutor(num_threads=4)
+        for n in (planner, adapter, client_node):
+            executor.add_node(n)
+        spinner = threading.Thread(target=executor.spin, daemon=True)
+        spinner.start()
+
+        def call(client) -> Trigger.Response:
+            assert client.wait_for_service(timeout_sec=10.0)
+            future = client.call_async(Trigger.Request())
+            deadline = time.monotonic() + 30
+            while not future.done() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return future.result()
+
+        def wait_for(states, timeout=240) -> dict:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                found = [s for s in statuses if s["state"] in states]
+                if found:
+                    statuses.clear()
+                    return found[-1]
+                time.sleep(0.1)
+            raise AssertionError(f"no status in {states}; saw {statuses}")
+
+        started = call(adapt)
+        assert started.success, started.message
+        busy = call(adapt)
+        assert not busy.success and "still running" in busy.message
+        assert planner._loaded is not None and _weights_equal(planner._loaded.model, v0)
+        swapped = wait_for({"swapped", "swap_failed", "refused", "failed"})
+        assert swapped["state"] == "swapped", swapped
+        assert registry.deployed_version == "v0001"
+        assert _weights_equal(planner._loaded.model, registry.load_deployed())
+        assert not _weights_equal(planner._loaded.model, v0)
+
+        rolled = call(rollback)
+        assert rolled.success and "v0000" in rolled.message
+        assert wait_for({"swapped", "swap_failed"})["state"] == "swapped"
+        assert _weights_equal(planner._loaded.model, v0)
+        executor.shutdown()
+        for n in (planner, adapter, client_node):
+            n.destroy_node()
+    finally:
+        rclpy.try_shutdown()
