@@ -56,7 +56,8 @@ def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
     try:
         node = ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=[
             Parameter("robot", value="go2"), Parameter("task", value="go2_flat"), Parameter("seed", value=5),
-            Parameter("lockstep_republish_s", value=0.2)]))
+            Parameter("lockstep_republish_s", value=0.2), Parameter("max_steps", value=2),
+            Parameter("episodes", value=2)]))
         proprio = ros.collect(JointState, "/simdist/robot/proprio")
         clock = ros.collect(ClockMsg, "/clock")
         heights = ros.collect(Image, "/height_map")
@@ -95,6 +96,15 @@ def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
         assert ros.spin_until(lambda: any(ros_msgs.stamp_ns(m.header.stamp) == t0 + 2 * period for m in proprio))
         assert ros.spin_until(lambda: json.loads(episodes[-1].data)["episode"] == 1)
         assert json.loads(episodes[-1].data)["step"] == 0
+
+        # max_steps=2: two commands end episode 1 (the last of episodes=2); the next finishes the node
+        for k in range(2, 5):
+            cmd.publish(ros_msgs.command_to_msg(action, names, t0 + k * period, 0.02))
+            assert ros.spin_until(lambda: node.tick == k + 1 or node.finished.done())
+        assert node.finished.done() and node.tick == 4
+        assert ros.spin_until(lambda: json.loads(episodes[-1].data)["step"] == 2)
+        last = json.loads(episodes[-1].data)
+        assert last["truncated"] and last["done"] and last["episode"] == 1
     finally:
         ros.close()
 

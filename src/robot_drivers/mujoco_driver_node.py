@@ -30,6 +30,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.go2.config import Go2Config
 from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.tasks import make_task
@@ -105,6 +106,7 @@ PARAMS = (
     Param("cameras", ["wrist", "overhead", "side"], "UR5e cameras to render ([] for none)", read_only=True),
     Param("image_height", SceneConfig().image_size[0], "UR5e rendered image height (pixels)", 8, 1024, read_only=True),
     Param("image_width", SceneConfig().image_size[1], "UR5e rendered image width (pixels)", 8, 1024, read_only=True),
+    Param("max_steps", 0, "episode length in control steps; 0 = the task's own limit", 0, 1_000_000, read_only=True),
     Param("seed", 0, "seed of the next ~/reset (and of the first episode)", 0, 2**31 - 1),
     Param("lockstep", True, "advance only when the command for the current tick arrives (sim time)", read_only=True),
     Param("episodes", 0, "episodes to run back to back (seeds seed, seed+1, ...); then the node exits 0; 0 = until stopped", 0, 1_000_000),
@@ -123,6 +125,10 @@ class MujocoDriverNode(Node):
         if ROBOT_OF_TASK[p["task"]] == "ur5e":
             overrides = dict(region=p["region"], cameras=tuple(c for c in p["cameras"] if c),
                              image_size=(p["image_height"], p["image_width"]))
+            if p["max_steps"]:
+                overrides["max_steps"] = p["max_steps"]
+        elif p["max_steps"]:
+            overrides["episode_s"] = p["max_steps"] * Go2Config().control_dt
         self.episode = SimEpisode(make_task(p["task"], p["variant"], **overrides))
         self.spec = self.episode.task.spec
         self.period_ns = round(1e9 / self.spec.control_rate_hz)
