@@ -58,6 +58,7 @@ class IngestionNode(Node):
         self.diag = Diagnostics(self)
         self.stats = {"published": 0, "rejected": 0, "withheld_stale": 0, "image_ms_mean": 0.0}
         self._image_s, self._images = 0.0, 0
+        self._frame_id = ""  # the robot name the driver put on its proprio, passed through
         self.pub_images = {c: self.create_publisher(Image, f"/simdist/observation/image/{c}", 10) for c in cfg.cameras}
         self.pub_height = self.create_publisher(Image, "/simdist/observation/height_map", 10) if cfg.height_map_shape else None
         self.pub_proprio = self.create_publisher(JointState, "/simdist/observation/proprio", 10)
@@ -92,6 +93,7 @@ class IngestionNode(Node):
         def add():
             proprio, command = ros_msgs.split_proprio_msg(msg)
             names = list(msg.name)
+            self._frame_id = msg.header.frame_id
             self.core.add_proprio(ros_msgs.stamp_ns(msg.header.stamp), proprio, command, names)
         self._guard("proprio", add)
 
@@ -120,7 +122,7 @@ class IngestionNode(Node):
                 self.pub_images[c].publish(ros_msgs.image_to_msg(image, stamp_ns, f"{c}_camera"))
             if self.pub_height is not None:
                 self.pub_height.publish(ros_msgs.height_map_to_msg(obs.height_map, stamp_ns))
-            self.pub_proprio.publish(ros_msgs.pack_proprio(obs.proprio_names, obs.proprio, obs.command, stamp_ns, "observation"))
+            self.pub_proprio.publish(ros_msgs.pack_proprio(obs.proprio_names, obs.proprio, obs.command, stamp_ns, self._frame_id))
             self.stats["published"] += 1
 
     def check_staleness(self) -> None:
