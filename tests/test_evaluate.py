@@ -194,3 +194,33 @@ def test_cli_prints_the_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "go2_flat: 1 episodes per agent, seeds 0..0" in out
     assert [line.split()[0] for line in out.strip().splitlines()[-2:]] == ["policy", "planner"]
+
+
+# ---------------------------------------------------------------- ablation harness pieces
+def test_ablation_table_prints_paper_figures_beside_ours():
+    from simdist_planner.ablation import ROWS, format_ablation_table
+
+    table = format_ablation_table({"full data": {"peg": 0.5, "go2_flat": 3.25}}, ("peg", "go2_flat"), "T")
+    lines = table.splitlines()
+    assert [line[:20].strip() for line in lines[3:]] == [r.name for r in ROWS]
+    full = lines[3]
+    assert "0.50 (0.90)" in full and "- (0.85)" in full and "3.25 (22.78)" in full
+    assert "- (0.72)" in lines[4]
+
+
+def test_ablation_data_selection_nests_and_matches_volume(tmp_path):
+    from simdist_planner.ablation import ROWS, AblationScale, generate_data, row_dataset
+    from simdist_planner.dataset import ShardedDataset
+
+    scale = AblationScale(name="test", tasks=("go2_flat",), episodes={"go2_flat": 10},
+                          max_steps={"go2_flat": 12}, train_steps=1, batch_size=2, eval_episodes=1)
+    mixed, expert = generate_data("go2_flat", scale, tmp_path)
+    assert generate_data("go2_flat", scale, tmp_path) == (mixed, expert)  # second call reuses
+    by_name = {r.name: ShardedDataset(**row_dataset(r, mixed, expert)) for r in ROWS}
+    full = by_name["full data"]
+    assert full.num_episodes == 10 and by_name["50% data"].num_episodes == 5 and by_name["10% data"].num_episodes == 1
+    assert by_name["expert-only data"].num_steps >= full.num_steps
+    ids = {k: {d.episode_info(i)["id"] for i in range(d.num_episodes)} for k, d in by_name.items()}
+    assert ids["10% data"] <= ids["50% data"] <= ids["full data"]
+    info = [by_name["expert-only data"].episode_info(i) for i in range(by_name["expert-only data"].num_episodes)]
+    assert all(i["policy"] == 0 and i["never_noised"] for i in info)
