@@ -201,3 +201,17 @@ def test_reset_is_deterministic_per_seed():
     a3 = b.reset(4).proprio
     np.testing.assert_array_equal(a1, a2)
     assert not np.allclose(a1, a3)
+
+
+def test_imu_readings_and_render(flat):
+    flat.reset(0)
+    flat.act(Command(CommandKind.HOLD))
+    for _ in range(50):
+        obs = flat.step()
+    p = obs.privileged
+    np.testing.assert_allclose(p["imu_quat"], p["base_quat"], atol=1e-9)  # the IMU site is not rotated
+    np.testing.assert_allclose(p["imu_acc"], [0, 0, 9.81], atol=0.5)  # standing: reads +g
+    np.testing.assert_allclose(p["imu_gyro"], p["base_ang_vel"], atol=1e-9)
+    img = flat.render(48, 64)
+    assert img.shape == (48, 64, 3) and img.dtype == np.uint8 and img.std() > 5
+    flat.close()

@@ -6,27 +6,12 @@ from robot_drivers.experts.go2 import (
     TorchScriptGo2Policy, experts_dir, load_go2_critic, load_go2_ladder,
 )
 from robot_drivers.tasks import expert_ladder, expert_value, make_task
-from robot_drivers.tasks.go2_tasks import FOAM_GAP, GO2_TASKS, SLIPPERY_SLOPE_GAP
+from robot_drivers.tasks.go2_tasks import FOAM_GAP, GO2_TASKS, SLIPPERY_SLOPE_GAP, rollout
 
 
 @pytest.fixture(scope="module")
 def ladder():
     return load_go2_ladder()
-
-
-def rollout(task, policy, seed, steps=None, value=None):
-    """Run one episode; returns (last StepResult, mean body-frame velocity, critic values)."""
-    obs = task.reset(seed)
-    vel, values = [], []
-    for _ in range(steps or task.max_steps):
-        r = task.step(policy.act(obs))
-        obs = r.obs
-        vel.append(obs.privileged["base_lin_vel"][:2])
-        if value is not None:
-            values.append(value(obs))
-        if r.terminated or r.truncated:
-            break
-    return r, np.mean(vel, axis=0), values
 
 
 @pytest.mark.parametrize("name,variant", [("go2_flat", "sim"), ("go2_slope", "sim"),
@@ -82,6 +67,18 @@ def test_command_override_and_heading_hold():
     assert r.obs.privileged["expert_obs"][11] == pytest.approx(r.obs.command[2])
 
 
+def test_command_ranges_sample_one_command_per_episode():
+    ranges = ((-0.5, 1.5), (-0.5, 0.5), (0.0, 0.0))
+    task = make_task("go2_flat", "sim", command_ranges=ranges, heading_gain=0.0)
+    c1, c2, c3 = (task.reset(s).command for s in (5, 5, 6))
+    np.testing.assert_array_equal(c1, c2)
+    assert not np.allclose(c1, c3)
+    for c in (c1, c3):
+        assert all(lo <= v <= hi for v, (lo, hi) in zip(c, ranges))
+    with pytest.raises(ValueError, match="command_ranges"):
+        make_task("go2_flat", "sim", command_ranges=((1.0, 0.0),) * 3)
+
+
 def test_reward_tracks_velocity():
     task = make_task("go2_flat", "sim", command=(0.5, 0.0, 0.0))
     obs = task.reset(0)
@@ -122,7 +119,8 @@ def check_expert_bar(ladder, seeds, seconds):
     task = make_task("go2_flat", "sim", command=(0.5, 0.0, 0.0), episode_s=seconds)
     rmses = []
     for seed in seeds:
-        r, v, _ = rollout(task, ladder[0], seed)
+        out = rollout(task, ladder[0], seed)
+        r, v = out.last, out.mean_velocity
         assert not r.info["fallen"] and r.success and r.truncated, f"seed {seed} fell"
         assert 0.4 < v[0] < 0.6 and abs(v[1]) < 0.1, f"seed {seed}: mean velocity {v}"
         rmses.append(r.info["vel_rmse"])
@@ -143,9 +141,10 @@ def test_expert_walks_full_bar(ladder):
 def test_critic_prefers_expert_states_over_policy_0(ladder):
     task = make_task("go2_flat", "sim")
     critic = load_go2_critic()
-    _, _, v_expert = rollout(task, ladder[0], 0, steps=200, value=critic)
-    r0, _, v_zero = rollout(task, ladder[-1], 0, steps=200, value=critic)
-    assert ladder[-1].name == "policy_0" and not r0.info["fallen"]
+    v_expert = rollout(task, ladder[0], 0, max_steps=200, value=critic).values
+    zero = rollout(task, ladder[-1], 0, max_steps=200, value=critic)
+    v_zero = zero.values
+    assert ladder[-1].name == "policy_0" and not zero.last.info["fallen"]
     assert np.mean(v_expert) > np.mean(v_zero) + 0.05
 
 
@@ -154,8 +153,8 @@ def test_sim_to_real_gap_slippery_slope(ladder):
     kw = dict(command=(0.1, 0.0, 0.0), episode_s=25.0)
     sim = make_task("go2_slope", "sim", **kw)
     real = make_task("slippery_slope", "real", **kw)
-    sim_runs = [rollout(sim, ladder[0], s)[0] for s in (0, 1)]
-    real_runs = [rollout(real, ladder[0], s)[0] for s in (0, 1)]
+    sim_runs = [rollout(sim, ladder[0], s).last for s in (0, 1)]
+    real_runs = [rollout(real, ladder[0], s).last for s in (0, 1)]
     assert all(r.success for r in sim_runs)
     assert sum(r.success for r in real_runs) < len(real_runs)
     sim_d = np.mean([r.info["distance"] for r in sim_runs])

@@ -88,6 +88,10 @@ class MujocoGo2Backend(RobotBackend):
         self._fall_geoms = np.flatnonzero(np.isin(m.geom_bodyid, fall_ids) & (m.geom_contype > 0))
         self._base = m.body("base").id
         self._scanner = HeightScanner(self.config.scan)
+        self._imu = {n: slice(m.sensor_adr[m.sensor(n).id],
+                              m.sensor_adr[m.sensor(n).id] + m.sensor_dim[m.sensor(n).id])
+                     for n in ("imu_quat", "imu_gyro", "imu_acc")}
+        self._renderer: mujoco.Renderer | None = None
         self._default_mj = to_menagerie(DEFAULT_POSE_UNITREE)
         self._command = np.zeros(3)
         self._rng = np.random.default_rng()
@@ -166,6 +170,9 @@ class MujocoGo2Backend(RobotBackend):
             tau = pd_torque(q, dq, self._drive.target, self._drive.kp, self._drive.kd, act)
             d.ctrl[self._act_of_joint] = tau
             mujoco.mj_step(self.model, d)
+        # mj_step leaves kinematics, contacts and sensors at the pre-integration state; recompute
+        # them so every observation term describes the same instant.
+        mujoco.mj_forward(self.model, d)
         self._torque = to_unitree(tau)
         self._step += 1
 
@@ -227,6 +234,8 @@ class MujocoGo2Backend(RobotBackend):
             "foot_contact": (np.linalg.norm(s.foot_wrench[:, :3], axis=1) > 1.0).astype(np.float32),
             "tilt": np.array([self.tilt()]),
             "body_contact": np.array([float(self.body_contact())]),
+            # The IMU on the menagerie "imu" site, as the hardware reports it.
+            **{name: d.sensordata[sl].copy() for name, sl in self._imu.items()},
         }
         return Observation(
             stamp=float(d.time),
@@ -238,6 +247,23 @@ class MujocoGo2Backend(RobotBackend):
             joint_vel=s.joint_vel.astype(np.float32),
             privileged=privileged,
         )
+
+    def render(self, height: int = 240, width: int = 320) -> np.ndarray:
+        """(H, W, 3) uint8 from a camera tracking the base: an operator view, not a robot sensor."""
+        if self._renderer is None or (self._renderer.height, self._renderer.width) != (height, width):
+            self.close()
+            self._renderer = mujoco.Renderer(self.model, height, width)
+        cam = mujoco.MjvCamera()
+        cam.type = mujoco.mjtCamera.mjCAMERA_TRACKING
+        cam.trackbodyid = self._base
+        cam.distance, cam.elevation, cam.azimuth = 1.6, -20.0, 135.0
+        self._renderer.update_scene(self.data, cam)
+        return self._renderer.render().copy()
+
+    def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
 
     def faults(self) -> list[Fault]:
         d = self.data

@@ -152,6 +152,10 @@ def build_go2_spec(config: Go2Config, terrain: TerrainConfig) -> mujoco.MjSpec:
     if config.foot_solimp_default:
         for leg in ("FL", "FR", "RL", "RR"):
             spec.geom(leg).solimp = list(MUJOCO_DEFAULT_SOLIMP)
+    for name, kind in (("imu_quat", mujoco.mjtSensor.mjSENS_FRAMEQUAT),
+                       ("imu_gyro", mujoco.mjtSensor.mjSENS_GYRO),
+                       ("imu_acc", mujoco.mjtSensor.mjSENS_ACCELEROMETER)):
+        spec.add_sensor(name=name, type=kind, objtype=mujoco.mjtObj.mjOBJ_SITE, objname="imu")
     spec.worldbody.add_light(name="sun", pos=[0, 0, 4], dir=[0, 0, -1], type=mujoco.mjtLightType.mjLIGHT_DIRECTIONAL)
     spec.worldbody.add_geom(
         name="floor", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.05],

@@ -202,6 +202,33 @@ class Go2Task(Task):
                           success, info)
 
 
+@dataclass
+class Rollout:
+    """One episode's outcome, for reports and tests."""
+
+    last: StepResult
+    steps: int
+    mean_velocity: np.ndarray  # (2,) mean base-frame vx, vy
+    values: list[float]  # critic values per step (empty without a critic)
+
+
+def rollout(task: Task, policy: Policy, seed: int, max_steps: int | None = None,
+            value=None) -> Rollout:
+    """Run `policy` from `task.reset(seed)` until termination, truncation or `max_steps`."""
+    obs = task.reset(seed)
+    policy.reset(seed)
+    vel, values = [], []
+    for k in range(max_steps or task.max_steps):
+        r = task.step(policy.act(obs))
+        obs = r.obs
+        vel.append(obs.privileged["base_lin_vel"][:2])
+        if value is not None:
+            values.append(float(value(obs)))
+        if r.terminated or r.truncated:
+            break
+    return Rollout(r, k + 1, np.mean(vel, axis=0), values)
+
+
 def make_go2_task(name: str, variant: str = "sim", **overrides) -> Go2Task:
     """Build one of GO2_TASKS; overrides replace `Go2TaskConfig` fields (e.g. command=(0.3, 0, 0))."""
     if name not in GO2_TASKS:
