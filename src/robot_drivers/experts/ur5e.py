@@ -9,12 +9,16 @@ while pressing. A lost object sends it back to the approach.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import pathlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from robot_drivers.interface import Observation
-from robot_drivers.tasks.ur5e_tasks import UR5eInsertionTask
+from robot_drivers.tasks.ur5e_tasks import GAMMA, UR5eInsertionTask
 from robot_drivers.ur5e.so3 import mat_to_rotvec, rotvec_to_mat, rotz, wrap_angle
 
 TCP_HOME_MAT = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # pointing down
@@ -142,8 +146,9 @@ class InsertionExpert:
                 self._next(CLOSE)
             return self._move(p, target, mat, self.FINE, 0.0)
         if self.phase == CLOSE:
-            if self.phase_steps >= 2:
-                self._next(LIFT)
+            if self.phase_steps >= 2:  # re-grasped inside the hole: carry on from there
+                inside = p["depth"][0] > 0.002 and p["xy_err"][0] < c.success_xy
+                self._next(INSERT if inside else LIFT)
             return np.r_[np.zeros(6), 1.0]
         if self.phase == LIFT:
             bottom_des = np.r_[p["obj_bottom"][:2], hole[2] + self.CARRY_HEIGHT]
@@ -169,8 +174,11 @@ class InsertionExpert:
                 pos, mat = self._carry_target(p, np.r_[hole[:2], p["obj_bottom"][2] - 0.004])
                 return self._move(p, pos, mat, self.FINE, 1.0)
             return np.r_[0.0, 0.0, -0.01, 0.0, 0.0, 0.0, 1.0]
-        # THREAD: clockwise from above (negative world z rotation) while pressing down
-        return np.r_[0.0, 0.0, -0.003, 0.0, 0.0, -self.ROT_CAP, 1.0]
+        # THREAD: turn clockwise from above (negative world z rotation) holding the grasp
+        # height on the seated leg (pushing a position-controlled arm down slides the pads)
+        seated_grasp_z = hole[2] - c.fixture.height + 2 * c.obj.half_length - c.grasp_below_top
+        dz = seated_grasp_z - 0.001 - p["tcp_pos"][2]
+        return np.r_[0.0, 0.0, dz, 0.0, 0.0, -self.ROT_CAP, 1.0]
 
     def _grasp_yaw(self, p: dict) -> float:
         tcp_yaw = self._tcp_yaw(p["tcp_mat"])
@@ -207,10 +215,150 @@ def rollout(task: UR5eInsertionTask, policy, seed: int) -> dict:
             "steps": len(rewards)}
 
 
-def expert_value(task: UR5eInsertionTask):
-    from robot_drivers.experts.value import fitted_value
-    return fitted_value(task)
+# -- V^e: ridge regression on random Fourier features of the privileged state ---------------
+
+VALUE_VERSION = 2
 
 
-__all__ = ["Degradation", "InsertionExpert", "LADDER", "PHASE_NAMES", "expert_ladder",
-           "expert_value", "make_expert", "rollout"]
+@dataclass(frozen=True)
+class ValueFitConfig:
+    """How V^e is fitted (random-Fourier-feature ridge regression); part of the cache key."""
+
+    episodes: int = 40  # expert rollouts on the Wide region (half with an early noise burst)
+    holdout: float = 0.2  # fraction of episodes held out for the reported error
+    features: int = 512  # random Fourier features (plus the linear terms)
+    bandwidth: float = 4.0  # RBF length scale on standardised inputs
+    ridge: float = 1e-2
+    seed: int = 0
+
+
+def value_features(priv: dict, cfg) -> np.ndarray:
+    """Task-state features V^e reads (all privileged, in metres / radians / flags)."""
+    grasped = float(np.linalg.norm(priv["tcp_pos"] - priv["obj_grasp"]) < 0.015
+                    and priv["gripper_cmd"][0] > 0.5)
+    twist = priv["twist"][0] / cfg.thread_turn if cfg.thread_turn > 0 else 0.0
+    return np.concatenate([
+        (priv["tcp_pos"] - priv["obj_grasp"]) * 10.0, (priv["obj_bottom"] - priv["hole"]) * 10.0,
+        [priv["depth"][0] / cfg.success_depth, priv["xy_err"][0] * 100.0, grasped,
+         priv["gripper"][0], priv["gripper_cmd"][0], priv["tilt"][0], twist, priv["seated"][0]],
+        priv["obj_vel"] * 10.0]).astype(np.float64)
+
+
+def discounted_returns(rewards: np.ndarray, success: bool, gamma: float = GAMMA) -> np.ndarray:
+    """G_t for every state s_0..s_T of an episode. Success is absorbing with reward 1 per step
+    (so a quick success is worth more than lingering); a failure or timeout adds nothing."""
+    out = np.empty(len(rewards) + 1)
+    out[-1] = 1.0 / (1.0 - gamma) if success else 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        out[t] = rewards[t] + gamma * out[t + 1]
+    return out
+
+
+class ExpertValue:
+    """V^e(obs) -> float from obs.privileged; `metrics` holds the held-out error of the fit.
+
+    Pure numpy (no torch), so it is cheap to call per step and safe in rendering processes."""
+
+    def __init__(self, task_cfg, params: dict[str, np.ndarray], metrics: dict):
+        self.task_cfg, self.params, self.metrics = task_cfg, params, metrics
+
+    def _design(self, feats: np.ndarray) -> np.ndarray:
+        p = self.params
+        x = (np.atleast_2d(feats) - p["x_mean"]) / p["x_std"]
+        rff = np.sqrt(2.0 / p["omega"].shape[1]) * np.cos(x @ p["omega"] + p["phase"])
+        return np.hstack([rff, x, np.ones((len(x), 1))])
+
+    def predict(self, feats: np.ndarray) -> np.ndarray:
+        p = self.params
+        return self._design(feats) @ p["w"] * p["y_std"] + p["y_mean"]
+
+    def __call__(self, obs: Observation) -> float:
+        if obs.privileged is None:
+            raise ValueError("V^e needs obs.privileged (simulation only)")
+        return float(self.predict(value_features(obs.privileged, self.task_cfg))[0])
+
+
+def _collect(task: UR5eInsertionTask, cfg: ValueFitConfig):
+    expert = InsertionExpert(task)
+    rng = np.random.default_rng(cfg.seed)
+    episodes = []
+    for ep in range(cfg.episodes):
+        seed = 10_000 + cfg.seed * 1000 + ep
+        obs = task.reset(seed)
+        expert.reset(seed)
+        burst = (rng.integers(0, 10), rng.integers(1, 6)) if ep % 2 else (0, 0)
+        scale = rng.uniform(0.005, 0.02)
+        feats, rewards, success = [value_features(obs.privileged, task.cfg)], [], False
+        for t in range(task.max_steps):
+            a = expert.act(obs)
+            if burst[0] <= t < burst[0] + burst[1]:
+                a[:6] += rng.normal(0.0, scale, 6) * [1, 1, 1, 10, 10, 10]
+            res = task.step(a)
+            obs = res.obs
+            feats.append(value_features(obs.privileged, task.cfg))
+            rewards.append(res.reward)
+            if res.terminated or res.truncated:
+                success = res.success
+                break
+        episodes.append((np.stack(feats), discounted_returns(np.asarray(rewards), success)))
+    return episodes
+
+
+def fit_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()) -> ExpertValue:
+    """Roll out the expert, fit on (1 - holdout) of the episodes, report the error on the rest."""
+    episodes = _collect(task, cfg)
+    n_hold = max(1, int(round(cfg.holdout * len(episodes))))
+    train, hold = episodes[:-n_hold], episodes[-n_hold:]
+    x = np.concatenate([e[0] for e in train])
+    y = np.concatenate([e[1] for e in train])
+    rng = np.random.default_rng(cfg.seed)
+    params = {"x_mean": x.mean(0), "x_std": x.std(0) + 1e-6,
+              "omega": rng.normal(0.0, 1.0 / cfg.bandwidth, (x.shape[1], cfg.features)),
+              "phase": rng.uniform(0.0, 2 * np.pi, cfg.features),
+              "y_mean": np.float64(y.mean()), "y_std": np.float64(y.std() + 1e-6)}
+    value = ExpertValue(task.cfg, params, {})
+    phi = value._design(x)
+    target = (y - params["y_mean"]) / params["y_std"]
+    gram = phi.T @ phi + cfg.ridge * len(x) / 100.0 * np.eye(phi.shape[1])
+    params["w"] = np.linalg.solve(gram, phi.T @ target)
+    xh = np.concatenate([e[0] for e in hold])
+    yh = np.concatenate([e[1] for e in hold])
+    err = value.predict(xh) - yh
+    value.metrics = {"heldout_rmse": float(np.sqrt(np.mean(err**2))),
+                     "heldout_mae": float(np.mean(np.abs(err))),
+                     "heldout_return_std": float(yh.std()), "heldout_states": int(len(yh)),
+                     "train_states": int(len(y)), "episodes": len(episodes)}
+    return value
+
+
+def _cache_path(task_cfg, cfg: ValueFitConfig) -> pathlib.Path:
+    root = pathlib.Path(os.environ.get("SIMDIST_CACHE_DIR",
+                                       pathlib.Path.home() / ".cache" / "simdist_ros"))
+    key = hashlib.sha256(repr((VALUE_VERSION, task_cfg, cfg)).encode()).hexdigest()[:16]
+    return root / f"ur5e_value_{task_cfg.name}_{key}.npz"
+
+
+def expert_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()) -> ExpertValue:
+    """V^e of the task's SIM expert (Wide region), fitted once and cached as an .npz file."""
+    from robot_drivers.tasks.ur5e_tasks import make_ur5e_task
+
+    sim = make_ur5e_task(task.name, "sim", cameras=(), region="wide")
+    path = _cache_path(sim.cfg, cfg)
+    if path.exists():
+        with np.load(path, allow_pickle=False) as f:
+            params = {k: f[k] for k in f.files if k != "metrics"}
+            metrics = json.loads(str(f["metrics"]))
+        sim.close()
+        return ExpertValue(sim.cfg, params, metrics)
+    value = fit_value(sim, cfg)
+    sim.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, metrics=np.array(json.dumps(value.metrics)), **value.params)
+    tmp.replace(path)
+    return value
+
+
+__all__ = ["Degradation", "ExpertValue", "InsertionExpert", "LADDER", "PHASE_NAMES",
+           "ValueFitConfig", "discounted_returns", "expert_ladder", "expert_value", "fit_value",
+           "make_expert", "rollout", "value_features"]

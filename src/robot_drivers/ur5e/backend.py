@@ -71,8 +71,7 @@ class MujocoUR5eBackend(RobotBackend):
         self._grip_q = self.model.joint(GRIPPER_DRIVER).qposadr[0]
         self._grip_range = self.model.joint(GRIPPER_DRIVER).range[1]
         self._rng = np.random.default_rng()
-        self._pending: tuple | None = None
-        self._last_command = np.zeros(7)
+        self._pending: np.ndarray | None = None
         self._faults: list[Fault] = []
 
     def _scale_servo_kp(self, scale: float) -> None:
@@ -95,7 +94,6 @@ class MujocoUR5eBackend(RobotBackend):
         mujoco.mj_forward(m, d)
         self.controller.reset(d)
         self._pending = None
-        self._last_command = np.zeros(7)
         self._faults = []
         for _ in range(50):  # let objects settle under a holding controller
             self.controller.physics_step(d)
@@ -107,24 +105,26 @@ class MujocoUR5eBackend(RobotBackend):
         validate_command(self.spec, command)
         if any(f.level >= FaultLevel.ERROR for f in self._faults):
             raise RuntimeError(f"ur5e: refusing a command while faulted: {self._faults}; reset()")
-        pos, mat = self.controller.tcp_pose(self.data)
-        closed = self.controller.gripper_closed
         if command.kind == CommandKind.EE_DELTA:
-            values = np.asarray(command.values, float)
-            pos, mat = self.controller.delta_target(pos, mat, values[:6])
-            closed = bool(values[6] > 0.5)
-            self._last_command = values.copy()
+            values = np.asarray(command.values, float).copy()
         elif command.kind in (CommandKind.HOLD, CommandKind.DAMP):
-            self._last_command = np.r_[np.zeros(6), float(closed)]
+            values = np.r_[np.zeros(6), float(self.controller.gripper_closed)]
         else:
             raise ValueError(f"ur5e accepts EE_DELTA, HOLD or DAMP commands, got {command.kind}")
-        self._pending = (pos, mat, closed)
+        self._pending = values
+
+    def _activate(self, values: np.ndarray) -> None:
+        """Anchor the delta on the TCP pose measured when the command takes effect (as a driver
+        converting a relative command to an absolute servoL target on reception would)."""
+        pos, mat = self.controller.tcp_pose(self.data)
+        pos, mat = self.controller.delta_target(pos, mat, values[:6])
+        self.controller.set_target(pos, mat, bool(values[6] > 0.5))
 
     def step(self) -> Observation:
         m, d = self.model, self.data
         for i in range(self.n_substeps):
             if i == self.latency_steps and self._pending is not None:
-                self.controller.set_target(*self._pending)
+                self._activate(self._pending)
                 self._pending = None
             self.controller.physics_step(d)
             mujoco.mj_step(m, d)

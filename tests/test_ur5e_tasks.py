@@ -1,0 +1,232 @@
+"""UR5e Peg / Table Leg tasks: reset/step/render/score, expert bars, ladder, V^e, the sim-to-real
+gap, and TorchScript policy loading."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from robot_drivers.experts.torchscript import load_torchscript_policy
+from robot_drivers.experts.ur5e import (
+    LADDER, InsertionExpert, ValueFitConfig, discounted_returns, expert_value, fit_value, rollout)
+from robot_drivers.tasks import expert_ladder, make_task
+from robot_drivers.tasks.ur5e_tasks import GAMMA, REGIONS, RealGap, real_gap
+
+TASKS = ("peg", "table_leg")
+
+
+def success_rate(name, variant, episodes, seed0, rung=0, region="wide"):
+    task = make_task(name, variant, cameras=(), region=region)
+    expert = InsertionExpert(task, LADDER[rung])
+    runs = [rollout(task, expert, seed0 + i) for i in range(episodes)]
+    task.close()
+    return sum(r["success"] for r in runs), float(np.mean([r["steps"] for r in runs]))
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_task_resets_steps_renders_and_scores(name):
+    task = make_task(name, image_size=(40, 48))
+    obs = task.reset(3)
+    assert set(obs.images) == {"wrist", "overhead", "side"}
+    for img in obs.images.values():
+        assert img.shape == (40, 48, 3) and img.dtype == np.uint8 and img.std() > 5.0
+    assert obs.proprio.shape == (task.spec.proprio_dim,)
+    expert = InsertionExpert(task)
+    expert.reset(3)
+    rewards = []
+    for _ in range(8):
+        res = task.step(expert.act(obs))
+        obs = res.obs
+        rewards.append(res.reward)
+        assert 0.0 <= res.reward <= 1.0 and not res.success
+    assert rewards[-1] > rewards[0]  # approaching the grasp point raises the dense reward
+    with pytest.raises(ValueError, match="NaN"):
+        task.step(np.full(7, np.nan))
+    with pytest.raises(ValueError, match="shape"):
+        task.step(np.zeros(3))
+    task.close()
+
+
+@pytest.mark.parametrize("region", ["narrow", "wide"])
+def test_initial_region(region):
+    task = make_task("peg", cameras=(), region=region)
+    half = np.asarray(REGIONS[region])
+    xy = np.array([task.reset(s).privileged["obj_pos"][:2] for s in range(6)])
+    centre = np.asarray(task.cfg.region_center)
+    assert np.all(np.abs(xy - centre) <= half + 0.002)
+    assert np.ptp(xy[:, 0]) > (0.005 if region == "narrow" else 0.05)
+    task.close()
+
+
+def test_bad_task_arguments_raise():
+    with pytest.raises(ValueError, match="unknown overrides"):
+        make_task("peg", colour="red")
+    with pytest.raises(ValueError, match="region"):
+        make_task("peg", region="huge")
+    with pytest.raises(ValueError, match="variant"):
+        make_task("peg", variant="hardware")
+    with pytest.raises(ValueError, match="real"):
+        make_task("peg", gap=RealGap())
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_expert_fast_bar(name):
+    ok, _ = success_rate(name, "sim", 5, seed0=100)
+    assert ok >= 4, f"{name}: expert succeeded {ok}/5 on Wide"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TASKS)
+@pytest.mark.parametrize("region", ["wide", "narrow"])
+def test_expert_full_bar(name, region):
+    ok, steps = success_rate(name, "sim", 50, seed0=5000, region=region)
+    print(f"{name} {region}: expert {ok}/50, mean {steps:.1f} steps")
+    assert ok >= 45
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TASKS)
+def test_ladder_degrades(name):
+    rates = [success_rate(name, "sim", 10, seed0=7000, rung=k) for k in range(len(LADDER))]
+    print(name, [(d.name, r) for d, r in zip(LADDER, rates)])
+    # worse rungs succeed less or take longer; the last is clearly worse than the expert
+    assert rates[-1][0] < rates[0][0] or rates[-1][1] > 1.3 * rates[0][1]
+
+
+def test_ladder_policies_are_valid():
+    task = make_task("peg", cameras=())
+    ladder = expert_ladder(task)
+    assert [p.name for p in ladder] == [d.name for d in LADDER] and len(ladder) >= 4
+    obs = task.reset(0)
+    for p in ladder:
+        p.reset(0)
+        a = p.act(obs)
+        assert a.shape == (7,) and np.all(np.isfinite(a))
+    task.close()
+
+
+def test_discounted_returns_make_success_absorbing():
+    r = np.array([0.5, 0.5, 1.0])
+    g = discounted_returns(r, success=True)
+    assert g[-1] == pytest.approx(1 / (1 - GAMMA))
+    assert g[0] == pytest.approx(0.5 + GAMMA * 0.5 + GAMMA**2 / (1 - GAMMA))
+    assert discounted_returns(r, success=False)[-1] == 0.0
+
+
+def test_value_fit_heldout_error_and_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMDIST_CACHE_DIR", str(tmp_path))
+    cfg = ValueFitConfig(episodes=6, holdout=0.34)
+    task = make_task("peg", cameras=())
+    value = expert_value(task, cfg)
+    m = value.metrics
+    assert m["heldout_rmse"] < 0.5 * m["heldout_return_std"], m
+    assert len(list(tmp_path.glob("ur5e_value_peg_*.npz"))) == 1
+    again = expert_value(task, cfg)  # from the cache file
+    obs = task.reset(11)
+    assert again(obs) == pytest.approx(value(obs), rel=1e-6)
+    assert again.metrics == m
+    # an expert-visited late state (nearly inserted) is worth more than the start
+    run = rollout(task, InsertionExpert(task), 11)
+    late = dataclasses.replace(obs, privileged=run["states"][-2])
+    assert value(late) > value(obs)
+    task.close()
+
+
+def test_real_gap_is_documented_and_applied():
+    gap = real_gap("peg")
+    names = {f.name for f in dataclasses.fields(RealGap)}
+    assert {"clearance_scale", "object_friction", "actuator_gain_scale", "action_latency_s",
+            "camera_offset", "table_checker", "light_pos"} <= names
+    sim, real = make_task("peg", image_size=(32, 32)), make_task("peg", "real", image_size=(32, 32))
+    assert real.cfg.fixture.clearance < sim.cfg.fixture.clearance
+    assert real.backend.latency_steps > 0 and sim.backend.latency_steps == 0
+    ids = [real.backend.model.actuator(n).id for n in ("shoulder_pan", "wrist_3")]
+    assert np.allclose(real.backend.model.actuator_gainprm[ids, 0],
+                       sim.backend.model.actuator_gainprm[ids, 0] * gap.actuator_gain_scale)
+    # appearance: same state, different pictures
+    o_sim, o_real = sim.reset(0), real.reset(0)
+    diff = np.abs(o_sim.images["overhead"].astype(float) - o_real.images["overhead"]).mean()
+    assert diff > 10.0
+    sim.close()
+    real.close()
+
+
+def test_same_actions_move_the_real_arm_differently():
+    """Dynamics gap: replay the sim expert's actions open loop in sim and in "real"."""
+    sim, real = make_task("peg", cameras=()), make_task("peg", "real", cameras=())
+    expert = InsertionExpert(sim)
+    obs = sim.reset(21)
+    expert.reset(21)
+    real.reset(21)
+    gaps = []
+    for _ in range(12):
+        a = expert.act(obs)
+        obs = sim.step(a).obs
+        r = real.step(a).obs
+        gaps.append(np.linalg.norm(obs.privileged["tcp_pos"] - r.privileged["tcp_pos"]))
+    assert max(gaps) > 0.005, gaps
+    sim.close()
+    real.close()
+
+
+def test_sim_expert_does_worse_on_real():
+    """The sim expert, closed loop: measurably slower or less successful on "real"."""
+    for name, seeds in (("peg", (31, 32)), ("table_leg", (31,))):
+        sim_ok, sim_steps = success_rate(name, "sim", len(seeds), seeds[0])
+        real_ok, real_steps = success_rate(name, "real", len(seeds), seeds[0])
+        assert real_ok < sim_ok or real_steps > 1.2 * sim_steps, (name, sim_steps, real_steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TASKS)
+def test_real_gap_success_rates(name):
+    sim = success_rate(name, "sim", 20, 9000)
+    real = success_rate(name, "real", 20, 9000)
+    print(f"{name}: sim {sim}, real {real}")
+    assert real[0] < sim[0] or real[1] > 1.2 * sim[1]
+
+
+# -- TorchScript -----------------------------------------------------------------------------
+
+class _TinyPolicy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 7)
+
+    def forward(self, x):
+        return torch.tanh(self.net(x))
+
+
+def _obs_fn(obs):
+    return obs.proprio[:4]
+
+
+def test_torchscript_policy_roundtrip(tmp_path):
+    path = tmp_path / "policy.pt"
+    torch.jit.script(_TinyPolicy()).save(str(path))
+    policy = load_torchscript_policy(path, _obs_fn, action_dim=7)
+    task = make_task("peg", cameras=())
+    obs = task.reset(0)
+    policy.reset(0)
+    a = policy.act(obs)
+    assert a.shape == (7,) and np.all(np.abs(a) <= 1.0)
+    task.step(a)
+    wrong = load_torchscript_policy(path, _obs_fn, action_dim=6)
+    with pytest.raises(ValueError, match="expected 6"):
+        wrong.act(obs)
+    task.close()
+
+
+def test_torchscript_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_torchscript_policy(tmp_path / "missing.pt", _obs_fn)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a model at all")
+    with pytest.raises(ValueError, match="not a TorchScript archive"):
+        load_torchscript_policy(junk, _obs_fn)
+    import zipfile
+    fake = tmp_path / "fake.pt"
+    with zipfile.ZipFile(fake, "w") as z:
+        z.writestr("data.txt", "hello")
+    with pytest.raises(ValueError, match="corrupt or incompatible"):
+        load_torchscript_policy(fake, _obs_fn)
