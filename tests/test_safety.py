@@ -187,3 +187,31 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
         assert r.success, r.message
     finally:
         ros.close()
+
+
+def test_diagnostics_levels_immediate_publish_and_stale(ros_domain):
+    import time
+
+    from rclpy.node import Node
+
+    from robot_drivers.diagnostics import Diagnostics, Level
+
+    ros = RosHarness(ros_domain)
+    try:
+        node = ros.add(Node("diag_user", context=ros.context))
+        diag = Diagnostics(node, hardware_id="hw", period_s=0.2)
+        got = ros.collect(DiagnosticArray, "/diagnostics")
+        assert ros.spin_until(lambda: ros.probe.count_publishers("/diagnostics") >= 1)
+        ros.spin_for(0.3)
+        diag.set("link", Level.ERROR, "cable out", retries=3)  # a level change goes out at once
+        diag.set("beat", Level.OK, "alive", stale_after_s=0.3)
+        assert ros.spin_until(lambda: any(lvl == 2 and "cable out" in m for lvl, m in diagnostics_text(got, "diag_user")))
+        status = [s for a in got for s in a.status if s.name == "diag_user: link"][-1]
+        assert status.hardware_id == "hw" and [(kv.key, kv.value) for kv in status.values] == [("retries", "3")]
+        time.sleep(0.4)  # "beat" is not refreshed: STALE; "link" (no stale_after_s) stays ERROR
+        n = len(got)
+        assert ros.spin_until(lambda: len(got) > n + 1)
+        last = {s.name: s.level[0] for s in got[-1].status}
+        assert last == {"diag_user: link": 2, "diag_user: beat": 3}
+    finally:
+        ros.close()

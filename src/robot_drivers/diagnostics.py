@@ -3,7 +3,8 @@
 A node keeps named statuses (OK / WARN / ERROR / STALE with key-values) and publishes them as one
 DiagnosticArray about once a second on a steady-clock timer (so it keeps reporting while sim time
 is paused in lockstep), and at once when a status changes level, so an operator sees a fault
-without waiting (a changed message at WARN/ERROR at most 10 times a second). A status not refreshed within `stale_after_s` is reported STALE.
+without waiting (a changed message at WARN/ERROR at most 10 times a second). A status set with
+`stale_after_s` (one refreshed regularly) is reported STALE when it stops being refreshed.
 """
 from __future__ import annotations
 
@@ -25,22 +26,22 @@ class Level(enum.IntEnum):
 class Diagnostics:
     """Named health statuses of one node, published on /diagnostics."""
 
-    def __init__(self, node, hardware_id: str = "", period_s: float = 1.0, stale_after_s: float = 5.0):
+    def __init__(self, node, hardware_id: str = "", period_s: float = 1.0):
         self._node = node
         self._hardware_id = hardware_id
-        self._stale_after_s = stale_after_s
-        self._status: dict[str, tuple[Level, str, dict, float]] = {}
+        self._status: dict[str, tuple[Level, str, dict, float, float | None]] = {}
         self._last_push = 0.0
         self._pub = node.create_publisher(
             DiagnosticArray, "/diagnostics", QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         )
         self._timer = node.create_timer(period_s, self.publish, clock=Clock(clock_type=ClockType.STEADY_TIME))
 
-    def set(self, name: str, level: Level, message: str, **values) -> None:
-        """Record a status; publishes immediately if its level changed."""
+    def set(self, name: str, level: Level, message: str, *, stale_after_s: float | None = None, **values) -> None:
+        """Record a status; publishes immediately if its level changed. A status given
+        `stale_after_s` (one that should be refreshed regularly) reads STALE when it is not."""
         previous = self._status.get(name)
         now = time.monotonic()
-        self._status[name] = (Level(level), message, values, now)
+        self._status[name] = (Level(level), message, values, now, stale_after_s)
         changed = previous is None or previous[0] != level
         if not changed and level >= Level.WARN and previous[1] != message and now - self._last_push > 0.1:
             self._last_push = now  # a new problem at the same level: show it, at most 10 times a second
@@ -64,8 +65,8 @@ class Diagnostics:
         now = time.monotonic()
         msg = DiagnosticArray()
         msg.header.stamp = self._node.get_clock().now().to_msg()
-        for name, (level, message, values, updated) in self._status.items():
-            if now - updated > self._stale_after_s and level != Level.STALE:
+        for name, (level, message, values, updated, stale_after_s) in self._status.items():
+            if stale_after_s is not None and now - updated > stale_after_s:
                 level, message = Level.STALE, f"no update for {now - updated:.1f} s (last: {message})"
             msg.status.append(
                 DiagnosticStatus(

@@ -103,7 +103,7 @@ class RealtimeDriverNode(Node):
         except (RuntimeError, ValueError) as e:
             self.diag.set("state", Level.ERROR, f"cannot read robot state: {e}")
             return
-        self.diag.set("state", Level.OK, "reading robot state")
+        self.diag.set("state", Level.OK, "reading robot state", stale_after_s=2.0)
         t = self.get_clock().now().nanoseconds
         self.pub_joints.publish(ros_msgs.joint_state_msg(self.spec.joint_names, obs.joint_pos, obs.joint_vel, t))
         self.publish_extra(obs, t)
