@@ -1,4 +1,6 @@
 """Go2 tasks, the official expert / checkpoints / critic, and the sim-vs-real gap."""
+import json
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,7 @@ def test_tasks_reset_step_and_score(name, variant):
     r = task.step(np.zeros(12))
     assert np.isfinite(r.reward) and isinstance(r.reward, float)
     assert set(r.info) >= {"distance", "fallen", "vel_rmse"}
+    json.dumps(r.info)  # the driver node publishes it as JSON
     assert not r.success and not r.truncated
     assert task.max_steps == 1000
 

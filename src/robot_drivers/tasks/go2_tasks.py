@@ -138,7 +138,7 @@ class Go2Task(Task):
         self._start = obs.privileged["base_pos"][:2].copy()
         self._heading0 = self._heading_ref = float(obs.privileged["yaw"][0])
         self._steps, self._prev_action = 0, np.zeros(12)
-        self._vel_err_sq, self._distance = [], 0.0
+        self._vel_err_sq = []
         self.backend.set_command(self._command(self.backend.yaw()))
         self._obs = self.backend.observe()
         return self._obs
@@ -192,11 +192,11 @@ class Go2Task(Task):
         truncated = self._steps >= self.max_steps
         success = not fallen and (distance >= target if target is not None else truncated)
         self._obs = obs
-        info = {
+        info = {  # plain Python values: the driver node publishes it as JSON
             "distance": distance,
-            "fallen": fallen,
+            "fallen": bool(fallen),
             "vel_rmse": float(np.sqrt(np.mean(self._vel_err_sq))),
-            "command": self._base_command.copy(),
+            "command": [float(c) for c in self._base_command],
         }
         return StepResult(obs, reward, fallen or (success and target is not None), truncated,
                           success, info)
