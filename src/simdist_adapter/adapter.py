@@ -44,13 +44,11 @@ def gate(candidate_loss: float, deployed_loss: float) -> tuple[bool, str]:
     return False, f"candidate held-out loss {candidate_loss:.5f} does not beat deployed {deployed_loss:.5f}"
 
 
-def adapt_round(registry: ModelRegistry, bags, spec: RobotSpec, workdir, config: AdaptConfig,
-                demos=None, progress=None) -> RoundReport:
-    """Build D_real from all `bags` (+ demos), fine-tune f of the deployed model, gate, deploy."""
-    workdir = pathlib.Path(workdir)
-    built = build_real_dataset(bags, workdir / "d_real", spec, demos=demos)
+def adapt_on_dataset(registry: ModelRegistry, d_real, config: AdaptConfig, progress=None,
+                     episodes: int = 0, transitions: int = 0, bags_skipped: dict | None = None) -> RoundReport:
+    """Fine-tune f of the deployed model on the D_real shards in `d_real`, gate, deploy."""
     model = registry.load_deployed(config.device)
-    train, heldout = real_windows(workdir / "d_real", model.config.history, model.config.horizon,
+    train, heldout = real_windows(d_real, model.config.history, model.config.horizon,
                                   config.holdout, config.seed)
     result = finetune_dynamics(model, train, heldout, config, progress)
     ok, reason = gate(result.heldout_after, result.heldout_before)
@@ -59,10 +57,18 @@ def adapt_round(registry: ModelRegistry, bags, spec: RobotSpec, workdir, config:
             "heldout_latent_loss": result.heldout_after,
             "heldout_latent_loss_before": result.heldout_before,
             "train_loss": result.train_loss, "steps": result.steps,
-            "episodes": built.episodes, "transitions": built.transitions,
-            "adapt_config": result.config,
+            "episodes": episodes, "transitions": transitions, "adapt_config": result.config,
         })
     log.info("adaptation round: %s", reason)
     return RoundReport(ok, registry.deployed_version or "", reason, result.heldout_before,
                        result.heldout_after, result.train_loss, result.steps, result.seconds,
-                       built.episodes, built.transitions, built.bags_skipped)
+                       episodes, transitions, bags_skipped or {})
+
+
+def adapt_round(registry: ModelRegistry, bags, spec: RobotSpec, workdir, config: AdaptConfig,
+                demos=None, progress=None) -> RoundReport:
+    """Build D_real from all `bags` (+ demos), then `adapt_on_dataset`."""
+    d_real = pathlib.Path(workdir) / "d_real"
+    built = build_real_dataset(bags, d_real, spec, demos=demos)
+    return adapt_on_dataset(registry, d_real, config, progress, built.episodes, built.transitions,
+                            built.bags_skipped)

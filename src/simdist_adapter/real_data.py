@@ -118,27 +118,30 @@ def segments_from_bag(path: str | pathlib.Path, spec: RobotSpec, min_transitions
     return [s for s in segments if len(s.actions) >= min_transitions]
 
 
-def _record(segment: Segment, episode_id: int, layout: StepLayout) -> EpisodeRecord:
-    rows = len(segment.observations)
+def episode_record(observations: list[dict], actions: list[np.ndarray], episode_id: int,
+                   layout: StepLayout, seed: int = -1, success: bool = False, source: str = "") -> EpisodeRecord:
+    """L + 1 observation arrays and L executed actions as a dataset episode (no rewards/values)."""
+    rows = len(observations)
+    if len(actions) != rows - 1 or rows < 2:
+        raise ValueError(f"an episode needs L >= 1 actions and L + 1 observations, got {len(actions)} / {rows}")
     steps = {
-        "proprio": np.stack([o["proprio"] for o in segment.observations]),
-        "action": np.concatenate([np.stack(segment.actions), np.zeros((1, layout.action_dim), np.float32)]),
+        "proprio": np.stack([o["proprio"] for o in observations]),
+        "action": np.concatenate([np.stack(actions), np.zeros((1, layout.action_dim), np.float32)]),
         "reward": np.zeros(rows, np.float32),
         "value": np.zeros(rows, np.float32),
         "expert": np.zeros(rows, np.uint8),
         "noised": np.zeros(rows, np.uint8),
     }
     for i, cam in enumerate(layout.cameras):
-        steps[f"images/{cam}"] = np.stack([o["images"][i].transpose(1, 2, 0) for o in segment.observations])
+        steps[f"images/{cam}"] = np.stack([o["images"][i].transpose(1, 2, 0) for o in observations])
     if layout.height_map_shape:
-        steps["height_map"] = np.stack([o["height_map"] for o in segment.observations])
+        steps["height_map"] = np.stack([o["height_map"] for o in observations])
     if layout.command_dim:
-        steps["command"] = np.stack([o["command"] for o in segment.observations])
+        steps["command"] = np.stack([o["command"] for o in observations])
     return EpisodeRecord(
-        id=episode_id, steps=steps, policy=-1, seed=segment.seed,
+        id=episode_id, steps=steps, policy=-1, seed=seed,
         noise_scale=np.zeros(layout.action_dim, np.float32), never_noised=True,
-        success=segment.success, terminated=segment.success, truncated=not segment.success,
-        meta={"source": segment.bag},
+        success=success, terminated=success, truncated=not success, meta={"source": source},
     )
 
 
@@ -174,7 +177,8 @@ def build_real_dataset(bags, out_dir: str | pathlib.Path, spec: RobotSpec, demos
                 continue
             report.bags_used.append(str(p))
             for seg in segments:
-                writer.append(_record(seg, next_id, layout))
+                writer.append(episode_record(seg.observations, seg.actions, next_id, layout,
+                                             seg.seed, seg.success, seg.bag))
                 next_id += 1
                 report.episodes += 1
                 report.transitions += len(seg.actions)

@@ -84,8 +84,9 @@ class RecorderNode(Node):
         self._episode_stamp = -1  # newest tick stamp announced on /simdist/episode
         self.finished: list[pathlib.Path] = []
         self._dropped = 0
-        self.create_timer(self.params["discovery_period_s"], self._discover)
-        self.create_timer(0.1, self._housekeeping, clock=Clock(clock_type=ClockType.STEADY_TIME))
+        steady = Clock(clock_type=ClockType.STEADY_TIME)  # sim time may stand still (lockstep, replay)
+        self.create_timer(self.params["discovery_period_s"], self._discover, clock=steady)
+        self.create_timer(0.1, self._housekeeping, clock=steady)
         if not self.params["split_episodes"]:
             self._open(EpisodeMeta(task=self.params["task"], checkpoint=self.params["checkpoint"]), start=0)
         self.diag.set("recording", Level.OK, "waiting for topics", bag_dir=self.params["bag_dir"])

@@ -39,7 +39,14 @@ PARAMS = (
         read_only=True,
     ),
     Param("publish_clock", True, "publish /clock with the bag time"),
-    Param("start_delay_s", 1.0, "wall time to wait for subscribers before the first message", 0.0, 60.0),
+    Param("start_delay_s", 1.0, "wall time to wait before the first message (after wait_for_subscribers)", 0.0, 60.0),
+    Param(
+        "wait_for_subscribers",
+        [""],
+        "topics that must have a subscriber before playing (e.g. the planner's input), up to wait_timeout_s",
+        read_only=True,
+    ),
+    Param("wait_timeout_s", 60.0, "longest wait for wait_for_subscribers; then replay fails", 0.0, 600.0),
 )
 
 
@@ -67,6 +74,7 @@ class ReplayNode(Node):
 
     def play(self, should_stop=lambda: False) -> int:
         """Publish the bag; returns how many messages went out."""
+        self._wait_for_subscribers(should_stop)
         time.sleep(self.params["start_delay_s"])
         first_ns, start_wall, last_clock = None, time.monotonic(), None
         for msg in self.bag.raw_messages(self.topics):
@@ -89,6 +97,18 @@ class ReplayNode(Node):
             self.published += 1
         self.diag.set("replay", Level.OK, f"replayed {self.published} messages from {self.bag.path}")
         return self.published
+
+
+    def _wait_for_subscribers(self, should_stop) -> None:
+        topics = [t for t in self.params["wait_for_subscribers"] if t]
+        deadline = time.monotonic() + self.params["wait_timeout_s"]
+        while not should_stop():
+            missing = [t for t in topics if self.count_subscribers(t) == 0]
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no subscriber on {missing} after {self.params['wait_timeout_s']} s")
+            rclpy.spin_once(self, timeout_sec=0.05)
 
 
 def main(args=None):

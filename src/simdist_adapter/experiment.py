@@ -1,0 +1,315 @@
+"""`simdist-adapt-experiment`: Algorithm 1's real-world loop on a "real" stand-in task, measured.
+
+For each method: zero-shot success of the pretrained model, then J rounds of (M planner episodes
+added to D_real, one adaptation round on f behind the validation gate, N seeded evaluation
+episodes). Methods: `simdist` (only f), the paper's two ablations `unfreeze_encoder` and
+`unfreeze_value`, and `base_policy` (pi alone; adaptation never touches pi, so it is evaluated
+once). Runs in-process (no ROS) so the figures measure the method, not the middleware; `make
+demo` runs the same loop through the ROS graph. Output: a table, `results.json` with every
+figure, and PNG plots (success vs real episodes, held-out latent loss before/after each round,
+predicted value over a successful and a failed episode, and predicted vs real joint trajectory
+through a linear latent probe before/after fine-tuning, our analogue of the paper's Fig. 8).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from robot_drivers.tasks import Task, make_task
+from simdist_adapter.adapter import adapt_on_dataset
+from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
+from simdist_adapter.real_data import episode_record
+from simdist_adapter.registry import ModelRegistry
+from simdist_planner.checkpoint import load_checkpoint
+from simdist_planner.dataset import ShardWriter, StepLayout, shard_name
+from simdist_planner.evaluate import Agent, task_overrides
+from simdist_planner.observation import ObservationError, observation_arrays
+from simdist_planner.planner import MPPIPlanner, PlannerError, planner_config_for
+
+METHODS = {
+    "simdist": {},
+    "unfreeze_encoder": {"train_encoder": True},
+    "unfreeze_value": {"train_value": True},
+    "base_policy": None,
+}
+EVAL_SEED, COLLECT_SEED = 0, 100_000  # evaluation and data-collection seeds never overlap
+
+
+@dataclass
+class ExperimentConfig:
+    task: str = "slippery_slope"
+    checkpoint: str = ""
+    out: str = "artifacts/adapt_experiment"
+    methods: tuple[str, ...] = ("simdist", "unfreeze_encoder", "unfreeze_value", "base_policy")
+    rounds: int = 3  # J
+    episodes_per_round: int = 10  # M
+    eval_episodes: int = 20
+    max_steps: int | None = None  # episode length override (None: the task's)
+    device: str = "cpu"
+    planner: dict = field(default_factory=dict)  # PlannerConfig overrides (num_samples, ...)
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)
+
+    def __post_init__(self):
+        unknown = sorted(set(self.methods) - set(METHODS))
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
+        if min(self.rounds, self.episodes_per_round, self.eval_episodes) < 1:
+            raise ValueError("rounds, episodes_per_round and eval_episodes must be >= 1")
+
+
+@dataclass
+class Episode:
+    success: bool
+    distance: float
+    steps: int
+    error: str
+    rows: list[dict] = field(default_factory=list)  # observation arrays o_0..o_L
+    actions: list[np.ndarray] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)  # planner's v^_{t+1} per step
+
+
+def run_episode(task: Task, agent: Agent, seed: int, record: bool) -> Episode:
+    """One seeded episode; a planner / observation error ends it as a failure, never acted on."""
+    obs = task.reset(seed)
+    agent.reset(seed)
+    ep = Episode(False, math.nan, 0, "")
+    try:
+        while ep.steps < task.max_steps:
+            if record:
+                ep.rows.append(observation_arrays(obs, task.spec))
+            action = agent.act(obs)
+            if agent.last_plan is not None:
+                ep.values.append(float(agent.last_plan.values[0]))
+            result = task.step(action)
+            ep.actions.append(action)
+            obs, ep.steps = result.obs, ep.steps + 1
+            ep.distance = float(result.info.get("distance", math.nan))
+            ep.success = bool(result.success)
+            if result.terminated or result.truncated:
+                break
+        if record:
+            ep.rows.append(observation_arrays(obs, task.spec))
+    except (PlannerError, ObservationError) as err:
+        ep.error = str(err)
+        ep.rows = ep.rows[: len(ep.actions) + 1]
+    return ep
+
+
+class Experiment:
+    def __init__(self, config: ExperimentConfig):
+        self.cfg = config
+        self.out = pathlib.Path(config.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.pretrained = load_checkpoint(config.checkpoint, device=config.device)
+        self.task = make_task(config.task, "real", **task_overrides(
+            config.task, max_steps=config.max_steps, model=self.pretrained))
+        self.layout = StepLayout.from_spec(self.task.spec)
+
+    def agent(self, model, planner: bool = True) -> Agent:
+        mppi = None
+        if planner:
+            pc = planner_config_for(self.task.spec, horizon=model.config.horizon, **self.cfg.planner)
+            mppi = MPPIPlanner(model, pc, self.cfg.device)
+        return Agent(model, self.task.spec, mppi, self.cfg.device)
+
+    def evaluate(self, model, planner: bool = True) -> tuple[dict, list[Episode]]:
+        agent = self.agent(model, planner)
+        eps = [run_episode(self.task, agent, EVAL_SEED + i, record=False) for i in range(self.cfg.eval_episodes)]
+        dist = [e.distance for e in eps if not math.isnan(e.distance)]
+        return {"success_rate": float(np.mean([e.success for e in eps])),
+                "mean_distance": float(np.mean(dist)) if dist else None,
+                "errors": sum(bool(e.error) for e in eps)}, eps
+
+    def run_method(self, name: str) -> dict:
+        cfg, overrides = self.cfg, METHODS[name]
+        print(f"[{name}] zero-shot evaluation, {cfg.eval_episodes} episodes", flush=True)
+        if overrides is None:
+            score, eps = self.evaluate(self.pretrained, planner=False)
+            return {"curve": [{"real_episodes": 0, **score}], "rounds": [], "eval_episodes": eps}
+        root = self.out / name
+        registry = ModelRegistry(root / "registry")
+        if not registry.history():
+            registry.init_from(cfg.checkpoint)
+        score, eps = self.evaluate(registry.load_deployed(cfg.device))
+        curve, rounds, collected = [{"real_episodes": 0, **score}], [], 0
+        adapt_cfg = dataclasses.replace(cfg.adapt, device=cfg.device, **overrides)
+        shard = root / "d_real" / shard_name(0)
+        shard.unlink(missing_ok=True)
+        for j in range(cfg.rounds):
+            model = registry.load_deployed(cfg.device)
+            agent = self.agent(model)
+            with ShardWriter(shard, self.layout, {"task": cfg.task, "config": "{}"}, resume=shard.exists()) as w:
+                for i in range(cfg.episodes_per_round):
+                    seed = COLLECT_SEED + collected
+                    ep = run_episode(self.task, agent, seed, record=True)
+                    if len(ep.actions) >= 1 and len(ep.rows) >= 2:
+                        w.append(episode_record(ep.rows, ep.actions[: len(ep.rows) - 1], collected, self.layout,
+                                                seed, ep.success, f"{cfg.task} seed {seed}"))
+                    collected += 1
+            print(f"[{name}] round {j + 1}: {collected} real episodes, adapting f", flush=True)
+            report = adapt_on_dataset(registry, root / "d_real", adapt_cfg)
+            score, eps = self.evaluate(registry.load_deployed(cfg.device))
+            curve.append({"real_episodes": collected, **score})
+            rounds.append(report.to_dict())
+            print(f"[{name}] round {j + 1}: {report.reason}; success {score['success_rate']:.2f}", flush=True)
+        return {"curve": curve, "rounds": rounds, "eval_episodes": eps,
+                "registry": str(registry.root), "d_real": str(root / "d_real")}
+
+    def run(self) -> dict:
+        start = time.perf_counter()
+        results = {"config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)), "methods": {}}
+        episodes = {}
+        for name in self.cfg.methods:
+            r = self.run_method(name)
+            episodes[name] = r.pop("eval_episodes")
+            results["methods"][name] = r
+        results["seconds"] = time.perf_counter() - start
+        results["plots"] = self.plot(results, episodes)
+        (self.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        return results
+
+    # -- plots
+    def plot(self, results: dict, episodes: dict) -> list[str]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        files = []
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, r in results["methods"].items():
+            xs = [c["real_episodes"] for c in r["curve"]]
+            ys = [c["success_rate"] for c in r["curve"]]
+            if name == "base_policy" and results["methods"].get("simdist"):
+                xs = [c["real_episodes"] for c in results["methods"]["simdist"]["curve"]]
+                ys = ys * len(xs)
+            ax.plot(xs, ys, marker="o", label=name)
+        ax.set(xlabel="real episodes", ylabel="success rate", title=f"{self.cfg.task}: success vs real data",
+               ylim=(-0.05, 1.05))
+        ax.legend()
+        files.append(self._save(fig, "success_vs_episodes.png"))
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, r in results["methods"].items():
+            for j, rd in enumerate(r["rounds"]):
+                ax.plot([2 * j, 2 * j + 1], [rd["heldout_deployed"], rd["heldout_candidate"]], marker="o",
+                        color=f"C{list(METHODS).index(name)}", label=name if j == 0 else None)
+        ax.set(xlabel="round (before -> after)", ylabel="held-out latent loss", yscale="log",
+               title="held-out latent dynamics loss")
+        ax.legend()
+        files.append(self._save(fig, "heldout_latent_loss.png"))
+
+        eps = [e for e in episodes.get("simdist", []) if e.values]
+        ok = next((e for e in eps if e.success), None)
+        bad = next((e for e in eps if not e.success), None)
+        if ok or bad:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for e, label in ((ok, "successful"), (bad, "failed")):
+                if e is not None:
+                    ax.plot(e.values, label=f"{label} episode")
+            ax.set(xlabel="control step", ylabel="predicted value v^", title="predicted value over time")
+            ax.legend()
+            files.append(self._save(fig, "predicted_value.png"))
+        if "simdist" in results["methods"] and results["methods"]["simdist"]["rounds"]:
+            files.append(self._probe_plot(plt, results["methods"]["simdist"]))
+        return files
+
+    def _probe_plot(self, plt, method: dict) -> str:
+        """Predicted vs real joint trajectory, decoded from latents by a ridge probe on E's latents."""
+        adapted = ModelRegistry(method["registry"]).load_deployed(self.cfg.device)
+        pre = self.pretrained
+        h, t = pre.config.history, pre.config.horizon
+        _, held = real_windows(method["d_real"], h, t, self.cfg.adapt.holdout, self.cfg.adapt.seed)
+        batch = window_batch([held[i] for i in range(min(len(held), 64))])
+        offset = 0
+        for term in self.task.spec.proprio_terms:
+            if term.name == "joint_pos":
+                break
+            offset += term.dim
+        joint = offset + min(2, self.task.spec.action_dim - 1)
+        with torch.no_grad():
+            obs = {k: batch[k] for k in ("proprio", "images", "height_map", "command") if k in batch}
+            z_all = pre.encode({k: v.flatten(0, 1) for k, v in obs.items()}).cpu().numpy()
+            y_all = batch["proprio"].flatten(0, 1)[:, joint].numpy()
+            w = np.linalg.solve(np.c_[z_all, np.ones(len(z_all))].T @ np.c_[z_all, np.ones(len(z_all))]
+                                + 1e-3 * np.eye(z_all.shape[1] + 1), np.c_[z_all, np.ones(len(z_all))].T @ y_all)
+            preds = {name: m.predict_window(batch)["latents"] for name, m in (("pretrained", pre), ("adapted", adapted))}
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(batch["proprio"][0, h + 1:, joint].numpy(), "k-", label="real")
+        for name, lat in preds.items():
+            z = lat[0].cpu().numpy()
+            ax.plot(np.c_[z, np.ones(len(z))] @ w, "--", marker="o", label=f"predicted ({name})")
+        ax.set(xlabel="step into the future", ylabel=f"{self.task.spec.proprio_terms[0].name}... proprio[{joint}]",
+               title="predicted vs real joint trajectory (held-out episode)")
+        ax.legend()
+        return self._save(fig, "predicted_vs_real_trajectory.png")
+
+    def _save(self, fig, name: str) -> str:
+        path = self.out / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+        return str(path)
+
+
+def format_table(results: dict) -> str:
+    lines = [f"{'method':18} {'real eps':>8} {'success':>8} {'distance':>9} {'held-out loss before->after':>30}"]
+    for name, r in results["methods"].items():
+        for k, c in enumerate(r["curve"]):
+            loss = ""
+            if k >= 1:
+                rd = r["rounds"][k - 1]
+                loss = f"{rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f}{'' if rd['deployed'] else ' (refused)'}"
+            dist = "-" if c["mean_distance"] is None else f"{c['mean_distance']:.2f}"
+            lines.append(f"{name:18} {c['real_episodes']:8d} {c['success_rate']:8.2f} {dist:>9} {loss:>30}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> ExperimentConfig:
+    p = argparse.ArgumentParser(prog="simdist-adapt-experiment", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="slippery_slope", help="slippery_slope | foam | peg | table_leg")
+    p.add_argument("--checkpoint", required=True, help="pretrained world-model checkpoint (simdist-pretrain)")
+    p.add_argument("--out", default="artifacts/adapt_experiment")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--episodes-per-round", type=int, default=10)
+    p.add_argument("--eval-episodes", type=int, default=20)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--samples", type=int, default=None, help="planner Gaussian samples (default: official)")
+    p.add_argument("--iterations", type=int, default=None)
+    p.add_argument("--elites", type=int, default=None)
+    p.add_argument("--adapt-steps", type=int, default=2000, help="optimiser steps per adaptation round")
+    p.add_argument("--adapt-lr", type=float, default=2e-4)
+    a = p.parse_args(argv)
+    planner = {k: v for k, v in (("num_samples", a.samples), ("iterations", a.iterations),
+                                 ("num_elites", a.elites)) if v is not None}
+    return ExperimentConfig(
+        task=a.task, checkpoint=a.checkpoint, out=a.out, methods=tuple(a.methods.split(",")),
+        rounds=a.rounds, episodes_per_round=a.episodes_per_round, eval_episodes=a.eval_episodes,
+        max_steps=a.max_steps, device=a.device, planner=planner,
+        adapt=AdaptConfig(max_steps=a.adapt_steps, lr=a.adapt_lr, holdout=0.1))
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    results = Experiment(cfg).run()
+    print(format_table(results))
+    print(f"results: {cfg.out}/results.json; plots: {', '.join(results['plots'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
