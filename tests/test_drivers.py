@@ -191,9 +191,39 @@ class FakeGripper:
     def close(self): pass
 
 
-def _ur5e(clock):
+def _ur5e(clock, world_yaw=np.pi):
     recv, ctrl, grip = FakeReceive(), FakeControl(), FakeGripper()
-    return UR5eRtdeBackend(ctrl, recv, UR5eRtdeConfig(), grip, clock=lambda: clock[0]), recv, ctrl, grip
+    cfg = UR5eRtdeConfig(world_yaw=world_yaw)  # a turned mount, so the frame change is exercised
+    return UR5eRtdeBackend(ctrl, recv, cfg, grip, clock=lambda: clock[0]), recv, ctrl, grip
+
+
+def test_ur5e_rtde_frames_match_the_mujoco_model():
+    """The sim world is the controller base frame (UR5e DH kinematics) and the default TCP offset
+    is the sim's flange -> pinch transform, so the real proprio means what the sim's does."""
+    import mujoco
+
+    from robot_drivers.ur5e.backend import MujocoUR5eBackend
+    from robot_drivers.ur5e.config import SceneConfig
+    from robot_drivers.ur5e.so3 import rotvec_to_mat
+
+    sim = MujocoUR5eBackend(SceneConfig(cameras=()))
+    m, d = sim.model, sim.data
+    q = (0.3, -1.2, 1.4, -1.7, -1.4, 0.5)
+    d.qpos[sim.controller.qadr] = q
+    mujoco.mj_forward(m, d)
+    T = np.eye(4)  # UR5e DH parameters (Universal Robots' published values)
+    for qi, di, ai, al in zip(q, (0.1625, 0, 0, 0.1333, 0.0997, 0.0996), (0, -0.425, -0.3922, 0, 0, 0),
+                              (np.pi / 2, 0, 0, np.pi / 2, -np.pi / 2, 0)):
+        ct, st, ca, sa = np.cos(qi), np.sin(qi), np.cos(al), np.sin(al)
+        T = T @ np.array([[ct, -st * ca, st * sa, ai * ct], [st, ct * ca, -ct * sa, ai * st], [0, sa, ca, di], [0, 0, 0, 1]])
+    flange = m.site("attachment_site").id
+    np.testing.assert_allclose(d.site_xpos[flange], T[:3, 3], atol=2e-3)
+    np.testing.assert_allclose(d.site_xmat[flange].reshape(3, 3), T[:3, :3], atol=2e-3)
+    off = np.asarray(UR5eRtdeConfig().tcp_offset)
+    pos, mat = sim.controller.tcp_pose(d)
+    np.testing.assert_allclose(T[:3, :3] @ off[:3] + T[:3, 3], pos, atol=2e-3)
+    np.testing.assert_allclose(T[:3, :3] @ rotvec_to_mat(off[3:]), mat, atol=2e-3)
+    assert UR5eRtdeConfig().world_yaw == 0.0
 
 
 def test_ur5e_rtde_interpolates_targets_in_the_world_frame_and_kicks_the_watchdog():

@@ -26,7 +26,7 @@ PARAMS = (
     Param("gripper", True, "drive a Robotiq 2F-85 through its URCap socket (port 63352)", read_only=True),
     Param("lookahead_time", 0.1, "servoL lookahead (s): larger is smoother, slower", 0.03, 0.2),
     Param("gain", 300.0, "servoL proportional gain", 100.0, 2000.0),
-    Param("world_yaw", 3.141592653589793, "world frame = controller base turned by this about z (rad)", -3.15, 3.15, read_only=True),
+    Param("world_yaw", 0.0, "world frame = controller base turned by this about z (rad); 0 for the sim's mounting", -3.15, 3.15, read_only=True),
 )
 
 

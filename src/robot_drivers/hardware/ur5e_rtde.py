@@ -6,8 +6,9 @@ current set-point to that target over one control period, kicking the controller
 cycle. Faults come from the controller itself: lost RTDE link, protective / emergency stop, the
 control script no longer running; reduced speed scaling is a warning (targets arrive late).
 
-Frames: ur_rtde reports poses in the controller's base frame; the sim's world frame is that frame
-turned by `world_yaw` about z (docs/hardware.md says how to check it on the robot).
+Frames: ur_rtde reports poses in the controller's base frame, which is the MuJoCo scene's world
+frame (the menagerie arm's forward kinematics equal the UR5e DH model); `world_yaw` turns it for a
+differently mounted arm, and `tcp_offset` puts the controller's TCP on the sim's pinch point.
 """
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ class UR5eRtdeConfig:
     lookahead_time: float = 0.1  # s, servoL smoothing (ur_rtde accepts 0.03..0.2)
     gain: float = 300.0  # servoL proportional gain (100..2000)
     watchdog_min_hz: float = 10.0  # the controller stops the arm if not kicked this often
-    tcp_offset: tuple[float, ...] = (0.0, 0.0, 0.145, 0.0, 0.0, 0.0)  # flange -> pinch point, as in sim
-    world_yaw: float = np.pi  # rad: world = Rz(world_yaw) * controller base (ur_description base_link vs base)
+    # flange -> the sim's TCP (gripper_pinch): 155.8 mm out, turned -90 deg about z (measured on the
+    # MuJoCo model; tests/test_drivers.py checks it), so real and sim TCP frames coincide
+    tcp_offset: tuple[float, ...] = (0.0, 0.0, 0.1558, 0.0, 0.0, -np.pi / 2)
+    world_yaw: float = 0.0  # rad: world = Rz(world_yaw) * controller base (the sim's world IS the base frame)
     speed_scaling_warn: float = 0.99  # below this the speed slider / safety slows the arm
 
     def __post_init__(self) -> None:
