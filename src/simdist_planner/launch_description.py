@@ -103,6 +103,7 @@ COMMON_ARGS: tuple[LaunchArg, ...] = (
     LaunchArg("seed", "0", "seed of the first MuJoCo episode (robot:=sim)"),
     LaunchArg("episodes", "0", "robot:=sim: number of episodes to run, 0 = until stopped"),
     LaunchArg("domain", "", "ROS_DOMAIN_ID for every node (empty: inherit the environment)"),
+    LaunchArg("params_file", "", "parameter file used instead of config/<graph>.yaml (same sections)"),
 )
 UR5E_ARGS = (LaunchArg("robot_ip", "", "UR5e controller IP address (robot:=real)"),)
 GO2_ARGS = (LaunchArg("network_interface", "", "network interface wired to the Go2 (robot:=real)"),)
@@ -217,7 +218,7 @@ def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
         raise ValueError(f"argument domain:={args['domain']!r} must be an integer ROS domain id 0..232")
     if not args["checkpoint"]:
         raise ValueError("argument checkpoint:=<dir> is required: the planner needs a world-model checkpoint")
-    for name in ("checkpoint", "bag", "bag_dir", "video_checkpoint"):  # nodes may run elsewhere than the caller's cwd
+    for name in ("checkpoint", "bag", "bag_dir", "video_checkpoint", "params_file"):  # nodes may run elsewhere than the caller's cwd
         if args[name]:
             args[name] = os.path.abspath(os.path.expanduser(args[name]))
     if args["robot"] == "replay" and not args["bag"]:
@@ -246,7 +247,9 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
 
     spec = _graph(graph)
     args = resolve_args(graph, dict(given or {}))
-    params_file = config_path(graph)
+    params_file = pathlib.Path(args["params_file"]) if args["params_file"] else config_path(graph)
+    if not params_file.is_file():
+        raise ValueError(f"argument params_file:={params_file} is not a file")
     defaults = yaml.safe_load(params_file.read_text()) or {}
     # lockstep MuJoCo and replay run every node on /clock; hardware runs on the wall clock
     sim_time = args["robot"] == "replay" or (args["robot"] == "sim" and args["lockstep"] == "true")

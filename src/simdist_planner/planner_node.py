@@ -8,8 +8,10 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
 - Timing: in real-time mode a timer ticks at `control_rate_hz`; with `lockstep: true` (MuJoCo on
   /clock) each new observation is one tick, so the simulator never waits on a stale plan. Compute
   latency and deadline misses (latency > one control period) go to /diagnostics.
-- Deadline: if the running latency estimate (EMA + 3 x EMA deviation) says MPPI would not finish
-  within `deadline_fraction` of the period, the tick runs the base policy pi instead (cheap).
+- Deadline (real-time mode): if the running latency estimate (EMA + 3 x EMA deviation) says MPPI
+  would not finish within `deadline_fraction` of the period, the tick runs the base policy pi
+  instead (cheap). In lockstep the simulator waits for the plan, so MPPI always runs and a run is
+  deterministic; a re-sent tick gets the same answer again, never a second plan.
 - NaN: a non-finite plan publishes NOTHING (the supervisor then holds) and reports an ERROR.
 - Hot swap: `~/load_model` (std_srvs/Trigger) loads the `checkpoint` parameter's directory in a
   background thread, validates it (same inputs/outputs, finite plan on the latest observation)
@@ -213,6 +215,7 @@ class PlannerNode(Node):
         self._episode: tuple | None = None  # (episode id, seed) of the latest /simdist/episode
         self._planned_episode: object = _NEVER
         self._since_probe = 0
+        self._answer: tuple | None = None  # (action, plan) messages of the last answered tick
 
         load_error = None
         try:
@@ -370,8 +373,12 @@ class PlannerNode(Node):
             return
         if obs is None:
             return
-        self._latest = (ros_msgs.stamp_ns(msg.header.stamp), obs)
+        stamp = ros_msgs.stamp_ns(msg.header.stamp)
         self.diag.set("observation", Level.OK, "receiving complete observations")
+        if self.params["lockstep"] and stamp == self._answered_stamp:
+            self._republish()  # the simulator re-sent a waiting tick: our answer may have been lost
+            return
+        self._latest = (stamp, obs)
         if self.params["lockstep"]:
             self._tick()
 
@@ -414,8 +421,7 @@ class PlannerNode(Node):
         use_policy = self._should_fall_back(period)
         try:
             batch = observation_to_inputs(obs, self._spec)
-            if self._episode != self._planned_episode:  # new episode: cold start, seeded
-                self._planned_episode = self._episode
+            if self._new_episode():  # cold start, seeded: a run is reproducible episode by episode
                 self.planner.reset()
                 self.history.reset(obs)
             proprio_hist, action_hist = self.history.tensors()
@@ -442,9 +448,23 @@ class PlannerNode(Node):
         what = "base policy (MPPI predicted to miss the deadline)" if use_policy else "MPPI"
         self.diag.set("planning", level, f"planning with {what}", **self._report())
 
+    def _new_episode(self) -> bool:
+        """True at the first tick and when /simdist/episode names a new episode.
+
+        An episode id first learnt after planning started (the episode topic matched late) is
+        adopted without a reset."""
+        episode, planned = self._episode, self._planned_episode
+        if planned is _NEVER or (episode is not None and planned is not None and episode != planned):
+            self._planned_episode = episode
+            return True
+        if planned is None:
+            self._planned_episode = episode
+        return False
+
     def _should_fall_back(self, period: float) -> bool:
+        """MPPI predicted to overrun the deadline? (Real time only: in lockstep the simulator waits.)"""
         p = self.params.values
-        if not p["fallback_to_policy"] or self.latency.predict() <= p["deadline_fraction"] * period:
+        if p["lockstep"] or not p["fallback_to_policy"] or self.latency.predict() <= p["deadline_fraction"] * period:
             self._since_probe = 0
             return False
         self._since_probe += 1
@@ -471,13 +491,15 @@ class PlannerNode(Node):
     def _publish(self, stamp: int, chunk: np.ndarray, rewards, values, period: float) -> None:
         names = ros_msgs.action_names(self._spec.name)
         kind = self._command_kind()
-        self._pub_action.publish(ros_msgs.command_to_msg(Command(kind, chunk[0]), names, stamp, period))
+        action = ros_msgs.command_to_msg(Command(kind, chunk[0]), names, stamp, period)
+        self._pub_action.publish(action)
         plan = ros_msgs.command_to_msg(Command(kind, chunk[0]), names, stamp, period)
         plan.points = [
             JointTrajectoryPoint(positions=row.astype(np.float64).tolist(), time_from_start=ros_msgs.duration_msg((k + 1) * period))
             for k, row in enumerate(chunk)
         ]  # fmt: skip
         self._pub_plan.publish(plan)
+        self._answer = (action, plan)
         if rewards is not None:
             msg = JointTrajectory(joint_names=["reward", "value"])
             msg.header.stamp = ros_msgs.stamp_msg(stamp)
@@ -487,6 +509,12 @@ class PlannerNode(Node):
                 for k, (r, v) in enumerate(zip(rewards, values))
             ]  # fmt: skip
             self._pub_values.publish(msg)
+
+    def _republish(self) -> None:
+        if self._answer is not None and ros_msgs.stamp_ns(self._answer[0].header.stamp) == self._answered_stamp:
+            self._pub_action.publish(self._answer[0])
+            self._pub_plan.publish(self._answer[1])
+            self._stats["republished"] += 1
 
     def _report(self) -> dict:
         cfg = dataclasses.asdict(self.planner.config) if self._loaded else {}
