@@ -1,7 +1,7 @@
 """MuJoCo-side sensing for the Go2: height scan, foot clearance, foot wrenches, terrain contacts.
 
-Rays are cast with `mj_ray` against terrain geoms only (geom group 0), vertically down from
-`ray_start` metres above, like IsaacLab's yaw-attached ray caster.
+Rays see terrain geoms only (geom group 0), never the robot, like IsaacLab's ray caster
+pointed at the ground mesh.
 """
 from __future__ import annotations
 
@@ -75,7 +75,9 @@ def foot_wrenches(model: mujoco.MjModel, data: mujoco.MjData, foot_geoms: np.nda
                 on_foot = f_world if con.geom2 == g else -f_world
                 r = con.pos - foot_centres[k]
                 wrench[k, :3] -= on_foot
-                wrench[k, 3:] -= np.cross(r, on_foot)
+                wrench[k, 3:] -= (r[1] * on_foot[2] - r[2] * on_foot[1],  # r x F, inlined:
+                                  r[2] * on_foot[0] - r[0] * on_foot[2],  # np.cross costs
+                                  r[0] * on_foot[1] - r[1] * on_foot[0])  # more than physics
     return wrench
 
 
