@@ -170,6 +170,10 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
         client = ros.probe.create_client(SetParameters, "/safety_supervisor/set_parameters")
         res = ros.call(client, SetParameters.Request(parameters=[_param("command_timeout_s", 99.0)]))
         assert not res.results[0].successful and "range" in res.results[0].reason.lower()
+        bad_box = ParameterMsg(name="workspace_low", value=ParameterValue(
+            type=ParameterType.PARAMETER_DOUBLE_ARRAY, double_array_value=[1.0, 1.0, 1.0]))
+        res = ros.call(client, SetParameters.Request(parameters=[bad_box]))  # above workspace_high
+        assert not res.results[0].successful and "low < high" in res.results[0].reason
         res = ros.call(client, SetParameters.Request(parameters=[_param("command_timeout_s", 1.0)]))
         assert res.results[0].successful
         ros.spin_until(lambda: False, 0.1)
