@@ -394,6 +394,9 @@ def test_unitree_sdk_import_error_says_how_to_install():
         pass
     with pytest.raises(ImportError, match="github.com/unitreerobotics/unitree_sdk2_python"):
         import_sdk()
+    proc = subprocess.run([sys.executable, "-m", "robot_drivers.go2_sdk_driver_node", "--ros-args",
+                           "-p", "network_interface:=lo"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "not on PyPI: install it from" in proc.stdout + proc.stderr
 
 
 def test_lockstep_loop_through_ingestion_and_safety(ros_domain):
