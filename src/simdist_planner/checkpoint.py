@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from simdist_planner.config import WorldModelConfig
-from simdist_planner.model import WorldModel
+from simdist_planner.model import WorldModel, unwrap
 
 CHECKPOINT_FORMAT_VERSION = 1
 WEIGHTS, CONFIG, SCALER, METRICS = "model.safetensors", "config.json", "scaler.json", "metrics.json"
@@ -34,8 +34,7 @@ class CheckpointError(ValueError):
 
 
 def _unwrap(model) -> WorldModel:
-    model = getattr(model, "module", model)  # DistributedDataParallel
-    model = getattr(model, "_orig_mod", model)  # torch.compile
+    model = unwrap(model)
     if not isinstance(model, WorldModel):
         raise TypeError(f"save_checkpoint needs a WorldModel, got {type(model).__name__}")
     return model

@@ -195,6 +195,14 @@ def _convert(hint, value, where: str):
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{where}: expected a list, got {value!r}")
         return tuple(_convert(args[0], v, where) for v in value)
+    if hint is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected an object, got {value!r}")
+        return dict(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true or false, got {value!r}")
+        return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{where}: expected a number, got {value!r}")
@@ -262,3 +270,73 @@ def ur5e_small_config(**overrides) -> WorldModelConfig:
 
 
 CONFIG_FACTORIES = {"go2": go2_config, "ur5e": ur5e_config, "ur5e_small": ur5e_small_config}
+
+
+# ---------------------------------------------------------------------------------------------
+# Pretraining (simdist-pretrain)
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """One pretraining run; saved as <out>/pretrain.json, and a resumed run must match it."""
+
+    model: str = "ur5e_small"  # key of CONFIG_FACTORIES; dims are taken from the dataset
+    model_overrides: dict = field(default_factory=dict)  # deep-merged into the model config
+    data: tuple[str, ...] = ()  # shard files or directories; empty with synthetic=True
+    synthetic: bool = False  # train on synthetic_windows (smoke runs and tests)
+    fraction: float = 1.0  # ShardedDataset selection (Table I data ablations)
+    expert_only: bool = False
+    max_data_steps: int = 0  # 0 = no cap; else ShardedDataset(max_steps=...)
+    selection_seed: int = 0
+    steps: int = 2000
+    batch_size: int = 32  # per rank
+    learning_rate: float = 2e-4  # official: Adam 2e-4, cosine to 1e-4, linear warm-up
+    end_learning_rate: float = 1e-4
+    warmup_steps: int = 100
+    decay_steps: int = 0  # 0 = steps
+    grad_clip: float = 0.0  # 0 = off (official: none)
+    augment: bool = True  # per-term observation noise (+ image augmentation with cameras)
+    image_brightness: float = 0.2  # +-; multiplicative, per window and camera
+    image_contrast: float = 0.2
+    image_shift: int = 4  # pixels of random translation (pad + crop)
+    scaler_rows: int = 20000  # rows sampled to fit the scaler
+    seed: int = 42
+    checkpoint_every: int = 250
+    keep_checkpoints: int = 3
+    log_every: int = 10
+    workers: int = 1  # DataLoader worker processes per rank
+    threads: int = 1  # torch CPU threads per rank
+    precision: str = "auto"  # "auto" (bf16 on CUDA), "bf16", "fp32"
+    compile: bool = False  # torch.compile (CUDA)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(f"PretrainConfig: {msg}")
+
+        need(self.model in CONFIG_FACTORIES, f"model must be one of {sorted(CONFIG_FACTORIES)}, got {self.model!r}")
+        need(self.synthetic or len(self.data) > 0, "give data (shard files / directories) or synthetic=True")
+        need(0.0 < self.fraction <= 1.0, f"fraction must be in (0, 1], got {self.fraction}")
+        for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "threads"):
+            need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "decay_steps", "workers", "max_data_steps", "image_shift"):
+            need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        need(self.learning_rate > 0 and self.end_learning_rate >= 0, "learning rates must be positive")
+        need(self.precision in ("auto", "bf16", "fp32"), f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+
+    def replace(self, **changes) -> "PretrainConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return _to_plain(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PretrainConfig":
+        return _from_plain(cls, data, "pretrain config")
+
+
+# Small defaults that train on this 2-core CPU in well under an hour (see docs/world_model.md).
+PRETRAIN_PRESETS = {
+    "ur5e_peg": dict(model="ur5e_small", steps=2000, batch_size=32, warmup_steps=100),
+    "go2": dict(model="go2", steps=3000, batch_size=32, warmup_steps=150),
+}

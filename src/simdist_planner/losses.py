@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from simdist_planner.config import LossWeights
-from simdist_planner.model import WorldModel
+from simdist_planner.model import WorldModel, unwrap
 
 TERMS = ("latent", "reward", "value", "action", "reconstruction")
 
@@ -42,11 +42,13 @@ def latent_loss(pred: dict) -> torch.Tensor:
     return ((pred["latents"] - pred["target_latents"]) ** 2).mean()
 
 
-def world_model_loss(model: WorldModel, window: dict, weights: LossWeights | None = None) -> LossTerms:
-    """Eq. 2 for one batch of windows; `weights` defaults to the model config's."""
-    w = weights or model.config.loss
-    pred = model.predict_window(window)
-    scaler = model.scaler
+def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None = None) -> LossTerms:
+    """Eq. 2 for one batch of windows; `model` may be wrapped in DDP / torch.compile; `weights`
+    default to the model config's."""
+    core = unwrap(model)
+    w = weights or core.config.loss
+    pred = model(window)
+    scaler = core.scaler
     rewards = scaler.normalize_scalar("rewards", window["rewards"].float())
     values = scaler.normalize_scalar("values", window["values"].float())
     t = rewards.shape[1]
@@ -69,9 +71,9 @@ def world_model_loss(model: WorldModel, window: dict, weights: LossWeights | Non
     return LossTerms(total, latent, reward, value, action, recon)
 
 
-def adaptation_loss(model: WorldModel, window: dict) -> torch.Tensor:
+def adaptation_loss(model: nn.Module, window: dict) -> torch.Tensor:
     """Eq. 3: the latent-dynamics term only (targets from the frozen encoder)."""
-    return latent_loss(model.predict_window(window))
+    return latent_loss(model(window))
 
 
 def _check_shape(name: str, x: torch.Tensor, shape) -> None:

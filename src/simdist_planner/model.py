@@ -40,6 +40,12 @@ PARTS = {
 }
 
 
+def unwrap(model: nn.Module) -> "WorldModel":
+    """The WorldModel inside a DistributedDataParallel and/or torch.compile wrapper."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
 def _need(ok: bool, msg: str) -> None:
     if not ok:
         raise ValueError(msg)
@@ -186,6 +192,10 @@ class WorldModel(nn.Module):
         _need(history.shape[0] == z.shape[0], f"history batch {history.shape[0]} != z batch {z.shape[0]}")
 
     # ------------------------------------------------------------------ training window
+    def forward(self, window: dict) -> dict[str, torch.Tensor]:
+        """Training forward = `predict_window`, so DistributedDataParallel can wrap the model."""
+        return self.predict_window(window)
+
     def predict_window(self, window: dict) -> dict[str, torch.Tensor]:
         """Normalised predictions and targets for one training window (docs/architecture.md).
 

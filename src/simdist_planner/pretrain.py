@@ -1,0 +1,481 @@
+"""simdist-pretrain: minimise Eq. 2 over (H, T) windows of the simulation dataset.
+
+    simdist-pretrain --preset ur5e_peg --data runs/data/peg --out runs/pretrain/peg
+    torchrun --nproc_per_node 4 -m simdist_planner.pretrain --preset go2 --data D --out O --device cuda
+
+One process, or one per rank under torchrun (DDP: gloo on CPU, nccl on CUDA; rank r reads every
+world_size-th episode of the selection). Official optimiser: Adam, lr linear warm-up to 2e-4 then
+cosine to 1e-4. Observation augmentation on the model inputs (o_{t-H..t}): per-term Gaussian noise
+with the stds stored in the dataset, and for cameras brightness / contrast / shift per window.
+
+Run directory:
+    pretrain.json              the PretrainConfig (a resumed run must match it)
+    train_state/               model checkpoint + optimizer.safetensors + state.json (exact resume)
+    checkpoints/step-NNNNNNN/  periodic world-model checkpoints (the last few are kept)
+    model/                     the final world-model checkpoint
+    tb/                        TensorBoard scalars: every loss term, lr, windows/s
+
+Exact resume: every random draw of step s (window indices, augmentation noise, dropout) comes
+from generators seeded by (seed, rank, s), and the learning rate is a function of s, so the
+optimizer moments and the step counter are the whole training state.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import pathlib
+import shutil
+import time
+import uuid
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from simdist_planner.checkpoint import load_checkpoint, save_checkpoint
+from simdist_planner.config import CONFIG_FACTORIES, PRETRAIN_PRESETS, PretrainConfig, WorldModelConfig
+from simdist_planner.losses import TERMS, world_model_loss
+from simdist_planner.model import WorldModel
+from simdist_planner.synthetic import synthetic_windows
+
+STATE_FORMAT_VERSION = 1
+# Settings a resumed run may change; everything else must equal the interrupted run's.
+RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every", "workers", "threads"}
+
+
+def lr_at(cfg: PretrainConfig, step: int) -> float:
+    """Linear warm-up from 0 to the peak, then cosine decay to the end value (optax's schedule)."""
+    if step < cfg.warmup_steps:
+        return cfg.learning_rate * step / cfg.warmup_steps
+    decay = max(cfg.decay_steps or cfg.steps, cfg.warmup_steps + 1)
+    frac = min(step - cfg.warmup_steps, decay - cfg.warmup_steps) / (decay - cfg.warmup_steps)
+    return cfg.end_learning_rate + (cfg.learning_rate - cfg.end_learning_rate) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def _seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+def _deep_merge(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for k, v in changes.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def model_config_for(cfg: PretrainConfig, layout=None) -> WorldModelConfig:
+    """The preset's architecture with the dataset's dimensions and the run's overrides."""
+    base = CONFIG_FACTORIES[cfg.model]()
+    if layout is not None:
+        changes = dict(proprio_dim=layout.proprio_dim, action_dim=layout.action_dim,
+                       command_dim=layout.command_dim)
+        if base.height_map is not None or layout.height_map_shape:
+            if not layout.height_map_shape or base.height_map is None:
+                raise ValueError(f"model {cfg.model!r} and the dataset disagree on the height map "
+                                 f"(dataset: {layout.height_map_shape})")
+            changes["height_map"] = base.height_map.__class__(
+                **{**base.height_map.__dict__, "shape": tuple(layout.height_map_shape)})
+        if base.image is not None or layout.cameras:
+            if not layout.cameras or base.image is None:
+                raise ValueError(f"model {cfg.model!r} and the dataset disagree on cameras "
+                                 f"(dataset: {layout.cameras})")
+            image = {**base.image.__dict__, "cameras": tuple(layout.cameras)}
+            if base.image.backbone == "small_cnn":  # encode at the rendered resolution
+                image["height"], image["width"] = (int(s) for s in layout.image_shape)
+            changes["image"] = base.image.__class__(**image)
+        base = base.replace(**changes)
+    if not cfg.model_overrides:
+        return base
+    try:
+        return WorldModelConfig.from_dict(_deep_merge(base.to_dict(), cfg.model_overrides))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"model_overrides {cfg.model_overrides}: {err}") from err
+
+
+# ------------------------------------------------------------------------------------ data
+class WindowSource(torch.utils.data.Dataset):
+    """Item `step` = this rank's batch of windows for that step (indices seeded by the step)."""
+
+    def __init__(self, cfg: PretrainConfig, rank: int, world_size: int):
+        self.cfg, self.rank = cfg, rank
+        self.windows = None
+        self.layout = None
+        self.obs_noise: dict = {}
+        if not cfg.synthetic:
+            from simdist_planner.dataset import ShardedDataset, WindowDataset
+
+            selection = self.selection(cfg)
+            data = ShardedDataset(cfg.data, **selection, rank=rank, world_size=world_size)
+            self.layout = data.layout
+            self.model_config = model_config_for(cfg, self.layout)
+            self.windows = WindowDataset(data, self.model_config.history, self.model_config.horizon)
+            self.obs_noise = data.config.get("robot", {}).get("obs_noise", {})
+        else:
+            self.model_config = model_config_for(cfg)
+            self.obs_noise = {"proprio": 0.01, "height_map": 0.01}
+
+    @staticmethod
+    def selection(cfg: PretrainConfig) -> dict:
+        return dict(fraction=cfg.fraction, expert_only=cfg.expert_only,
+                    max_steps=cfg.max_data_steps or None, selection_seed=cfg.selection_seed)
+
+    def __len__(self) -> int:
+        return self.cfg.steps
+
+    def __getitem__(self, step: int) -> dict:
+        b = self.cfg.batch_size
+        if self.windows is None:
+            return synthetic_windows(self.model_config, b, seed=_seed(self.cfg.seed, self.rank, step),
+                                     system_seed=self.cfg.seed)
+        rng = np.random.default_rng(_seed(self.cfg.seed, self.rank, step, 0))
+        items = [self.windows[int(i)] for i in rng.integers(0, len(self.windows), b)]
+        batch = {k: torch.stack([it[k] for it in items]) for k in items[0] if k != "obs"}
+        batch.update({k: torch.stack([it["obs"][k] for it in items]) for k in items[0]["obs"]})
+        return batch
+
+    def proprio_noise(self) -> torch.Tensor:
+        """Per-dimension noise std of the proprio vector, from the per-term stds."""
+        if self.layout is None:
+            return torch.full((self.model_config.proprio_dim,), float(self.obs_noise["proprio"]))
+        return torch.tensor([float(self.obs_noise.get(name, 0.0)) for name, dim in self.layout.proprio_terms
+                             for _ in range(dim)])
+
+
+def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> None:
+    """Fit on rows of the whole selection (identical on every rank), or on synthetic windows."""
+    if source.windows is None:
+        w = synthetic_windows(model.config, 64, seed=_seed(cfg.seed, 999), system_seed=cfg.seed)
+        model.scaler.fit({k: w[k] for k in model.scaler.dims})
+        return
+    from simdist_planner.dataset import ShardedDataset
+
+    data = ShardedDataset(cfg.data, **WindowSource.selection(cfg))
+    cols: dict[str, list] = {k: [] for k in model.scaler.dims}
+    rows = 0
+    for i in range(data.num_episodes):
+        ep = data.episode(i)
+        n = len(ep["reward"]) - 1  # the last row carries no transition
+        cols["proprio"].append(ep["proprio"])
+        cols["actions"].append(ep["action"][:n])
+        cols["rewards"].append(ep["reward"][:n])
+        cols["values"].append(ep["value"])
+        if "command" in cols:
+            cols["command"].append(ep["command"])
+        if "height_map" in cols:
+            cols["height_map"].append(ep["height_map"])
+        rows += n + 1
+        if rows >= cfg.scaler_rows:
+            break
+    model.scaler.fit({k: np.concatenate(v) for k, v in cols.items()})
+
+
+def augment(batch: dict, cfg: PretrainConfig, proprio_noise: torch.Tensor, hm_noise: float,
+            history: int, generator: torch.Generator) -> dict:
+    """Noise on the inputs o_{t-H..t} (targets stay clean, as in the official dataset)."""
+    out = dict(batch)
+    n_in = history + 1
+    p = batch["proprio"].clone()
+    p[:, :n_in] += torch.randn(p[:, :n_in].shape, generator=generator) * proprio_noise
+    out["proprio"] = p
+    if "height_map" in batch and hm_noise > 0:
+        hm = batch["height_map"].clone()
+        hm[:, :n_in] += torch.randn(hm[:, :n_in].shape, generator=generator) * hm_noise
+        out["height_map"] = hm
+    if "images" in batch:
+        out["images"] = _augment_images(batch["images"], cfg, history, generator)
+    return out
+
+
+def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: torch.Generator) -> torch.Tensor:
+    """Brightness, contrast and a random shift per (window, camera) on the current image o_t."""
+    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float().clone()
+    b, _, n_cam, _, h, w = x.shape
+    cur = x[:, history]  # (B, n_cam, 3, h, w)
+    bright = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * cfg.image_brightness
+    contrast = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * cfg.image_contrast
+    mean = cur.mean(dim=(2, 3, 4), keepdim=True)
+    cur = ((cur - mean) * contrast + mean) * bright
+    s = cfg.image_shift
+    if s > 0:
+        padded = F.pad(cur.flatten(0, 1), (s, s, s, s), mode="replicate")
+        dx = torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g)
+        dy = torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g)
+        cur = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b * n_cam)])
+        cur = cur.view(b, n_cam, 3, h, w)
+    x[:, history] = cur.clamp(0, 1)
+    return x
+
+
+# ------------------------------------------------------------------------------ train state
+def _atomic_dir(final: pathlib.Path):
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        final.rename(old)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def save_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.optim.Optimizer,
+                     step: int, metrics: dict) -> None:
+    final = out / "train_state"
+    tmp = _atomic_dir(final)
+    try:
+        save_checkpoint(model, tmp / "model", metrics={"step": step, **metrics})
+        index = {p: i for i, p in enumerate(model.parameters())}
+        tensors = {}
+        for p, state in optimizer.state.items():
+            for key, value in state.items():
+                tensors[f"{index[p]}.{key}"] = value.detach().cpu().contiguous().reshape(value.shape)
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(
+            {"format_version": STATE_FORMAT_VERSION, "step": step, "optimizer": type(optimizer).__name__}))
+        _replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.optim.Optimizer) -> int:
+    """Restore weights and Adam moments in place; returns the step to continue from."""
+    root = out / "train_state"
+    state = json.loads((root / "state.json").read_text())
+    if state.get("format_version") != STATE_FORMAT_VERSION or state.get("optimizer") != type(optimizer).__name__:
+        raise ValueError(f"{root / 'state.json'}: train state {state} does not fit this trainer "
+                         f"(format {STATE_FORMAT_VERSION}, {type(optimizer).__name__})")
+    saved = load_checkpoint(root / "model", expect=model.config)
+    model.load_state_dict(saved.state_dict())
+    tensors = load_file(str(root / "optimizer.safetensors"))
+    params = list(model.parameters())
+    per_param: dict[int, dict] = {}
+    for name, value in tensors.items():
+        i, key = name.split(".", 1)
+        if not 0 <= int(i) < len(params):
+            raise ValueError(f"{root / 'optimizer.safetensors'}: state for parameter {i}, model has {len(params)}")
+        per_param.setdefault(int(i), {})[key] = value
+    for i, st in per_param.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st and st[key].shape != params[i].shape:
+                raise ValueError(f"{root / 'optimizer.safetensors'}: {i}.{key} has shape "
+                                 f"{tuple(st[key].shape)}, parameter has {tuple(params[i].shape)}")
+    sd = optimizer.state_dict()
+    sd["state"] = per_param
+    optimizer.load_state_dict(sd)
+    return int(state["step"])
+
+
+def _check_resume_config(out: pathlib.Path, cfg: PretrainConfig) -> None:
+    saved = PretrainConfig.from_dict(json.loads((out / "pretrain.json").read_text()))
+    a, b = saved.to_dict(), cfg.to_dict()
+    diff = [f"{k}: run has {a[k]!r}, now {b[k]!r}" for k in a if a[k] != b[k] and k not in RESUMABLE_CHANGES]
+    if diff:
+        raise ValueError(f"{out}: cannot resume a run with different settings ({'; '.join(diff)}); "
+                         "use another --out")
+
+
+def weights_sha256(model: WorldModel) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------ train
+def _distributed(device: str) -> tuple[int, int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, 0
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = True) -> pathlib.Path:
+    """Train (or resume) the run in `out`; returns the final checkpoint directory `out/model`."""
+    out = pathlib.Path(out)
+    rank, world, local_rank = _distributed(device)
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", local_rank)
+    torch.set_num_threads(cfg.threads)
+    source = WindowSource(cfg, rank, world)
+    torch.manual_seed(cfg.seed)
+    model = WorldModel(source.model_config)
+    fit_scaler(model, cfg, source)
+    model.to(dev)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr_at(cfg, 0))
+
+    start = 0
+    if (out / "train_state" / "state.json").is_file():
+        _check_resume_config(out, cfg)
+        start = load_train_state(out, model, optimizer)
+    elif rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "pretrain.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    if world > 1:
+        dist.barrier()
+
+    train_model = model
+    if world > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    if cfg.compile:
+        train_model = torch.compile(train_model)
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and dev.type == "cuda")
+    proprio_noise = source.proprio_noise()
+    hm_noise = float(source.obs_noise.get("height_map", 0.0))
+
+    writer = None
+    if rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tb"), purge_step=start)
+    loader = torch.utils.data.DataLoader(
+        source, batch_size=None, sampler=range(start, cfg.steps), num_workers=cfg.workers,
+        persistent_workers=False, prefetch_factor=2 if cfg.workers else None)
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=start, disable=not progress or rank != 0, desc="pretrain",
+               dynamic_ncols=True)
+    sums = {k: 0.0 for k in ("total", *TERMS)}
+    count, t_log, t_start = 0, time.perf_counter(), time.perf_counter()
+    metrics: dict = {}
+    step = start
+    model.train()
+    for step, batch in enumerate(loader, start=start):
+        torch.manual_seed(_seed(cfg.seed, rank, step, 2))  # dropout of this step
+        if cfg.augment:
+            g = torch.Generator().manual_seed(_seed(cfg.seed, rank, step, 1))
+            batch = augment(batch, cfg, proprio_noise, hm_noise, model.config.history, g)
+        batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+        lr = lr_at(cfg, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            terms = world_model_loss(train_model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        terms.total.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        values = terms.as_floats()
+        if not math.isfinite(values["total"]):
+            raise FloatingPointError(f"pretrain: loss became {values['total']} at step {step}: {values}")
+        for k, v in values.items():
+            sums[k] += v
+        count += 1
+        done = step + 1
+        bar.update(1)
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            now = time.perf_counter()
+            metrics = {f"loss/{k}": v / count for k, v in sums.items()}
+            metrics["lr"] = lr
+            metrics["windows_per_s"] = count * cfg.batch_size * world / (now - t_log)
+            if writer is not None:
+                for k, v in metrics.items():
+                    writer.add_scalar(k, v, done)
+            bar.set_postfix(loss=f"{metrics['loss/total']:.4f}", lr=f"{lr:.2e}")
+            sums = {k: 0.0 for k in sums}
+            count, t_log = 0, now
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            if rank == 0:
+                save_train_state(out, model, optimizer, done, metrics)
+                save_checkpoint(model, out / "checkpoints" / f"step-{done:07d}", metrics={"step": done, **metrics})
+                _prune(out / "checkpoints", cfg.keep_checkpoints)
+            if world > 1:
+                dist.barrier()
+    bar.close()
+
+    digest = weights_sha256(model)
+    digests = _gather_digests(digest, world, dev)
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"pretrain: ranks ended with different weights: {digests}")
+    if rank == 0:
+        final = {"step": cfg.steps, **metrics, "world_size": world, "rank_weights_sha256": digests,
+                 "seconds_this_run": time.perf_counter() - t_start, "steps_this_run": cfg.steps - start,
+                 "model_config": cfg.model}
+        save_checkpoint(model, out / "model", metrics=final)
+        if writer is not None:
+            writer.close()
+    if world > 1:
+        dist.barrier()
+    return out / "model"
+
+
+def _gather_digests(digest: str, world: int, dev: torch.device) -> list[str]:
+    if world == 1:
+        return [digest]
+    local = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8, device=dev)
+    gathered = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(gathered, local)
+    return [bytes(t.cpu().tolist()).hex() for t in gathered]
+
+
+def _prune(folder: pathlib.Path, keep: int) -> None:
+    ckpts = sorted(p for p in folder.glob("step-*") if p.is_dir())
+    for p in ckpts[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ CLI
+def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog="simdist-pretrain", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRETRAIN_PRESETS), help="small CPU defaults per robot")
+    parser.add_argument("--out", required=True, help="run directory (resumed when it holds a train state)")
+    parser.add_argument("--data", nargs="*", default=None, help="shard files or directories")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--no-progress", action="store_true")
+    fields = PretrainConfig.__dataclass_fields__
+    for name in fields:
+        if name in ("data", "model_overrides"):
+            continue
+        flag = "--" + name.replace("_", "-")
+        ftype = fields[name].type
+        if ftype in ("bool", bool):
+            parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
+                                metavar="true|false")
+        else:
+            conv = {"int": int, "float": float, "str": str}[str(ftype)]
+            parser.add_argument(flag, type=conv, default=None)
+    parser.add_argument("--model-overrides", type=json.loads, default=None,
+                        help='JSON merged into the model config, e.g. \'{"head_kind": "mlp"}\'')
+    args = parser.parse_args(argv)
+    values = dict(PRETRAIN_PRESETS[args.preset]) if args.preset else {}
+    for name in fields:
+        v = getattr(args, name, None)
+        if v is not None:
+            values[name] = tuple(v) if name == "data" else v
+    try:
+        return PretrainConfig(**values), args
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def main(argv=None) -> None:
+    cfg, args = parse_args(argv)
+    final = pretrain(cfg, args.out, device=args.device, progress=not args.no_progress)
+    if int(os.environ.get("RANK", "0")) == 0:
+        metrics = json.loads((final / "metrics.json").read_text())
+        print(f"pretrain: wrote {final} (step {metrics['step']}, loss {metrics.get('loss/total', float('nan')):.4f}, "
+              f"{metrics['seconds_this_run']:.0f} s this run)")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""simdist-pretrain: schedule, real shards, augmentation, DDP with 2 CPU ranks, exact resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from simdist_planner.checkpoint import load_checkpoint
+from simdist_planner.config import PretrainConfig
+from simdist_planner.pretrain import WindowSource, augment, lr_at, pretrain, weights_sha256
+
+TINY = {"latent_dim": 16, "history": 3, "horizon": 4}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Two OpenMP threads on a shared, loaded 2-core machine run ~25x slower than one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def synthetic_cfg(**kw) -> PretrainConfig:
+    base = dict(model="go2", synthetic=True, model_overrides=TINY, steps=12, batch_size=4,
+                warmup_steps=3, checkpoint_every=4, log_every=4, workers=0)
+    return PretrainConfig(**{**base, **kw})
+
+
+def cli_args(cfg: PretrainConfig, out) -> list[str]:
+    return ["--synthetic", "true", "--model", cfg.model, "--model-overrides", json.dumps(cfg.model_overrides),
+            "--steps", str(cfg.steps), "--batch-size", str(cfg.batch_size), "--warmup-steps", str(cfg.warmup_steps),
+            "--checkpoint-every", str(cfg.checkpoint_every), "--log-every", str(cfg.log_every),
+            "--workers", "0", "--out", str(out), "--no-progress"]
+
+
+def test_learning_rate_schedule():
+    cfg = PretrainConfig(synthetic=True, steps=1000, warmup_steps=100)
+    assert lr_at(cfg, 0) == 0.0
+    assert lr_at(cfg, 50) == pytest.approx(1e-4)
+    assert lr_at(cfg, 100) == pytest.approx(2e-4)
+    assert lr_at(cfg, 550) == pytest.approx(1.5e-4)
+    assert lr_at(cfg, 1000) == pytest.approx(1e-4)
+    assert lr_at(cfg, 5000) == pytest.approx(1e-4)
+
+
+def _write_ur5e_like_shard(path):
+    from simdist_planner.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
+
+    layout = StepLayout(proprio_terms=(("joint_pos", 3), ("gripper", 1)), action_dim=2,
+                        cameras=("wrist",), image_shape=(16, 16))
+    attrs = {"task": "peg", "config": json.dumps({"robot": {"obs_noise": {"joint_pos": 0.5, "gripper": 0.0}}})}
+    rng = np.random.default_rng(0)
+    with ShardWriter(path / shard_name(0), layout, attrs) as w:
+        for ep in range(3):
+            rows = 12
+            steps = {
+                "proprio": rng.normal(size=(rows, 4)).astype(np.float32),
+                "images/wrist": rng.integers(0, 255, (rows, 16, 16, 3), dtype=np.uint8),
+                "action": rng.normal(size=(rows, 2)).astype(np.float32),
+                "reward": rng.normal(size=rows).astype(np.float32),
+                "value": rng.normal(size=rows).astype(np.float32),
+                "expert": (rng.random(rows) > 0.3).astype(np.uint8),
+                "noised": np.zeros(rows, np.uint8),
+            }
+            w.append(EpisodeRecord(id=ep, steps=steps, policy=0, seed=ep, noise_scale=np.zeros(2),
+                                   never_noised=False, success=False, terminated=False, truncated=True))
+
+
+def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
+    _write_ur5e_like_shard(tmp_path / "data")
+    cfg = PretrainConfig(model="ur5e_small", data=(str(tmp_path / "data"),), steps=3, batch_size=4,
+                         warmup_steps=1, checkpoint_every=3, workers=0,
+                         model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+    final = pretrain(cfg, tmp_path / "run", progress=False)
+    model = load_checkpoint(final)
+    c = model.config
+    assert (c.proprio_dim, c.action_dim, c.image.cameras, c.image.height) == (4, 2, ("wrist",), 16)
+    assert json.loads((final / "metrics.json").read_text())["step"] == 3
+    assert any((tmp_path / "run" / "tb").iterdir())
+    # the scaler was fitted on the shard, not left at identity
+    assert not torch.allclose(model.scaler.proprio_std, torch.ones(4))
+
+    source = WindowSource(cfg, 0, 1)
+    torch.testing.assert_close(source.proprio_noise(), torch.tensor([0.5, 0.5, 0.5, 0.0]))
+    batch = source[0]
+    aug = augment(batch, cfg, source.proprio_noise(), 0.0, 2, torch.Generator().manual_seed(0))
+    h = 2
+    assert not torch.equal(aug["proprio"][:, :h + 1, :3], batch["proprio"][:, :h + 1, :3])
+    assert torch.equal(aug["proprio"][:, :, 3], batch["proprio"][:, :, 3])  # gripper noise 0
+    assert torch.equal(aug["proprio"][:, h + 1:], batch["proprio"][:, h + 1:])  # targets clean
+    assert not torch.allclose(aug["images"][:, h], batch["images"][:, h].float() / 255)
+    torch.testing.assert_close(aug["images"][:, h + 1:], batch["images"][:, h + 1:].float() / 255)
+
+
+def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
+    cfg = synthetic_cfg(steps=4, checkpoint_every=2, log_every=2)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "simdist_planner.pretrain", *cli_args(cfg, tmp_path / "ddp")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    metrics = json.loads((tmp_path / "ddp" / "model" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["step"] == 4
+    a, b = metrics["rank_weights_sha256"]
+    assert a == b
+    # and training moved the weights: a single-rank run of 0 steps differs
+    untrained = pretrain(synthetic_cfg(steps=1, checkpoint_every=1), tmp_path / "zero", progress=False)
+    assert weights_sha256(load_checkpoint(untrained)) != a
+
+
+def test_kill_and_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
+    cfg = synthetic_cfg(steps=40, checkpoint_every=2, log_every=2)
+    proc = subprocess.Popen([sys.executable, "-m", "simdist_planner.pretrain", *cli_args(cfg, tmp_path / "killed")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    state = tmp_path / "killed" / "train_state" / "state.json"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if state.is_file() and json.loads(state.read_text())["step"] >= 4:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be interrupted"
+    killed_at = json.loads(state.read_text())["step"]
+    assert 4 <= killed_at < 40 and not (tmp_path / "killed" / "model").exists()
+
+    resumed = pretrain(cfg, tmp_path / "killed", progress=False)
+    assert json.loads((resumed / "metrics.json").read_text())["steps_this_run"] == 40 - killed_at
+    straight = pretrain(cfg, tmp_path / "straight", progress=False)
+    a, b = load_checkpoint(resumed).state_dict(), load_checkpoint(straight).state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_resume_refuses_different_settings(tmp_path):
+    pretrain(synthetic_cfg(steps=2, checkpoint_every=2), tmp_path / "run", progress=False)
+    with pytest.raises(ValueError, match=r"cannot resume .*batch_size: run has 4, now 8"):
+        pretrain(synthetic_cfg(steps=4, batch_size=8), tmp_path / "run", progress=False)
