@@ -26,23 +26,24 @@ def _weights_equal(a, b) -> bool:
 @pytest.mark.timeout(300)
 def test_adapt_service_deploys_and_hot_swaps_then_rolls_back(tmp_path, ros_domain):
     registry = ModelRegistry(tmp_path / "registry")
-    registry.init_from(save_checkpoint(small_model(), tmp_path / "pretrained"))
-    v0 = registry.load_deployed()
+    save_checkpoint(small_model(), tmp_path / "pretrained")
     for i in range(4):
         write_episode_bag(tmp_path / "bags" / f"ep{i}", seed=i)
 
     rclpy.init()
     try:
         planner = PlannerNode(parameter_overrides=[
-            Parameter("checkpoint", value=str(registry.link)), Parameter("horizon", value=3),
+            Parameter("checkpoint", value=str(tmp_path / "pretrained")), Parameter("horizon", value=3),
             Parameter("num_samples", value=16), Parameter("num_elites", value=4),
             Parameter("iterations", value=1)])
         adapter = AdapterNode(parameter_overrides=[
             Parameter("robot", value="go2"), Parameter("registry_dir", value=str(registry.root)),
+            Parameter("checkpoint", value=str(tmp_path / "pretrained")),
             Parameter("bag_dir", value=str(tmp_path / "bags")), Parameter("work_dir", value=str(tmp_path / "work")),
             Parameter("adapt_every_episodes", value=0), Parameter("batch_size", value=16),
             Parameter("lr", value=3e-3), Parameter("max_steps", value=40), Parameter("warmup_steps", value=4),
             Parameter("holdout", value=0.25), Parameter("poll_period_s", value=0.2)])
+        v0 = registry.load_deployed()  # the adapter seeded the registry from the pretrained model
         client_node = rclpy.create_node("adapter_test_client")
         statuses: list[dict] = []
         client_node.create_subscription(String, STATUS_TOPIC, lambda m: statuses.append(json.loads(m.data)), 10)
@@ -82,6 +83,7 @@ def test_adapt_service_deploys_and_hot_swaps_then_rolls_back(tmp_path, ros_domai
         assert registry.deployed_version == "v0001"
         assert _weights_equal(planner._loaded.model, registry.load_deployed())
         assert not _weights_equal(planner._loaded.model, v0)
+        assert planner.get_parameter("checkpoint").value == str(registry.link)
 
         rolled = call(rollback)
         assert rolled.success and "v0000" in rolled.message

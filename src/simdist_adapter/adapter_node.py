@@ -16,6 +16,8 @@ import pathlib
 import time
 
 import rclpy
+from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+from rcl_interfaces.srv import SetParameters
 from rclpy.node import Node
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
@@ -30,7 +32,7 @@ STATUS_TOPIC = "/simdist/adapter/status"
 PARAMS = (
     Param("robot", "ur5e", "robot whose observation layout the bags hold (ur5e | go2)", read_only=True),
     Param("registry_dir", "models", "model registry: versions/, deployed link, history.json"),
-    Param("initial_checkpoint", "", "pretrained checkpoint that seeds an empty registry as v0000"),
+    Param("checkpoint", "", "pretrained checkpoint that seeds an empty registry as v0000"),
     Param("bag_dir", "bags", "where the recorder writes episode bags"),
     Param("work_dir", "adapt_work", "scratch space for D_real and round logs"),
     Param("planner_node", "planner", "name of the planner node whose ~/load_model is called"),
@@ -90,12 +92,14 @@ class AdapterNode(Node):
         self.params = NodeParams(self, PARAMS)
         self.diag = Diagnostics(self, hardware_id="adapter")
         self.registry = ModelRegistry(self.params["registry_dir"])
-        if not self.registry.history() and self.params["initial_checkpoint"]:
-            self.registry.init_from(self.params["initial_checkpoint"])
+        if not self.registry.history() and self.params["checkpoint"]:
+            self.registry.init_from(self.params["checkpoint"])
         self.status_pub = self.create_publisher(String, STATUS_TOPIC, 10)
         self.create_service(Trigger, "~/adapt", self._on_adapt)
         self.create_service(Trigger, "~/rollback", self._on_rollback)
-        self.load_client = self.create_client(Trigger, f"/{self.params['planner_node']}/load_model")
+        planner = self.params["planner_node"]
+        self.param_client = self.create_client(SetParameters, f"/{planner}/set_parameters")
+        self.load_client = self.create_client(Trigger, f"/{planner}/load_model")
         ctx = multiprocessing.get_context("spawn")
         self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
         self.future: concurrent.futures.Future | None = None
@@ -130,7 +134,7 @@ class AdapterNode(Node):
         if self.future is not None:
             return False, f"round {self.round} is still running"
         if not self.registry.history():
-            return False, "registry is empty: set initial_checkpoint to a pretrained checkpoint"
+            return False, "registry is empty: set the checkpoint parameter to a pretrained checkpoint"
         bags = finished_bags(self.params["bag_dir"])
         if len(bags) < 2:
             return False, f"need at least 2 finished episode bags in {self.params['bag_dir']}, found {len(bags)}"
@@ -183,12 +187,22 @@ class AdapterNode(Node):
         self._status("deployed" if report["deployed"] else "refused", **report)
 
     def _request_swap(self) -> None:
-        if not self.load_client.service_is_ready():
-            self.diag.set("hot_swap", Level.WARN, f"{self.load_client.srv_name} not available; "
-                          "the planner loads the deployed model at its next start")
+        """Point the planner's `checkpoint` at the registry's deployed link, then ask it to reload."""
+        if not (self.param_client.service_is_ready() and self.load_client.service_is_ready()):
+            self.diag.set("hot_swap", Level.WARN, f"{self.load_client.srv_name} not available; the planner "
+                          f"loads {self.registry.link} when started with checkpoint:={self.registry.link}")
             return
-        future = self.load_client.call_async(Trigger.Request())
-        future.add_done_callback(self._on_swapped)
+        value = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=str(self.registry.link))
+        request = SetParameters.Request(parameters=[Parameter(name="checkpoint", value=value)])
+        self.param_client.call_async(request).add_done_callback(self._on_checkpoint_set)
+
+    def _on_checkpoint_set(self, future) -> None:
+        result = future.result().results[0]
+        if not result.successful:
+            self.diag.set("hot_swap", Level.ERROR, f"planner refused checkpoint {self.registry.link}: {result.reason}")
+            self._status("swap_failed", message=result.reason, deployed=self.registry.deployed_version)
+            return
+        self.load_client.call_async(Trigger.Request()).add_done_callback(self._on_swapped)
 
     def _on_swapped(self, future) -> None:
         result = future.result()
