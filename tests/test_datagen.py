@@ -14,7 +14,7 @@ import toy_task
 from conftest import ROOT
 from robot_drivers import tasks
 from simdist_planner import datagen
-from simdist_planner.dataset import ShardedDataset, shard_name
+from simdist_planner.dataset import ShardedDataset, WindowDataset, shard_name
 
 TOY_ROBOT = toy_task.robot_data_config(None)
 
@@ -287,3 +287,39 @@ def test_cli_writes_a_readable_dataset(tmp_path, capsys):
     assert stored["seed"] == 5 and stored["task"] == "toy"
     assert stored["robot"]["noise"]["burst_steps"] == [1, 5]
     assert "clean expert actions" in capsys.readouterr().err
+    std = ds.obs_noise_std()
+    np.testing.assert_allclose(std["proprio"], [0.01, 0.01, 0.02, 0.02])
+    assert std["height_map"] == 0.02
+
+
+def _real_task_dataset(tmp_path, task, max_steps):
+    probe = tasks.make_task(task)
+    spec = probe.spec
+    probe.close()
+    robot = datagen.robot_data_config(spec)
+    cfg = datagen.GenerateConfig(task=task, robot=robot, episodes=2, seed=0, max_steps=max_steps)
+    datagen.generate(cfg, tmp_path, progress=False)
+    ds = ShardedDataset(tmp_path)
+    assert ds.layout.action_dim == spec.action_dim and ds.layout.cameras == spec.cameras
+    assert all(n <= max_steps + 1 for n in ds.lengths)
+    assert {ds.episode_info(i)["policy_name"] for i in range(2)} <= set(json.loads(ds.attrs["policy_names"]))
+    for i in range(2):
+        ep = ds.episode(i)
+        assert np.all(np.isfinite(ep["value"])) and np.all(np.isfinite(ep["reward"]))
+        assert np.all(ep["action"] >= np.array(spec.action_low, np.float32) - 1e-6)
+        assert np.all(ep["action"] <= np.array(spec.action_high, np.float32) + 1e-6)
+    return ds
+
+
+def test_go2_flat_generates_windows_in_the_model_format(tmp_path):
+    ds = _real_task_dataset(tmp_path, "go2_flat", max_steps=30)
+    w = WindowDataset(ds, 5, 5)[0]
+    assert w["obs"]["height_map"].shape == (11, 21, 15) and w["obs"]["command"].shape == (11, 3)
+    assert w["actions"].shape == (10, 12) and "images" not in w["obs"]
+
+
+@pytest.mark.slow
+def test_peg_generates_camera_windows(tmp_path):
+    ds = _real_task_dataset(tmp_path, "peg", max_steps=12)
+    w = WindowDataset(ds, 5, 5)[0]
+    assert w["obs"]["images"].shape[:3] == (11, 3, 3) and w["actions"].shape == (10, 7)

@@ -114,7 +114,7 @@ def go2_data_config() -> RobotDataConfig:
             clean_steps=(25, 500),
         ),
         obs_noise=obs_noise,
-        default_episodes=4,
+        default_episodes=8,
     )
 
 
@@ -136,7 +136,7 @@ def ur5e_data_config(spec) -> RobotDataConfig:
             clean_steps=(5, 10),
         ),
         obs_noise={t.name: 0.01 for t in spec.proprio_terms},
-        default_episodes=16,
+        default_episodes=10,
     )
 
 
@@ -355,6 +355,17 @@ def run_shard(
     return path
 
 
+def _warm_up(cfg: GenerateConfig) -> None:
+    """Build V^e once before the workers start, so a fitted-and-cached value is fitted once."""
+    from robot_drivers import tasks
+
+    task = tasks.make_task(cfg.task, cfg.variant, **cfg.task_overrides)
+    try:
+        tasks.expert_value(task)
+    finally:
+        task.close()
+
+
 def _worker(cfg, out, shard, num_shards, resume, task_entry, queue) -> None:
     try:
         run_shard(cfg, out, shard, num_shards, resume, lambda n: queue.put(("ep", n)), task_entry)
@@ -400,6 +411,7 @@ def generate(
     try:
         if len(shards) == 1:
             return [run_shard(cfg, out, shards[0], num_shards, resume, tick)]
+        _warm_up(cfg)
         ctx = mp.get_context("spawn")  # no fork: MuJoCo GL contexts and torch threads
         queue = ctx.Queue()
         entry = tasks.TASKS.get(cfg.task)

@@ -546,6 +546,19 @@ class ShardedDataset:
     def config(self) -> dict:
         return json.loads(self.attrs["config"])
 
+    def obs_noise_std(self) -> dict[str, np.ndarray | float]:
+        """Training-time observation noise: {"proprio": (P,) std per dimension, "height_map"}.
+
+        From the generation config (`robot.obs_noise`, one std per term name); terms it does
+        not name get 0. Observations are stored clean; the pretrainer adds this noise.
+        """
+        per_term = self.config.get("robot", {}).get("obs_noise", {})
+        proprio = np.concatenate(
+            [np.full(dim, float(per_term.get(name, 0.0)), np.float32)
+             for name, dim in self.layout.proprio_terms]
+        )
+        return {"proprio": proprio, "height_map": float(per_term.get("height_map", 0.0))}
+
     @property
     def num_episodes(self) -> int:
         return len(self._refs)

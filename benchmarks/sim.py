@@ -1,0 +1,109 @@
+"""Simulation throughput per task: physics steps/s, rendered frames/s, dataset samples/s.
+
+    python benchmarks/sim.py [--tasks peg,go2_flat] [--physics-steps 2000] [--frames 20]
+                             [--gen-steps 60] [--windows 500]
+
+For every task in robot_drivers.tasks.TASKS that builds (others are listed with the reason):
+- physics: raw mj_step calls per second on the task's model (from its reset state),
+- frames: rendered camera images per second (one observe() renders every camera),
+- control: full task.step() calls per second (physics + control + rendering + reward),
+- generation: dataset transitions per second of one worker (Algorithm 2, expert value, HDF5),
+- loading: training windows per second of one reader (H = T = 5 UR5e-style, 25 for Go2).
+Single process, one thread; the figures depend on the machine's load (printed beside them).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+
+def _rate(n: int, fn) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return n / (time.perf_counter() - start)
+
+
+def bench_task(name: str, args) -> dict:
+    import mujoco
+
+    from robot_drivers import tasks
+    from simdist_planner import datagen
+    from simdist_planner.dataset import ShardedDataset, WindowDataset
+
+    row: dict = {"task": name}
+    task = tasks.make_task(name)
+    try:
+        spec = task.spec
+        obs = task.reset(0)
+        backend = task.backend
+        model, data = backend.model, mujoco.MjData(backend.model)
+        mujoco.mj_copyData(data, model, backend.data)
+        row["physics_steps_s"] = _rate(args.physics_steps, lambda: mujoco.mj_step(model, data))
+        if spec.cameras:
+            fps = _rate(args.frames, backend.observe) * len(spec.cameras)
+            row["frames_s"] = fps
+            row["frame"] = f"{len(spec.cameras)}x{spec.image_shape[0]}x{spec.image_shape[1]}"
+        policy = tasks.expert_ladder(task)[0]
+        policy.reset(0)
+        actions = []
+        for _ in range(args.frames):
+            actions.append(policy.act(obs))
+            obs = task.step(actions[-1]).obs
+        obs = task.reset(0)
+        row["control_steps_s"] = _rate(len(actions), lambda it=iter(actions): task.step(next(it)))
+    finally:
+        task.close()
+
+    robot = datagen.robot_data_config(spec)
+    cfg = datagen.GenerateConfig(task=name, robot=robot, episodes=1, max_steps=args.gen_steps)
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        datagen.run_shard(cfg, out, 0, 1)
+        secs = time.perf_counter() - start
+        ds = ShardedDataset(out)
+        row["gen_transitions_s"] = (ds.num_steps - ds.num_episodes) / secs
+        horizon = 5 if spec.cameras else 25
+        if ds.lengths.max() > horizon + 1:
+            win = WindowDataset(ds, horizon, horizon)
+            idx = np.random.default_rng(0).integers(0, len(win), args.windows)
+            row["load_windows_s"] = _rate(len(idx), lambda it=iter(idx): win[int(next(it))])
+    return row
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tasks", default=None, help="comma list (default: every registered task)")
+    p.add_argument("--physics-steps", type=int, default=2000)
+    p.add_argument("--frames", type=int, default=20, help="observe() and task.step() calls")
+    p.add_argument("--gen-steps", type=int, default=60, help="transitions in the generation run")
+    p.add_argument("--windows", type=int, default=500)
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    from robot_drivers import tasks
+
+    names = args.tasks.split(",") if args.tasks else list(tasks.TASKS)
+    load = os.getloadavg()[0]
+    print(f"# sim benchmark, load average {load:.1f} on {os.cpu_count()} CPUs, "
+          f"MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}")
+    cols = ["physics_steps_s", "frames_s", "control_steps_s", "gen_transitions_s", "load_windows_s"]
+    print(f"{'task':16s}" + "".join(f"{c:>20s}" for c in cols) + "  frame")
+    for name in names:
+        try:
+            row = bench_task(name, args)
+        except Exception as e:  # report and go on: one broken task must not hide the others
+            print(f"{name:16s}  skipped: {type(e).__name__}: {e}")
+            continue
+        cells = "".join(f"{row[c]:>20.1f}" if c in row else f"{'-':>20s}" for c in cols)
+        print(f"{name:16s}{cells}  {row.get('frame', '-')}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
