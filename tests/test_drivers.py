@@ -143,7 +143,7 @@ def test_ur_rtde_real_client_fails_clearly_on_a_closed_port():
         connect_ur5e("127.0.0.1", UR5eRtdeConfig())
     proc = subprocess.run(
         [sys.executable, "-m", "robot_drivers.ur5e_rtde_driver_node", "--ros-args",
-         "-p", "robot_ip:=127.0.0.1", "-p", "gripper:=false"],
+         "-p", "robot_ip:=127.0.0.1"],
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "could not open RTDE on port 30004" in proc.stdout + proc.stderr
 

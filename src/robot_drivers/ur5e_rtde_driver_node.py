@@ -42,8 +42,13 @@ class UR5eRtdeDriverNode(RealtimeDriverNode):
                              world_yaw=self.params["world_yaw"])
         ip = self.params["robot_ip"]
         try:
-            gripper = RobotiqGripper.connect(ip) if self.params["gripper"] else None
-            backend = connect_ur5e(ip, cfg, gripper)
+            backend = connect_ur5e(ip, cfg)  # the arm first: its error is the one that matters
+            if self.params["gripper"]:
+                try:
+                    backend.gripper = RobotiqGripper.connect(ip)
+                except ConnectionError:
+                    backend.close()
+                    raise
         except (ConnectionError, OSError, ValueError) as e:
             self.diag.set("connection", Level.ERROR, str(e))
             raise
