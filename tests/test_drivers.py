@@ -489,3 +489,37 @@ def test_go2_driver_node_damps_and_reports_when_lowstate_stops(ros_domain):
         assert not res.success and "no rt/lowstate" in res.message
     finally:
         ros.close()  # destroy_node stops the lowcmd thread
+
+
+def test_robotiq_socket_protocol():
+    import threading
+
+    from robot_drivers.hardware.robotiq import RobotiqGripper
+
+    ours, robot = socket.socketpair()
+    seen = []
+
+    def urcap():  # stands in for the gripper's URCap server on the controller
+        buf = b""
+        while True:
+            data = robot.recv(1024)
+            if not data:
+                return
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                seen.append(line.decode())
+                reply = {b"GET POS": b"POS 200", b"SET SPE 0": b"?"}.get(line, b"ack")  # "?" = refused
+                robot.sendall(reply + b"\n")
+
+    threading.Thread(target=urcap, daemon=True).start()
+    grip = RobotiqGripper(ours)
+    assert seen == ["SET ACT 1", "SET GTO 1", "SET SPE 255", "SET FOR 150"]  # activation
+    grip.move(255)
+    assert seen[-1] == "SET POS 255" and grip.position() == 200
+    with pytest.raises(ValueError, match="0..255"):
+        grip.move(300)
+    with pytest.raises(RuntimeError, match="refused SET SPE 0"):
+        RobotiqGripper(ours, speed=0)  # activation fails loudly when the gripper refuses a setting
+    grip.close()
+    robot.close()
