@@ -99,6 +99,19 @@ def test_height_scan_sees_slope_ahead_and_is_yaw_aligned(slope):
     np.testing.assert_array_equal(grid_to_scan(scan_to_grid(flat_scan)), flat_scan)
 
 
+def test_height_scan_sees_stacked_pads_as_steps():
+    # Pad edges fall between grid points (0.1 m apart), so no ray grazes an edge.
+    pads = TerrainConfig(pads_start_x=(0.35, 0.85), pad_length=1.0, pad_thickness=0.05)
+    b = MujocoGo2Backend(terrain=pads)
+    obs = b.reset(0)
+    x0, z = b.data.qpos[0], b.data.qpos[2]
+    xs = x0 + np.linspace(-0.5, 1.5, 21)
+    expected = np.array([z - pads.ground_height(x) - 0.3 for x in xs])
+    np.testing.assert_allclose(obs.height_map[:, 3], expected, atol=1e-4)
+    steps = sorted({round(pads.ground_height(x), 3) for x in xs})
+    assert steps == [0.0, 0.05, 0.1]  # floor, one pad, the overlap of two
+
+
 def test_expert_observation_layout_matches_observation_md(flat):
     expected = {
         "base_lin_vel": (0, 3), "base_ang_vel": (3, 6), "projected_gravity": (6, 9),
