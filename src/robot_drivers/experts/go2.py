@@ -5,6 +5,10 @@ project never ships them. They are found through SIMDIST_GO2_EXPERTS, or any pat
 (a TorchScript policy exported by rsl_rl / IsaacLab taking the 433-dim observation).
 All of them read `obs.privileged["expert_obs"]`, which the Go2 backends build with
 `robot_drivers.go2.observation.build_expert_observation`.
+
+Heading feedback for long straight runs (the robot drifts about -0.025 rad/s) is applied to the
+yaw COMMAND by the task (`Go2TaskConfig.heading_gain`, like the official WalkStraightCommand),
+not inside the policy: the expert, the recorded data and the planner then all see one command.
 """
 from __future__ import annotations
 
