@@ -256,3 +256,48 @@ def test_torchrun_ddp_gloo_two_ranks(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / "student_full" / "train_state.json") as f:
         assert json.load(f)["complete"]
+
+
+def test_metrics_zero_for_identical_and_growing_with_corruption(tmp_path):
+    from safetensors.torch import save_file
+
+    from sim_video_world_model import metrics
+
+    torch.manual_seed(0)
+    video = torch.rand(3, 3, 2, 32, 32) * 2 - 1
+    noise = torch.randn_like(video)
+    light, heavy = (video + 0.1 * noise).clamp(-1, 1), (video + 0.5 * noise).clamp(-1, 1)
+    assert metrics.psnr(video, video) == 100.0 and metrics.psnr(light, video) > metrics.psnr(heavy, video)
+    assert metrics.ssim(video, video) == pytest.approx(1.0) and metrics.ssim(light, video) > metrics.ssim(heavy, video)
+    for metric in (metrics.LPIPS(), metrics.FrechetInceptionDistance(size=75), metrics.FrechetVideoDistance(size=32)):
+        same, low, high = metric(video, video), metric(light, video), metric(heavy, video)
+        assert same == pytest.approx(0.0, abs=1e-9) and 0 < low < high, (type(metric).__name__, same, low, high)
+    # real loading code: weights written to a local file come back; a wrong file is refused
+    lpips = metrics.LPIPS()
+    path = str(tmp_path / "heads.safetensors")
+    save_file({k: v.contiguous() for k, v in lpips.heads.state_dict().items()}, path)
+    feats = str(tmp_path / "alexnet.safetensors")
+    save_file({f"features.{k}": v.contiguous() for k, v in lpips.features.state_dict().items()}, feats)
+    assert metrics.LPIPS(feats, path)(light, video) == pytest.approx(lpips(light, video))
+    with pytest.raises(ValueError, match="does not fit"):
+        metrics.FrechetVideoDistance(weights=path)
+    with pytest.raises(FileNotFoundError):
+        metrics.LPIPS(str(tmp_path / "missing.safetensors"), path)
+
+
+def test_frechet_distance_matches_the_covariance_formula():
+    from sim_video_world_model.metrics import frechet_distance
+
+    def reference(a, b):
+        a, b = a.double(), b.double()
+        s_a, s_b = torch.cov(a.T), torch.cov(b.T)
+        ev, vecs = torch.linalg.eigh(s_a)
+        root = vecs @ torch.diag(ev.clamp_min(0).sqrt()) @ vecs.T
+        cross = torch.linalg.eigvalsh(root @ s_b @ root).clamp_min(0).sqrt().sum()
+        return float((a.mean(0) - b.mean(0)).pow(2).sum() + s_a.trace() + s_b.trace() - 2 * cross)
+
+    g = torch.Generator().manual_seed(0)
+    many = torch.randn(40, 6, generator=g), torch.randn(30, 6, generator=g) * 2 + 1  # N > D: eigen path
+    few = torch.randn(5, 64, generator=g), torch.randn(6, 64, generator=g) + 0.5  # N < D: SVD path
+    for a, b in (many, few):
+        assert frechet_distance(a, b) == pytest.approx(reference(a, b), rel=1e-6)

@@ -109,16 +109,26 @@ class LPIPS(nn.Module):
 
 
 def frechet_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||mu_a - mu_b||^2 + tr(S_a + S_b - 2 (S_a S_b)^1/2) of two feature sets (N, D), in float64."""
-    a, b = a.double(), b.double()
-    mu_a, mu_b = a.mean(0), b.mean(0)
-    s_a, s_b = torch.cov(a.T), torch.cov(b.T)
+    """||mu_a - mu_b||^2 + tr(S_a + S_b - 2 (S_a S_b)^1/2) of two feature sets (N, D), in float64.
+
+    With centred, scaled features A, B (S_a = A^T A), tr (S_a S_b)^1/2 is the nuclear norm of
+    A B^T: an (N_a x N_b) SVD instead of D x D eigenproblems when there are fewer samples than
+    feature dimensions (the usual case for Inception's 2048-d features on a held-out set).
+    """
     if a.shape[0] < 2 or b.shape[0] < 2:
         raise ValueError("the Frechet distance needs at least 2 samples per set")
-    ev, vecs = torch.linalg.eigh(s_a)
-    root_a = vecs @ torch.diag(ev.clamp_min(0).sqrt()) @ vecs.T
-    cross = torch.linalg.eigvalsh(root_a @ s_b @ root_a).clamp_min(0).sqrt().sum()
-    value = (mu_a - mu_b).pow(2).sum() + torch.trace(s_a) + torch.trace(s_b) - 2 * cross
+    a, b = a.double(), b.double()
+    mu_a, mu_b = a.mean(0), b.mean(0)
+    A = (a - mu_a) / (a.shape[0] - 1) ** 0.5
+    B = (b - mu_b) / (b.shape[0] - 1) ** 0.5
+    if max(a.shape[0], b.shape[0]) <= a.shape[1]:
+        cross = torch.linalg.svdvals(A @ B.T).sum()
+    else:
+        s_a, s_b = A.T @ A, B.T @ B
+        ev, vecs = torch.linalg.eigh(s_a)
+        root_a = vecs @ torch.diag(ev.clamp_min(0).sqrt()) @ vecs.T
+        cross = torch.linalg.eigvalsh(root_a @ s_b @ root_a).clamp_min(0).sqrt().sum()
+    value = (mu_a - mu_b).pow(2).sum() + A.pow(2).sum() + B.pow(2).sum() - 2 * cross
     return float(value.clamp_min(0.0))
 
 
