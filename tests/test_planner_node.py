@@ -66,6 +66,7 @@ class Ingestion:
         self.set_params = n.create_client(SetParameters, "/planner/set_parameters")
         self.load_model = n.create_client(Trigger, "/planner/load_model")
         self.stamp = 1_000_000_000
+        self.realtime = False
 
     @staticmethod
     def _keep(store, msg):
@@ -88,7 +89,8 @@ class Ingestion:
         """One observation (a new tick) once the planner listens; returns its stamp."""
         pubs = [self.proprio, *self.images.values()]
         assert self.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 60.0), "planner never subscribed"
-        self.stamp += 200_000_000
+        now = self.node.get_clock().now().nanoseconds
+        self.stamp = now if self.realtime else self.stamp + 200_000_000  # wall clock / lockstep ticks
         obs = Observation(stamp=0.0, proprio=self.rng.normal(size=SPEC.proprio_dim).astype(np.float32))
         for cam, pub in self.images.items():
             pub.publish(ros_msgs.image_to_msg(self.rng.integers(0, 255, (*SPEC.image_shape, 3), dtype=np.uint8), self.stamp, cam))
@@ -217,3 +219,23 @@ def test_nan_model_output_publishes_no_action_and_reports_an_error(tmp_path, pla
     assert values["failed_plans"] == "1"
     ing.spin(0.5)
     assert stamp not in ing.actions and not ing.actions and not ing.plans
+
+
+def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_deadline(tmp_path, planner):
+    start, ing = planner
+    # 100 Hz with 5% of the period (0.5 ms) for MPPI: the first MPPI tick measures the latency,
+    # every later tick must run pi instead (re-probing disabled).
+    start(make_checkpoint(tmp_path / "ck"), "lockstep:=false", "control_rate_hz:=100.0",
+          "deadline_fraction:=0.05", "reprobe_ticks:=0")  # fmt: skip
+    ing.realtime = True
+    for _ in range(4):
+        stamp = ing.publish()
+        assert ing.wait(lambda: stamp in ing.actions and stamp in ing.plans, 30.0)
+    ing.spin(0.3)
+    stamps = sorted(ing.actions)
+    assert len(stamps) == 4
+    assert stamps[0] in ing.values and not any(s in ing.values for s in stamps[1:])  # pi has no values
+    assert all(len(ing.plans[s].points) == 5 for s in stamps)
+    assert ing.wait(lambda: ing.planning_status()[1].get("policy_fallbacks") == "3")
+    status, values = ing.planning_status()
+    assert "base policy" in status.message and values["mppi_ticks"] == "1"

@@ -231,7 +231,10 @@ class PlannerNode(Node):
             self._subscribe(self._loaded)
         self.create_subscription(String, "/simdist/episode", self._on_episode, QOS, callback_group=self._obs_group)
         self.create_service(Trigger, "~/load_model", self._on_load_model, callback_group=ReentrantCallbackGroup())
-        self._timer = self.create_timer(1.0 / p["control_rate_hz"], self._on_timer, callback_group=self._obs_group)
+        # own group: a fast timer must not starve the observation callbacks (executor serves timers first)
+        self._timer = self.create_timer(
+            1.0 / p["control_rate_hz"], self._on_timer, callback_group=MutuallyExclusiveCallbackGroup()
+        )
         if load_error:
             self.diag.set("model", Level.ERROR, load_error)
         else:
