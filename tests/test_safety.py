@@ -129,6 +129,7 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
             Parameter("command_timeout_s", value=0.3),
             Parameter("damp_grace_s", value=0.3),
             Parameter("observation_timeout_s", value=5.0),
+            Parameter("answer_timeout_s", value=0.5),
         ]))
         out = ros.collect(JointTrajectory, "/simdist/safe_command")
         diags = ros.collect(DiagnosticArray, "/diagnostics")
@@ -189,6 +190,14 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
         assert latched.header.frame_id == "damp"
         r = ros.call(resume, Trigger.Request())
         assert r.success, r.message
+
+        # the planner never answers an observation (NaN model, hang): its tick still gets HOLD
+        silent = stamp + 10
+        o.header.stamp = ros_msgs.stamp_msg(silent)
+        obs.publish(o)
+        assert ros.spin_until(lambda: any(ros_msgs.stamp_ns(m.header.stamp) == silent for m in out), 3.0)
+        assert [m for m in out if ros_msgs.stamp_ns(m.header.stamp) == silent][0].header.frame_id == "hold"
+        assert ros.spin_until(lambda: any("no plan for the observation" in m for _, m in diagnostics_text(diags, "safety_supervisor")))
     finally:
         ros.close()
 

@@ -78,7 +78,7 @@ class Decision:
     """What the supervisor forwards and why (reason empty when the command passed unchanged)."""
 
     command: Command
-    status: str  # "pass", "clipped", "rejected", "estop", "stale_observation", "watchdog"
+    status: str  # "pass", "clipped", "rejected", "estop", "stale_observation", "watchdog", "no_answer"
     reason: str = ""
     clipped: list[str] = field(default_factory=list)
 

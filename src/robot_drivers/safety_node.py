@@ -3,14 +3,18 @@
 Every planner command is checked by `safety.SafetySupervisor` and republished on
 `/simdist/safe_command` with the SAME stamp (so a lockstep driver advances on it), or replaced by
 the safe action (HOLD / DAMP) with the reason on /diagnostics. A watchdog timer sends the safe
-action when plans stop; `~/estop` latches it until `~/resume`.
+action when plans stop; an observation left unanswered for `answer_timeout_s` of wall time gets
+the safe action with its stamp (so a failing planner cannot stall a lockstep simulator);
+`~/estop` latches it until `~/resume`.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import rclpy
 from geometry_msgs.msg import PoseStamped
+from rclpy.clock import Clock, ClockType
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
@@ -20,7 +24,9 @@ from trajectory_msgs.msg import JointTrajectory
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
-from robot_drivers.safety import GO2_DEFAULT_POSE, GO2_JOINT_HIGH, GO2_JOINT_LOW, SafetyConfig, SafetySupervisor
+from robot_drivers.safety import (
+    GO2_DEFAULT_POSE, GO2_JOINT_HIGH, GO2_JOINT_LOW, Decision, SafetyConfig, SafetySupervisor,
+)
 
 PARAMS = (
     Param("robot", "ur5e", "robot whose limits apply: ur5e (EE deltas, HOLD) or go2 (joint targets, DAMP)", read_only=True),
@@ -28,6 +34,8 @@ PARAMS = (
     Param("command_timeout_s", 0.5, "no fresh plan for this long -> safe action (keep above one control period)", 0.01, 10.0),
     Param("damp_grace_s", 0.2, "Go2: stand (HOLD) this long after a plan timeout, then DAMP", 0.0, 10.0),
     Param("observation_timeout_s", 0.5, "newest observation older than this -> safe action", 0.01, 10.0),
+    Param("answer_timeout_s", 2.0, "the newest observation unanswered this long on the WALL clock -> safe "
+          "action stamped with it (a stuck or failing planner cannot stall a lockstep simulator); 0 = off", 0.0, 60.0),
     Param("max_step_pos", 0.03, "UR5e: max TCP translation per control step (m)", 0.001, 0.2),
     Param("max_step_rot", 0.25, "UR5e: max TCP rotation per control step (rad)", 0.01, 1.5),
     Param("workspace_low", [-0.45, 0.10, 0.01], "UR5e: TCP box lower corner x, y, z (m, base frame)"),
@@ -74,6 +82,9 @@ class SafetyNode(Node):
         self.create_service(Trigger, "~/estop", self.on_estop)
         self.create_service(Trigger, "~/resume", self.on_resume)
         self.create_timer(1.0 / self.params["watchdog_rate_hz"], self.on_watchdog)
+        self._unanswered: tuple[int, float] | None = None  # (observation stamp ns, wall time seen)
+        self._answered_ns = -1
+        self.create_timer(0.05, self.on_answer_deadline, clock=Clock(clock_type=ClockType.STEADY_TIME))
 
     def now_s(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
@@ -83,7 +94,20 @@ class SafetyNode(Node):
             self.core.config = _config(self.params.values)  # limits only: the supervisor's state stays
 
     def on_observation(self, msg: JointState) -> None:
-        self.core.observation(ros_msgs.stamp_ns(msg.header.stamp) * 1e-9)
+        stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
+        self.core.observation(stamp_ns * 1e-9)
+        if stamp_ns > self._answered_ns and (self._unanswered is None or stamp_ns > self._unanswered[0]):
+            self._unanswered = (stamp_ns, time.monotonic())
+
+    def on_answer_deadline(self) -> None:
+        """The planner never answered the newest observation: send the safe action for its tick."""
+        limit = self.params["answer_timeout_s"]
+        if not limit or self._unanswered is None or time.monotonic() - self._unanswered[1] < limit:
+            return
+        stamp_ns = self._unanswered[0]
+        reason = f"no plan for the observation stamped {stamp_ns} within answer_timeout_s={limit} s (wall)"
+        self.publish(Decision(self.core.safe_command(stamp_ns * 1e-9), "no_answer", reason), stamp_ns)
+        self._answered_ns, self._unanswered = stamp_ns, None
 
     def on_tcp_pose(self, msg: PoseStamped) -> None:
         self.core.tcp_pose(ros_msgs.pose_from_msg(msg)[0])
@@ -91,6 +115,9 @@ class SafetyNode(Node):
     def on_action(self, msg: JointTrajectory) -> None:
         self.apply_params()
         stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
+        self._answered_ns = max(self._answered_ns, stamp_ns)
+        if self._unanswered is not None and stamp_ns >= self._unanswered[0]:
+            self._unanswered = None
         if msg.points:
             d = msg.points[0].time_from_start
             self.period_s = d.sec + d.nanosec * 1e-9
