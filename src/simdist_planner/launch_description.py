@@ -145,7 +145,12 @@ def _nodes(robot: str) -> tuple[NodeSpec, ...]:
             when=(("video", ("true",)),),
             arg_params=(("checkpoint", "video_checkpoint"), ("device", "device")),
         ),
-        NodeSpec("adapter", "adapter_node", when=(("adapt", ("true",)),), arg_params=(("checkpoint", "checkpoint"),)),
+        NodeSpec(
+            "adapter",
+            "adapter_node",
+            when=(("adapt", ("true",)),),
+            arg_params=(("checkpoint", "checkpoint"), ("bag_dir", "bag_dir"), ("device", "device")),
+        ),
     )
 
 
