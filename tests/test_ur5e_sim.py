@@ -120,3 +120,13 @@ def test_bad_configs_raise():
         SceneConfig(cameras=("wrist", "ceiling"))
     with pytest.raises(ValueError, match="action_latency_s"):
         ControllerConfig(action_latency_s=0.3)
+
+
+def test_state_only_backend_renders_the_same_mask(backend):
+    backend.reset(0)
+    expected = backend.render_robot_mask("overhead")
+    b = MujocoUR5eBackend(SceneConfig(image_size=(48, 64), cameras=()))
+    b.reset(0)
+    assert b.observe().images == {}
+    assert np.array_equal(b.render_robot_mask("overhead"), expected)
+    b.close()

@@ -178,7 +178,7 @@ class UR5eInsertionTask(Task):
         self._obs = obs
         success = self.is_success(obs.privileged)
         fell = bool(obs.privileged["obj_pos"][2] < -0.05)
-        diverged = bool(self.backend.faults() and self.backend.faults()[0].code == "sim_diverged")
+        diverged = any(f.code == "sim_diverged" for f in self.backend.faults())
         reward = 1.0 if success else self.dense_reward(obs.privileged)
         return StepResult(obs, reward, terminated=success or fell or diverged,
                           truncated=self._t >= self.max_steps and not success, success=success,

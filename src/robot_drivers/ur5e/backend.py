@@ -66,6 +66,7 @@ class MujocoUR5eBackend(RobotBackend):
         self.spec = make_spec(self.scene_cfg, self.ctrl_cfg)
         self.rig = CameraRig(self.model, self.spec.cameras, self.scene_cfg.image_size) \
             if self.spec.cameras else None
+        self._mask_rig: CameraRig | None = None
         self.n_substeps = round(1.0 / (self.ctrl_cfg.control_hz * self.model.opt.timestep))
         self.latency_steps = round(self.ctrl_cfg.action_latency_s / self.model.opt.timestep)
         self._grip_q = self.model.joint(GRIPPER_DRIVER).qposadr[0]
@@ -152,14 +153,16 @@ class MujocoUR5eBackend(RobotBackend):
         return list(self._faults)
 
     def close(self) -> None:
-        if self.rig is not None:
-            self.rig.close()
+        for rig in (self.rig, self._mask_rig):
+            if rig is not None:
+                rig.close()
 
     # -- extras --------------------------------------------------------------------------
     def render_robot_mask(self, camera: str) -> np.ndarray:
         """(H, W) bool mask of the arm and gripper as seen by `camera` (current state)."""
-        rig = self.rig or CameraRig(self.model, (camera,), self.scene_cfg.image_size)
-        return rig.robot_mask(self.data, camera)
+        if self.rig is None and self._mask_rig is None:  # a state-only backend: render anyway
+            self._mask_rig = CameraRig(self.model, (), self.scene_cfg.image_size)
+        return (self.rig or self._mask_rig).robot_mask(self.data, camera)
 
     def tracking_error(self) -> tuple[float, float]:
         """(m, rad) between the TCP and the active target."""

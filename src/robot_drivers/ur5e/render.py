@@ -48,8 +48,7 @@ class CameraRig:
 
     def robot_mask(self, data: mujoco.MjData, camera: str) -> np.ndarray:
         """(H, W) bool: pixels showing the arm or the gripper."""
-        if camera not in self.cameras and mujoco.mj_name2id(
-                self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera) < 0:
+        if mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera) < 0:
             raise ValueError(f"unknown camera {camera!r}; cameras: {self.cameras}")
         r = self._update(data, camera)
         r.enable_segmentation_rendering()
