@@ -34,7 +34,7 @@ PARAMS = (
     Param("command_timeout_s", 0.5, "no fresh plan for this long -> safe action (keep above one control period)", 0.01, 10.0),
     Param("damp_grace_s", 0.2, "Go2: stand (HOLD) this long after a plan timeout, then DAMP", 0.0, 10.0),
     Param("observation_timeout_s", 0.5, "newest observation older than this -> safe action", 0.01, 10.0),
-    Param("answer_timeout_s", 2.0, "the newest observation unanswered this long on the WALL clock -> safe "
+    Param("answer_timeout_s", 10.0, "the newest observation unanswered this long on the WALL clock -> safe "
           "action stamped with it (a stuck or failing planner cannot stall a lockstep simulator); 0 = off", 0.0, 60.0),
     Param("max_step_pos", 0.03, "UR5e: max TCP translation per control step (m)", 0.001, 0.2),
     Param("max_step_rot", 0.25, "UR5e: max TCP rotation per control step (rad)", 0.01, 1.5),
