@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from robot_drivers.go2.backend import go2_spec
-from robot_drivers.go2.config import DEFAULT_POSE_UNITREE, UNITREE_JOINT_NAMES, Go2Config
+from robot_drivers.go2.config import DEFAULT_POSE_UNITREE, Go2Config
 from robot_drivers.go2.observation import Go2State, build_proprio
 from robot_drivers.interface import (
     Command, CommandKind, Fault, FaultLevel, Observation, RobotBackend, validate_command,
