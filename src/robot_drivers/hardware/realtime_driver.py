@@ -17,7 +17,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation, RobotBackend
+from robot_drivers.interface import Command, CommandKind, Fault, FaultLevel, Observation, RobotBackend
 from robot_drivers.node_params import NodeParams, Param
 
 COMMON_PARAMS = (
@@ -37,7 +37,7 @@ class RealtimeDriverNode(Node):
         self.diag = Diagnostics(self, hardware_id=name)
         self.backend = backend if backend is not None else self.connect()
         self.spec = self.backend.spec
-        self.latched: str | None = None  # why the safe action is latched (an ERROR fault)
+        self.latched: str | None = "not reset yet"  # why the safe action is latched (fault, start-up)
         self.last_command_time: float | None = None
         self.watchdog_fired = False
         self.pub_joints = self.create_publisher(JointState, "/joint_states", 10)
@@ -46,7 +46,6 @@ class RealtimeDriverNode(Node):
         self.create_service(Trigger, "~/reset", self.on_reset)
         self.create_timer(1.0 / self.params["publish_rate_hz"], self.tick)
         self.diag.set("robot", Level.WARN, "connected; call ~/reset to enable commands")
-        self.latched = "not reset yet"
 
     def connect(self) -> RobotBackend:
         raise NotImplementedError
@@ -82,7 +81,10 @@ class RealtimeDriverNode(Node):
         changed = self.params.apply()
         if changed:
             self.apply_params(changed)
-        faults = self.backend.faults()
+        try:
+            faults = self.backend.faults()
+        except (RuntimeError, OSError) as e:  # the vendor client itself failed: treat as lost link
+            faults = [Fault(FaultLevel.ERROR, "fault_check_failed", f"reading the robot's status failed: {e}")]
         errors = [f for f in faults if f.level >= FaultLevel.ERROR]
         text = "; ".join(f"{f.code}: {f.message}" for f in faults) or "no faults"
         if errors:
