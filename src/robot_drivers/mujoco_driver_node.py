@@ -237,12 +237,16 @@ class MujocoDriverNode(Node):
             self.start_episode(self.seed + 1)
             return
         try:
-            self.last = self.episode.apply(command)
-        except ValueError as e:
-            self.diag.set("command", Level.ERROR, f"rejected, holding instead: {e}")
-            self.last = self.episode.apply(Command(CommandKind.HOLD))
-        else:
-            self.diag.set("command", Level.OK, f"applying {command.kind.value}")
+            try:
+                self.last = self.episode.apply(command)
+                self.diag.set("command", Level.OK, f"applying {command.kind.value}")
+            except ValueError as e:
+                self.diag.set("command", Level.ERROR, f"rejected, holding instead: {e}")
+                self.last = self.episode.apply(Command(CommandKind.HOLD))
+        except RuntimeError as e:  # the backend refused to go on (faulted): end the episode
+            self.diag.set("robot", Level.ERROR, f"simulation step failed, episode ended: {e}")
+            self.episode.done = True
+            self.last = TickResult(self.last.obs, 0.0, True, False, {"terminated": True, "truncated": False})
         self.tick += 1
         self.report_faults()
         self.publish_tick()
