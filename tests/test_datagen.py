@@ -133,6 +133,8 @@ def test_same_seed_same_files_other_seed_differs(tmp_path):
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
         datagen.generate(config(6, seed=seed), tmp_path / name, progress=False)
     assert_same(contents(tmp_path / "a"), contents(tmp_path / "b"))
+    shard = shard_name(0)
+    assert (tmp_path / "a" / shard).read_bytes() == (tmp_path / "b" / shard).read_bytes()
     a, c = contents(tmp_path / "a"), contents(tmp_path / "c")
     assert not np.array_equal(a[(shard_name(0), "steps/proprio")][:5], c[(shard_name(0), "steps/proprio")][:5])
 

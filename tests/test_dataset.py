@@ -1,5 +1,7 @@
 """The HDF5 shard format: round trip, windows, selection, resume truncation and bad files."""
 import json
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -149,9 +151,13 @@ def test_windows_match_the_model_input_contract(tmp_path, pad):
 def test_windows_batch_with_a_dataloader(tmp_path):
     write_shards(tmp_path, [[8, 8]])
     win = WindowDataset(ShardedDataset(tmp_path), 2, 3)
-    batch = next(iter(torch.utils.data.DataLoader(win, batch_size=4, shuffle=True)))
-    assert batch["obs"]["images"].shape == (4, 6, 2, 3, 4, 5)
-    assert batch["actions"].shape == (4, 5, 3) and batch["values"].shape == (4, 3)
+    win.dataset.read(0, 0, 1)  # handles opened in the parent must not leak into workers
+    loader = torch.utils.data.DataLoader(win, batch_size=4, shuffle=True, num_workers=2)
+    batches = list(loader)
+    assert batches[0]["obs"]["images"].shape == (4, 6, 2, 3, 4, 5)
+    assert batches[0]["actions"].shape == (4, 5, 3) and batches[0]["values"].shape == (4, 3)
+    seen = torch.cat([b["obs"]["proprio"][:, 2, :2] for b in batches])  # (t, episode) of step t
+    assert len(seen) == len(win) and len({tuple(r.tolist()) for r in seen}) == len(win)
 
 
 def test_no_window_fits_is_a_clear_error(tmp_path):
@@ -194,7 +200,7 @@ def test_resume_truncates_a_partial_episode(tmp_path):
         for name in ("proprio", "reward", "images/top"):
             ds = f["steps/" + name]
             ds.resize(ds.shape[0] + 4, axis=0)
-    # readers see only complete episodes (e.g. while a generator is still writing)
+    # readers see only complete episodes (rows of a partial one are ignored)
     assert ShardedDataset(path).num_steps == 15
     with ShardWriter(path, LAYOUT, ATTRS, resume=True) as w:
         assert w.episode_ids == [0, 1, 2] and w.num_rows == 15
@@ -260,6 +266,23 @@ def test_bad_files_raise_clear_errors(tmp_path):
     path.write_bytes(good[: len(good) // 2])
     with pytest.raises(DatasetError, match="truncated"):
         ShardedDataset(path)
+
+    path.write_bytes(good)
+    holder = subprocess.Popen(  # another process writing the shard holds its lock
+        [sys.executable, "-c", "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); "
+         "print('open', flush=True); sys.stdin.read()", str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(DatasetError, match="locked by another process"):
+            ShardedDataset(path)
+        with pytest.raises(DatasetError, match="locked by another process"):
+            ShardWriter(path, LAYOUT, ATTRS, resume=True)
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert not list(tmp_path.glob("*.corrupt*"))  # a busy shard is never set aside
 
     path.write_bytes(b"not hdf5 at all")
     with pytest.raises(DatasetError, match="not a readable HDF5"):

@@ -369,6 +369,11 @@ def _free_name(path: pathlib.Path) -> pathlib.Path:
 def _open_h5(path: pathlib.Path, mode: str) -> h5py.File:
     try:
         return h5py.File(path, mode)
+    except BlockingIOError as e:
+        raise DatasetError(
+            f"{path}: locked by another process (a generator still writing it?); "
+            "wait for it to finish"
+        ) from e
     except OSError as e:
         raise CorruptShardError(
             f"{path}: not a readable HDF5 file ({e}); it may be truncated or still being "
