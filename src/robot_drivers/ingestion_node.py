@@ -67,8 +67,6 @@ class IngestionNode(Node):
             self.create_subscription(Image, f"/camera/{c}/image_raw", lambda m, c=c: self.on_image(c, m), 10)
         if cfg.height_map_shape:
             self.create_subscription(Image, "/height_map", self.on_height_map, 10)
-        for s in self.core.streams:
-            self.diag.set(s, Level.WARN, "no sample received yet")
         self.create_timer(0.1, self.check_staleness)
 
     def now_ns(self) -> int:
@@ -85,7 +83,7 @@ class IngestionNode(Node):
             self.stats["rejected"] += 1
             self.diag.set(stream, Level.ERROR, f"sample rejected: {e}", **self.stats)
             return
-        if self.diag.level(stream) != Level.OK:
+        if self.diag.level(stream) != Level.OK:  # first valid sample, or recovered from a bad one
             self.diag.set(stream, Level.OK, "receiving valid samples")
         self.publish_aligned()
 
@@ -127,14 +125,21 @@ class IngestionNode(Node):
 
     def check_staleness(self) -> None:
         stale = self.core.stale(self.now_ns())
+        waiting = sorted(s for s in stale if self.core.last_stamp[s] is None)  # start-up, not a fault
         for s in self.core.streams:
-            if s in stale:
+            if s in waiting:
+                self.diag.set(f"{s} freshness", Level.WARN, "waiting for the first sample")
+            elif s in stale:
                 self.diag.set(f"{s} freshness", Level.ERROR, f"stale: {stale[s]}; observation withheld")
             else:
                 self.diag.set(f"{s} freshness", Level.OK, "fresh")
-        self.diag.set("observation", Level.OK if not stale else Level.ERROR,
-                      "publishing aligned observations" if not stale else f"withheld: stale {sorted(stale)}",
-                      unmatched=self.core.unmatched, **self.stats)
+        if not stale:
+            level, text = Level.OK, "publishing aligned observations"
+        elif len(waiting) == len(stale):
+            level, text = Level.WARN, f"waiting for {waiting}"
+        else:
+            level, text = Level.ERROR, f"withheld: stale {sorted(set(stale) - set(waiting))}"
+        self.diag.set("observation", level, text, unmatched=self.core.unmatched, **self.stats)
 
 
 def main(args=None):
