@@ -279,6 +279,22 @@ def test_go2_noise_ranges_come_from_the_official_system_file():
     assert cfg.obs_noise["joint_vel"] == 0.75 and cfg.obs_noise["height_map"] == 0.02
 
 
+def test_ur5e_noise_scales_with_the_action_bounds():
+    from robot_drivers.interface import ProprioTerm, RobotSpec
+
+    spec = RobotSpec("ur5e", 7, 5.0, (ProprioTerm("joint_pos", 6),),
+                     action_low=(-0.02,) * 3 + (-0.1,) * 3 + (0.0,),
+                     action_high=(0.02,) * 3 + (0.1,) * 3 + (1.0,))
+    cfg = datagen.robot_data_config(spec)
+    np.testing.assert_allclose(cfg.noise.sigma_min, [0.001] * 3 + [0.005] * 3 + [0.025])
+    np.testing.assert_allclose(cfg.noise.sigma_max, [0.01] * 3 + [0.05] * 3 + [0.25])
+    assert cfg.noise.burst_steps == (1, 5) and cfg.noise.clean_steps == (5, 10)
+    with pytest.raises(ValueError, match="action_low"):
+        datagen.robot_data_config(RobotSpec("ur5e", 7, 5.0, ()))
+    with pytest.raises(ValueError, match="no data-generation defaults"):
+        datagen.robot_data_config(RobotSpec("spot", 12, 50.0, ()))
+
+
 def test_cli_writes_a_readable_dataset(tmp_path, capsys):
     rc = datagen.main(["--task", "toy", "--episodes", "3", "--out", str(tmp_path), "--seed", "5",
                        "--no-progress"])

@@ -121,6 +121,15 @@ def go2_data_config() -> RobotDataConfig:
 # UR5e action noise is not fixed by the paper: sigma ranges from 5% to 50% of each dimension's
 # half range (the gripper included, so bursts can also open or close it).
 UR5E_SIGMA_FRACTION = (0.05, 0.5)
+# Training-time proprio noise per term (our choice; the paper randomises but gives no values):
+# encoder-level noise on joints, a few mm on the TCP, a little on the gripper reading.
+UR5E_OBS_NOISE = {
+    "joint_pos": 0.01,  # rad
+    "joint_vel": 0.05,  # rad/s
+    "tcp_pos": 0.002,  # m
+    "tcp_rot6d": 0.01,
+    "gripper": 0.02,
+}
 
 
 def ur5e_data_config(spec) -> RobotDataConfig:
@@ -135,7 +144,7 @@ def ur5e_data_config(spec) -> RobotDataConfig:
             burst_steps=(1, 5),
             clean_steps=(5, 10),
         ),
-        obs_noise={t.name: 0.01 for t in spec.proprio_terms},
+        obs_noise=dict(UR5E_OBS_NOISE),
         default_episodes=10,
     )
 
