@@ -22,14 +22,16 @@ from test_planner_node import make_checkpoint
 SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PERIOD_NS = 200_000_000  # UR5e control period (5 Hz)
+EPISODE_STEPS = 40  # a short episode keeps the test near a minute
 DRIVER_TOPICS = ["/camera/wrist/image_raw", "/camera/overhead/image_raw", "/camera/side/image_raw",
                  "/simdist/robot/proprio", "/simdist/episode", "/joint_states", "/tcp_pose"]  # fmt: skip
 
 
 def _params_file(tmp_path) -> pathlib.Path:
-    """config/peg.yaml with a CPU-sized MPPI and the replay set up for re-running the planner."""
+    """config/peg.yaml with a CPU-sized MPPI, a short episode and the replay set up for the planner."""
     data = yaml.safe_load((ROOT / "config" / "peg.yaml").read_text())
     data["planner"]["ros__parameters"].update(num_samples=64, num_elites=8, iterations=2)
+    data["mujoco_driver"]["ros__parameters"].update(max_steps=EPISODE_STEPS)
     data["replay"]["ros__parameters"].update(
         topics=DRIVER_TOPICS, rate=4.0, wait_for_subscribers=["/simdist/observation/proprio", "/simdist/plan"]
     )
@@ -64,7 +66,7 @@ def test_peg_graph_episode_recorded_and_replayed(tmp_path, ros_domain):
     (bag_dir,) = list_episode_bags(tmp_path / "bags")
     bag = EpisodeBag(bag_dir)
     assert bag.meta.task == "peg" and bag.meta.variant == "real" and bag.meta.seed == 0 and bag.meta.complete
-    assert bag.meta.steps >= 1 and bag.meta.success is not None
+    assert 1 <= bag.meta.steps <= EPISODE_STEPS and bag.meta.success is not None
 
     # every recorded topic decodes with an independent reader
     with open(next(bag_dir.glob("*.mcap")), "rb") as f:

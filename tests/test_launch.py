@@ -93,6 +93,7 @@ NODE_MODULES = {
     "ur5e_driver": "robot_drivers.ur5e_rtde_driver_node",
     "go2_driver": "robot_drivers.go2_sdk_driver_node",
     "video_prediction": "sim_video_world_model.video_node",
+    "adapter": "simdist_adapter.adapter_node",
     "planner": "simdist_planner.planner_node",
     "recorder": "simdist_adapter.recorder_node",
     "replay": "simdist_adapter.replay_node",
@@ -105,7 +106,7 @@ NODE_MODULES = {
 def test_config_files_hold_every_declared_parameter_with_its_type(graph):
     data = yaml.safe_load(desc.config_path(graph).read_text())
     robot = desc.GRAPHS[graph].robot
-    nodes = {n.name for n in desc.GRAPHS[graph].nodes} - {"adapter"} - ({"video_prediction"} if robot == "go2" else set())
+    nodes = {n.name for n in desc.GRAPHS[graph].nodes} - ({"video_prediction"} if robot == "go2" else set())
     assert set(data) == nodes, f"{graph}.yaml sections {sorted(data)} != nodes {sorted(nodes)}"
     for node in sorted(nodes):
         declared = _declared(NODE_MODULES[node])
@@ -114,6 +115,7 @@ def test_config_files_hold_every_declared_parameter_with_its_type(graph):
         for key, value in section.items():
             assert type(value) is type(declared[key]), f"{graph}.yaml {node}.{key}: {value!r} vs {declared[key]!r}"
     assert data["mujoco_driver"]["ros__parameters"]["robot"] == robot
+    assert data["adapter"]["ros__parameters"]["robot"] == robot
 
 
 def test_launch_files_parse_and_read_the_shared_description():
