@@ -164,3 +164,13 @@ def test_sim_to_real_gap_slippery_slope(ladder):
     real_d = np.mean([r.info["distance"] for r in real_runs])
     print(f"slope 0.1 m/s: sim distance {sim_d:.2f} m, slippery {real_d:.2f} m")
     assert real_d < sim_d - 0.1
+
+
+def test_sim_to_real_gap_foam(ladder):
+    """At 0.7 m/s the expert crosses rigid pads but trips on the sinking foam."""
+    kw = dict(command=(0.7, 0.0, 0.0), episode_s=10.0)
+    sim = [rollout(make_task("foam", "sim", **kw), ladder[0], s).last for s in (0, 1)]
+    real = [rollout(make_task("foam", "real", **kw), ladder[0], s).last for s in (0, 1)]
+    assert all(r.success for r in sim)
+    assert sum(r.success for r in real) < len(real)
+    assert np.mean([r.info["distance"] for r in real]) < 3.0 - 0.2
