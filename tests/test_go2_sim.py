@@ -228,3 +228,12 @@ def test_imu_readings_and_render(flat):
     img = flat.render(48, 64)
     assert img.shape == (48, 64, 3) and img.dtype == np.uint8 and img.std() > 5
     flat.close()
+
+
+def test_spec_action_bounds_are_the_model_joint_limits(flat):
+    m = flat.model
+    ranges = np.array([m.jnt_range[m.joint(n).id] for n in UNITREE_JOINT_NAMES])
+    np.testing.assert_allclose(DEFAULT_POSE_UNITREE + 0.25 * np.array(flat.spec.action_low),
+                               ranges[:, 0], atol=1e-5)
+    np.testing.assert_allclose(DEFAULT_POSE_UNITREE + 0.25 * np.array(flat.spec.action_high),
+                               ranges[:, 1], atol=1e-5)

@@ -94,7 +94,6 @@ class MujocoGo2Backend(RobotBackend):
         self._renderer: mujoco.Renderer | None = None
         self._default_mj = to_menagerie(DEFAULT_POSE_UNITREE)
         self._command = np.zeros(3)
-        self._rng = np.random.default_rng()
         self._reset_state()
 
     # ------------------------------------------------------------------ lifecycle
@@ -107,11 +106,11 @@ class MujocoGo2Backend(RobotBackend):
 
     def reset(self, seed: int | None = None, x: float = 0.0, y: float = 0.0) -> Observation:
         """Stand at the default pose (jittered per seed), feet on the ground below (x, y)."""
-        self._rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed)
         cfg = self.config
         mujoco.mj_resetData(self.model, self.data)
-        q = self._default_mj * self._rng.uniform(*cfg.init_joint_scale, size=12)
-        yaw = self._rng.uniform(-cfg.init_yaw_range, cfg.init_yaw_range)
+        q = self._default_mj * rng.uniform(*cfg.init_joint_scale, size=12)
+        yaw = rng.uniform(-cfg.init_yaw_range, cfg.init_yaw_range)
         self.data.qpos[self._qadr] = q
         self.data.qpos[:3] = (x, y, 1.0)
         self.data.qpos[3:7] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
