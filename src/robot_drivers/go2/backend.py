@@ -45,6 +45,8 @@ def pd_torque(q: np.ndarray, dq: np.ndarray, q_target: np.ndarray, kp: float | n
 
 def go2_spec(config: Go2Config) -> RobotSpec:
     """Static Go2 facts; action bounds are the joint limits expressed as raw actions."""
+    # Joint ranges of the menagerie go2.xml (abduction, front / back hip, knee), Unitree order;
+    # static so hardware and planner nodes need no model (a test checks them against the MJCF).
     limits = np.array([[-1.0472, 1.0472], [-1.5708, 3.4907], [-2.7227, -0.83776]] * 2
                       + [[-1.0472, 1.0472], [-0.5236, 4.5379], [-2.7227, -0.83776]] * 2)
     scale = config.actuation.action_scale
