@@ -104,6 +104,11 @@ class WanBackboneConfig:
     action_layers: int = 2
     action_heads: int = 4
     action_hidden: int = 256
+    dtype: str = "float32"  # weights' dtype when loading ("bfloat16" halves a 5B model's memory)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"wan dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
 
 
 @dataclass

@@ -112,15 +112,17 @@ def build_wan(cfg: BackboneConfig) -> tuple[WanVideoAutoencoder, WanVideoDenoise
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
     wcfg = cfg.wan
+    dtype = getattr(torch, wcfg.dtype)
     if wcfg.transformer_config is not None:
         transformer = WanTransformer3DModel(**wcfg.transformer_config)
     else:
-        transformer = WanTransformer3DModel.from_pretrained(_require_dir(wcfg.model_dir, "transformer"))
+        transformer = WanTransformer3DModel.from_pretrained(_require_dir(wcfg.model_dir, "transformer"),
+                                                            torch_dtype=dtype)
     if wcfg.vae_config is not None:
         vae = AutoencoderKLWan(**wcfg.vae_config)
     else:
-        vae = AutoencoderKLWan.from_pretrained(_require_dir(wcfg.model_dir, "vae"))
+        vae = AutoencoderKLWan.from_pretrained(_require_dir(wcfg.model_dir, "vae"), torch_dtype=dtype)
     vae.requires_grad_(False).eval()
     denoiser = WanVideoDenoiser(transformer, cfg.action_dim, cfg.max_actions, wcfg.action_hidden,
-                                wcfg.action_layers, wcfg.action_heads)
+                                wcfg.action_layers, wcfg.action_heads).to(transformer.dtype)
     return WanVideoAutoencoder(vae), denoiser
