@@ -47,7 +47,7 @@ def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None
     default to the model config's."""
     core = unwrap(model)
     w = weights or core.config.loss
-    pred = model(window)
+    pred = _float(model(window))  # losses in fp32 also under bf16 autocast
     scaler = core.scaler
     rewards = scaler.normalize_scalar("rewards", window["rewards"].float())
     values = scaler.normalize_scalar("values", window["values"].float())
@@ -73,7 +73,12 @@ def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None
 
 def adaptation_loss(model: nn.Module, window: dict) -> torch.Tensor:
     """Eq. 3: the latent-dynamics term only (targets from the frozen encoder)."""
-    return latent_loss(model(window))
+    return latent_loss(_float(model(window)))
+
+
+def _float(pred: dict) -> dict:
+    return {k: ({n: t.float() for n, t in v.items()} if isinstance(v, dict) else v.float())
+            for k, v in pred.items()}
 
 
 def _check_shape(name: str, x: torch.Tensor, shape) -> None:

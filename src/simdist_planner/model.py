@@ -76,7 +76,7 @@ class WorldModel(nn.Module):
         want = ", ".join(lead + [str(d) for d in tail])
         _need(ok, f"{self.config.robot} world model: {name} has shape {tuple(x.shape)}, expected ({want})")
 
-    def _obs_parts(self, obs: dict, lead: int | None = None):
+    def _obs_parts(self, obs: dict):
         """Normalised (proprio, height_map, images) of an observation dict with any leading dims."""
         cfg = self.config
         _need("proprio" in obs, f"observation has no 'proprio'; keys: {sorted(obs)}")
