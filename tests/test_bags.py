@@ -160,7 +160,8 @@ def test_sigterm_finalises_the_open_bag_and_sigkill_is_reported(tmp_path, record
             time.sleep(0.5)
             proc.send_signal(sig)
             proc.communicate(timeout=30)
-            _wait_for(lambda: all(p.get_subscription_count() == 0 for p in pub.pubs.values()))
+            if sig == signal.SIGTERM:  # a clean exit leaves the graph at once; the next recorder is new
+                _wait_for(lambda: all(p.get_subscription_count() == 0 for p in pub.pubs.values()))
     finally:
         pub.close()
     bags = sorted((tmp_path / "bags").iterdir(), key=lambda p: "ep0008" in p.name)
