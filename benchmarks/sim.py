@@ -8,7 +8,8 @@ For every task in robot_drivers.tasks.TASKS that builds (others are listed with 
 - frames: rendered camera images per second (one observe() renders every camera),
 - control: full task.step() calls per second (physics + control + rendering + reward),
 - generation: dataset transitions per second of one worker (Algorithm 2, expert value, HDF5),
-- loading: training windows per second of one reader (H = T = 5 UR5e-style, 25 for Go2).
+- loading: training windows per second of one reader (H = T = 5 UR5e-style, 25 for Go2),
+  images decompressed per window (preload="vectors") and held in RAM (preload="all").
 Single process, one thread; the figures depend on the machine's load (printed beside them).
 """
 from __future__ import annotations
@@ -69,9 +70,10 @@ def bench_task(name: str, args) -> dict:
         row["gen_transitions_s"] = (ds.num_steps - ds.num_episodes) / secs
         horizon = 5 if spec.cameras else 25
         if ds.lengths.max() > horizon + 1:
-            win = WindowDataset(ds, horizon, horizon)
-            idx = np.random.default_rng(0).integers(0, len(win), args.windows)
-            row["load_windows_s"] = _rate(len(idx), lambda it=iter(idx): win[int(next(it))])
+            for key, preload in (("load_windows_s", "vectors"), ("load_windows_s_ram", "all")):
+                win = WindowDataset(ShardedDataset(out, preload=preload), horizon, horizon)
+                idx = np.random.default_rng(0).integers(0, len(win), args.windows)
+                row[key] = _rate(len(idx), lambda it=iter(idx), w=win: w[int(next(it))])
     return row
 
 
@@ -93,7 +95,8 @@ def main(argv=None) -> None:
     load = os.getloadavg()[0]
     print(f"# sim benchmark, load average {load:.1f} on {os.cpu_count()} CPUs, "
           f"MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}")
-    cols = ["physics_steps_s", "frames_s", "control_steps_s", "gen_transitions_s", "load_windows_s"]
+    cols = ["physics_steps_s", "frames_s", "control_steps_s", "gen_transitions_s", "load_windows_s",
+            "load_windows_s_ram"]
     print(f"{'task':16s}" + "".join(f"{c:>20s}" for c in cols) + "  frame")
     for name in names:
         try:

@@ -148,6 +148,21 @@ def test_windows_match_the_model_input_contract(tmp_path, pad):
         assert win.t_index.min() == H
 
 
+def test_preload_modes_read_the_same_windows(tmp_path):
+    write_shards(tmp_path, [[7, 9]])
+    wins = [WindowDataset(ShardedDataset(tmp_path, preload=m), 2, 3) for m in ("none", "vectors", "all")]
+    for idx in range(len(wins[0])):
+        ref = wins[0].window(idx)
+        for w in wins[1:]:
+            other = w.window(idx)
+            for k in ("actions", "rewards", "values", "expert"):
+                np.testing.assert_array_equal(ref[k], other[k])
+            for k in ref["obs"]:
+                np.testing.assert_array_equal(ref["obs"][k], other["obs"][k])
+    with pytest.raises(ValueError, match="preload"):
+        ShardedDataset(tmp_path, preload=True)
+
+
 def test_windows_batch_with_a_dataloader(tmp_path):
     write_shards(tmp_path, [[8, 8]])
     win = WindowDataset(ShardedDataset(tmp_path), 2, 3)

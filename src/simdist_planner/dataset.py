@@ -400,11 +400,12 @@ def _check_header(f: h5py.File, path) -> None:
 class _Shard:
     """One open shard: validated header, episode table in memory, vectors cached on demand."""
 
-    def __init__(self, path: pathlib.Path, preload: bool):
+    def __init__(self, path: pathlib.Path, preload: str):
         self.path = path
         self.preload = preload
         self._file: h5py.File | None = None
         self._pid = None
+        self._datasets: dict[str, h5py.Dataset] = {}
         self._cache: dict[str, np.ndarray] = {}
         f = self.file
         _check_header(f, path)
@@ -436,21 +437,25 @@ class _Shard:
         if self._file is None or self._pid != os.getpid():
             self._file = _open_h5(self.path, "r")
             self._pid = os.getpid()
+            self._datasets = {}
         return self._file
 
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
-        if self.preload and not name.startswith("images/"):
+        if self.preload == "all" or (self.preload == "vectors" and not name.startswith("images/")):
             if name not in self._cache:
                 self._cache[name] = self.file["steps/" + name][:]
             return self._cache[name][start:stop]
-        return self.file["steps/" + name][start:stop]
+        f = self.file
+        if name not in self._datasets:
+            self._datasets[name] = f["steps/" + name]
+        return self._datasets[name][start:stop]
 
     def meta(self, i: int) -> dict:
         return json.loads(_attr_value(self.file["episodes/meta"][i]))
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_file"] = None
+        state["_file"], state["_datasets"] = None, {}
         return state
 
 
@@ -481,6 +486,9 @@ class ShardedDataset:
     10% selection is inside the 50% one); `max_steps` then keeps the shortest prefix with at
     least that many rows (equal-volume ablations); finally rank r of `world_size` keeps every
     world_size-th selected episode starting at r.
+
+    preload: "vectors" keeps every non-image /steps array in memory (small; fast windows),
+    "all" images too (small datasets: no decompression per window), "none" reads lazily.
     """
 
     def __init__(
@@ -493,10 +501,12 @@ class ShardedDataset:
         rank: int = 0,
         world_size: int = 1,
         selection_seed: int = 0,
-        preload: bool = True,
+        preload: str = "vectors",
     ):
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        if preload not in ("none", "vectors", "all"):
+            raise ValueError(f"preload must be 'none', 'vectors' or 'all', got {preload!r}")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
         self.shards = [_Shard(p, preload) for p in shard_paths(paths_or_dir)]
