@@ -155,6 +155,22 @@ def test_workers_write_one_shard_each_with_worker_independent_episodes(tmp_path)
         assert f.attrs["num_shards"] == 2
 
 
+def test_torchrun_ranks_write_the_shards_workers_would(tmp_path, monkeypatch):
+    datagen.generate(config(5, seed=4), tmp_path / "ranks", rank=1, world_size=2, progress=False)
+    assert [p.name for p in (tmp_path / "ranks").iterdir()] == [shard_name(1)]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    datagen.main(["--task", "toy", "--episodes", "5", "--seed", "4", "--out", str(tmp_path / "ranks"),
+                  "--no-progress"])
+    by_rank = contents(tmp_path / "ranks")
+    for s in (0, 1):
+        ids = by_rank[(shard_name(s), "episodes/id")].tolist()
+        assert ids == list(range(s, 5, 2))
+        assert by_rank[(shard_name(s), "attrs")]["num_shards"] == "2"
+    with pytest.raises(ValueError, match="one worker"):
+        datagen.generate(config(5), tmp_path / "x", workers=2, rank=0, world_size=2, progress=False)
+
+
 def test_resume_after_interruption_equals_uninterrupted(tmp_path):
     datagen.generate(config(9, seed=7), tmp_path / "full", progress=False)
     part = tmp_path / "part"
