@@ -43,7 +43,7 @@ LADDER = (
     Degradation(),
     Degradation("ckpt_slow", gain=0.6, pos_jitter=0.0005),
     Degradation("ckpt_sloppy", gain=0.8, pos_jitter=0.0015, rot_jitter=0.01, align_gate=0.0015),
-    Degradation("ckpt_stale", pos_jitter=0.002, rot_jitter=0.02, align_gate=0.002,
+    Degradation("ckpt_stale", gain=0.5, pos_jitter=0.002, rot_jitter=0.02, align_gate=0.002,
                 stale_steps=1),
     Degradation("ckpt_clumsy", gain=0.5, pos_jitter=0.004, rot_jitter=0.04, align_gate=0.004,
                 stale_steps=1, yaw_bias=np.radians(12.0)),
