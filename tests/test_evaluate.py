@@ -209,14 +209,16 @@ def test_ablation_table_prints_paper_figures_beside_ours():
 
 
 def test_ablation_data_selection_nests_and_matches_volume(tmp_path):
-    from simdist_planner.ablation import ROWS, AblationScale, generate_data, row_dataset
-    from simdist_planner.dataset import ShardedDataset
+    from simdist_planner.ablation import ROWS, AblationScale, generate_data, pretrain_config, selected_dataset
 
     scale = AblationScale(name="test", tasks=("go2_flat",), episodes={"go2_flat": 10},
                           max_steps={"go2_flat": 12}, train_steps=1, batch_size=2, eval_episodes=1)
     mixed, expert = generate_data("go2_flat", scale, tmp_path)
     assert generate_data("go2_flat", scale, tmp_path) == (mixed, expert)  # second call reuses
-    by_name = {r.name: ShardedDataset(**row_dataset(r, mixed, expert)) for r in ROWS}
+    configs = {r.name: pretrain_config(r, "go2_flat", mixed, expert, scale) for r in ROWS}
+    assert configs["MLP reward/value"].model_overrides == {"head_kind": "mlp"}
+    assert configs["+ reconstruction"].model_overrides == {"loss": {"reconstruction": 1.0}}
+    by_name = {name: selected_dataset(cfg) for name, cfg in configs.items()}
     full = by_name["full data"]
     assert full.num_episodes == 10 and by_name["50% data"].num_episodes == 5 and by_name["10% data"].num_episodes == 1
     assert by_name["expert-only data"].num_steps >= full.num_steps

@@ -133,12 +133,30 @@ def _mark_complete(path: pathlib.Path) -> None:
     (path / "COMPLETE").write_text("")
 
 
-def row_dataset(row: AblationRow, mixed: pathlib.Path, expert: pathlib.Path) -> dict:
-    """ShardedDataset arguments selecting this row's training data."""
-    if row.expert_only:
-        return {"paths_or_dir": str(expert), "expert_only": True,
-                "max_steps": ShardedDataset(mixed).num_steps}
-    return {"paths_or_dir": str(mixed), "fraction": row.fraction}
+def pretrain_config(row: AblationRow, task: str, mixed: pathlib.Path, expert: pathlib.Path,
+                    scale: AblationScale):
+    """The row's pretraining run: the robot's small preset, this row's data and model changes."""
+    from simdist_planner.config import PRETRAIN_PRESETS, PretrainConfig
+
+    overrides = dict(scale.model)
+    if row.head_kind != "transformer":
+        overrides["head_kind"] = row.head_kind
+    if row.reconstruction > 0:
+        overrides["loss"] = {"reconstruction": row.reconstruction}
+    if row.expert_only:  # clean expert episodes, cut to the mixed dataset's volume
+        data = dict(data=(str(expert),), expert_only=True, max_data_steps=ShardedDataset(mixed).num_steps)
+    else:
+        data = dict(data=(str(mixed),), fraction=row.fraction)
+    preset = PRETRAIN_PRESETS["ur5e_peg" if _ur5e(task) else "go2"]
+    return PretrainConfig(**{**preset, "steps": scale.train_steps, "batch_size": scale.batch_size,
+                             "warmup_steps": max(1, scale.train_steps // 20),
+                             "checkpoint_every": scale.train_steps, "model_overrides": overrides, **data})
+
+
+def selected_dataset(cfg) -> ShardedDataset:
+    """The episodes a PretrainConfig trains on (what pretrain's window source selects)."""
+    return ShardedDataset(list(cfg.data), fraction=cfg.fraction, expert_only=cfg.expert_only,
+                          max_steps=cfg.max_data_steps or None, selection_seed=cfg.selection_seed)
 
 
 # ------------------------------------------------------------------------------- evaluation
@@ -182,3 +200,39 @@ def _save_results(path: pathlib.Path, results: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=2, sort_keys=True))
     tmp.replace(path)
+
+
+# ------------------------------------------------------------------------------- driver
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+
+
+def run_ablation(args) -> int:
+    """`simdist-eval --ablation [--small]`: every stage resumable, one table at the end."""
+    from simdist_planner.pretrain import pretrain
+
+    scale = SMALL if args.small else FULL
+    workdir = pathlib.Path(args.workdir or f"runs/ablation-{scale.name}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    results_path = workdir / "results.json"
+    results = _load_results(results_path)
+    start = time.perf_counter()
+    progress = not args.no_progress
+    for task in scale.tasks:
+        mixed, expert = generate_data(task, scale, workdir)
+        for row in ROWS:
+            if task in results.get(row.name, {}):
+                continue
+            run_dir = workdir / "pretrain" / task / _slug(row.name)
+            checkpoint = run_dir / "model"
+            if not (checkpoint / "config.json").is_file():
+                pretrain(pretrain_config(row, task, mixed, expert, scale), run_dir, args.device, progress)
+            results.setdefault(row.name, {})[task] = evaluate_checkpoint(task, checkpoint, scale, args.device)
+            _save_results(results_path, results)
+    minutes = (time.perf_counter() - start) / 60
+    title = (f"Table I ablation ({scale.name}: {scale.eval_episodes} planner episodes per cell, "
+             f"{scale.train_steps} training steps per model, this run {minutes:.1f} min; "
+             f"UR5e: success rate, quadruped: mean episode reward; paper in parentheses)")
+    print(format_ablation_table(results, scale.tasks, title))
+    print(f"results: {results_path}  settings: {json.dumps(asdict(scale))}")
+    return 0
