@@ -8,7 +8,7 @@ import torch
 
 from robot_drivers.experts.torchscript import load_torchscript_policy
 from robot_drivers.experts.ur5e import (
-    LADDER, InsertionExpert, ValueFitConfig, discounted_returns, expert_value, fit_value, rollout)
+    LADDER, InsertionExpert, ValueFitConfig, discounted_returns, expert_value, rollout)
 from robot_drivers.tasks import expert_ladder, make_task
 from robot_drivers.tasks.ur5e_tasks import GAMMA, REGIONS, RealGap, real_gap
 

@@ -119,8 +119,8 @@ class InsertionExpert:
         action = self._phase_action(p)
         self.phase_steps += 1
         d = self.deg
-        action[:3] = d.gain * action[:3] + self.rng.normal(0.0, d.pos_jitter, 3) * (d.pos_jitter > 0)
-        action[3:6] = d.gain * action[3:6] + self.rng.normal(0.0, d.rot_jitter, 3) * (d.rot_jitter > 0)
+        action[:3] = d.gain * action[:3] + self.rng.normal(0.0, d.pos_jitter, 3)
+        action[3:6] = d.gain * action[3:6] + self.rng.normal(0.0, d.rot_jitter, 3)
         return action.astype(np.float32)
 
     def _phase_action(self, p: dict) -> np.ndarray:
@@ -191,10 +191,6 @@ class InsertionExpert:
 def expert_ladder(task: UR5eInsertionTask) -> list[InsertionExpert]:
     """The expert and K=4 degraded checkpoints, best to worst (see LADDER)."""
     return [InsertionExpert(task, d) for d in LADDER]
-
-
-def make_expert(task: UR5eInsertionTask) -> InsertionExpert:
-    return InsertionExpert(task)
 
 
 def rollout(task: UR5eInsertionTask, policy, seed: int) -> dict:
@@ -353,7 +349,7 @@ def expert_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()
     value = fit_value(sim, cfg)
     sim.close()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # parallel workers may race
     np.savez(tmp, metrics=np.array(json.dumps(value.metrics)), **value.params)
     tmp.replace(path)
     return value
@@ -361,4 +357,4 @@ def expert_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()
 
 __all__ = ["Degradation", "ExpertValue", "InsertionExpert", "LADDER", "PHASE_NAMES",
            "ValueFitConfig", "discounted_returns", "expert_ladder", "expert_value", "fit_value",
-           "make_expert", "rollout", "value_features"]
+           "rollout", "value_features"]

@@ -97,6 +97,7 @@ class ControllerConfig:
     def __post_init__(self):
         period = 1.0 / self.control_hz
         if not 0.0 <= self.action_latency_s < period:
-            raise ValueError(f"action_latency_s must be in [0, {period}), got {self.action_latency_s}")
+            raise ValueError(
+                f"action_latency_s must be in [0, {period}), got {self.action_latency_s}")
         if self.kp <= 0 or self.ik_hz <= 0:
             raise ValueError("kp and ik_hz must be positive")

@@ -61,7 +61,8 @@ class CartesianController:
         self._write_ctrl(data)
 
     def delta_target(self, pos: np.ndarray, mat: np.ndarray, delta: np.ndarray) -> tuple:
-        """World-frame delta [dx dy dz rx ry rz] applied to a (measured) pose; rotation on the left."""
+        """World-frame delta [dx dy dz rx ry rz] applied to a measured pose (rotation on the
+        left), norms clipped to the per-step limits."""
         cfg = self.cfg
         dp = np.asarray(delta[:3], float)
         dr = np.asarray(delta[3:6], float)
