@@ -1,13 +1,14 @@
 """Simulation throughput per task: physics steps/s, rendered frames/s, dataset samples/s.
 
     python benchmarks/sim.py [--tasks peg,go2_flat] [--physics-steps 2000] [--frames 20]
-                             [--gen-steps 60] [--windows 500]
+                             [--gen-steps 100] [--windows 500]
 
 For every task in robot_drivers.tasks.TASKS that builds (others are listed with the reason):
 - physics: raw mj_step calls per second on the task's model (from its reset state),
 - frames: rendered camera images per second (one observe() renders every camera),
 - control: full task.step() calls per second (physics + control + rendering + reward),
-- generation: dataset transitions per second of one worker (Algorithm 2, expert value, HDF5),
+- generation: one worker's setup time (task, expert ladder, V^e) and then its steady rate in
+  dataset transitions per second (Algorithm 2 rollouts, expert value, HDF5 writes),
 - loading: training windows per second of one reader (H = T = 5 UR5e-style, 25 for Go2),
   images decompressed per window (preload="vectors") and held in RAM (preload="all").
 Single process, one thread; the figures depend on the machine's load (printed beside them).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import tempfile
 import time
 
@@ -34,7 +36,7 @@ def bench_task(name: str, args) -> dict:
 
     from robot_drivers import tasks
     from simdist_planner import datagen
-    from simdist_planner.dataset import ShardedDataset, WindowDataset
+    from simdist_planner.dataset import ShardedDataset, ShardWriter, WindowDataset, shard_name
 
     row: dict = {"task": name}
     task = tasks.make_task(name)
@@ -64,10 +66,20 @@ def bench_task(name: str, args) -> dict:
     cfg = datagen.GenerateConfig(task=name, robot=robot, episodes=1, max_steps=args.gen_steps)
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        datagen.run_shard(cfg, out, 0, 1)
-        secs = time.perf_counter() - start
+        gen = datagen.EpisodeGenerator(cfg)
+        row["gen_setup_s"] = time.perf_counter() - start
+        try:
+            start, done, ep_id = time.perf_counter(), 0, 0
+            with ShardWriter(pathlib.Path(out) / shard_name(0), gen.layout, {"task": name}) as w:
+                while done < args.gen_steps:  # steady state: episodes + HDF5 writes, no setup
+                    record = gen.episode(ep_id)
+                    w.append(record)
+                    done += len(record.steps["reward"]) - 1
+                    ep_id += 1
+            row["gen_transitions_s"] = done / (time.perf_counter() - start)
+        finally:
+            gen.close()
         ds = ShardedDataset(out)
-        row["gen_transitions_s"] = (ds.num_steps - ds.num_episodes) / secs
         horizon = 5 if spec.cameras else 25
         if ds.lengths.max() > horizon + 1:
             for key, preload in (("load_windows_s", "vectors"), ("load_windows_s_ram", "all")):
@@ -82,7 +94,7 @@ def main(argv=None) -> None:
     p.add_argument("--tasks", default=None, help="comma list (default: every registered task)")
     p.add_argument("--physics-steps", type=int, default=2000)
     p.add_argument("--frames", type=int, default=20, help="observe() and task.step() calls")
-    p.add_argument("--gen-steps", type=int, default=60, help="transitions in the generation run")
+    p.add_argument("--gen-steps", type=int, default=100, help="transitions generated (and episode cap)")
     p.add_argument("--windows", type=int, default=500)
     args = p.parse_args(argv)
 
@@ -95,16 +107,16 @@ def main(argv=None) -> None:
     load = os.getloadavg()[0]
     print(f"# sim benchmark, load average {load:.1f} on {os.cpu_count()} CPUs, "
           f"MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}")
-    cols = ["physics_steps_s", "frames_s", "control_steps_s", "gen_transitions_s", "load_windows_s",
-            "load_windows_s_ram"]
-    print(f"{'task':16s}" + "".join(f"{c:>20s}" for c in cols) + "  frame")
+    cols = ["physics_steps_s", "frames_s", "control_steps_s", "gen_setup_s", "gen_transitions_s",
+            "load_windows_s", "load_windows_s_ram"]
+    print(f"{'task':16s}" + "".join(f"{c:>19s}" for c in cols) + "  frame")
     for name in names:
         try:
             row = bench_task(name, args)
         except Exception as e:  # report and go on: one broken task must not hide the others
             print(f"{name:16s}  skipped: {type(e).__name__}: {e}")
             continue
-        cells = "".join(f"{row[c]:>20.1f}" if c in row else f"{'-':>20s}" for c in cols)
+        cells = "".join(f"{row[c]:>19.1f}" if c in row else f"{'-':>19s}" for c in cols)
         print(f"{name:16s}{cells}  {row.get('frame', '-')}", flush=True)
 
 

@@ -80,6 +80,8 @@ class GenerateConfig:
     def __post_init__(self):
         if self.episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {self.episodes}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
         if not 0.0 <= self.expert_prob <= 1.0:
             raise ValueError(f"expert_prob must be in [0, 1], got {self.expert_prob}")
 
@@ -261,7 +263,6 @@ class EpisodeGenerator:
         policy.reset(seed)
         obs = self.task.reset(seed)
         rows: dict[str, list] = {k: [] for k in self.layout.step_shapes() if k not in ("episode", "t")}
-        result = None
         for _ in range(self.max_steps):
             clean = np.asarray(policy.act(obs), np.float32)
             if clean.shape != (self.spec.action_dim,) or not np.all(np.isfinite(clean)):
@@ -269,7 +270,9 @@ class EpisodeGenerator:
                     f"{cfg.task}: policy {self.policy_names()[policy_idx]} returned "
                     f"{clean!r}; expected {self.spec.action_dim} finite values"
                 )
-            action = clean + sigma * rng.standard_normal(clean.shape).astype(np.float32) if bursts.noised else clean
+            action = clean
+            if bursts.noised:
+                action = clean + sigma * rng.standard_normal(clean.shape).astype(np.float32)
             if self.low is not None:
                 action = np.clip(action, self.low, self.high)
             self._record(rows, obs, action, policy_idx == 0 and not bursts.noised, bursts.noised)
@@ -290,9 +293,9 @@ class EpisodeGenerator:
             seed=seed,
             noise_scale=sigma,
             never_noised=bursts.never,
-            success=bool(result.success) if result else False,
-            terminated=bool(result.terminated) if result else False,
-            truncated=bool(result.truncated) if result else True,
+            success=bool(result.success),
+            terminated=bool(result.terminated),
+            truncated=not result.terminated,  # the task's time limit or our max_steps cap
             meta={"policy_name": self.policy_names()[policy_idx]},
         )
 
