@@ -214,8 +214,8 @@ def small_run(out: str, device: str, source: str | None = None) -> dict:
     common = dict(device=device, batch_size=8, log_every=10, save_every=100)
     cfg = RunConfig(backbone=BackboneConfig(tiny=tiny),
                     autoencoder_train=TrainConfig(steps=300, lr=2e-3, **dict(common, batch_size=4)),
-                    teacher_train=TrainConfig(steps=400, lr=5e-4, **common),
-                    student_train=TrainConfig(steps=200, lr=3e-4, **common))
+                    teacher_train=TrainConfig(steps=600, lr=5e-4, **common),
+                    student_train=TrainConfig(steps=300, lr=3e-4, **common))
     run(cfg, train_file, out, ["autoencoder", "teacher", "student"], list(Variant), resume=True)
     return evaluate_run(out, heldout_file, os.path.join(out, "eval"),
                         EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2), Scorer())
@@ -237,7 +237,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lpips-heads", help="local LPIPS linear-head weights")
     p.add_argument("--fid-weights", help="local Inception-v3 weights")
     p.add_argument("--fvd-weights", help="local R3D-18 weights")
+    p.add_argument("--threads", type=int, help="torch CPU threads (1 is fastest on a busy shared CPU)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.small:
         result = small_run(args.out, args.device, args.source)
     else:

@@ -64,7 +64,7 @@ def resolve_device(device: str, dist: Dist) -> torch.device:
     return torch.device(device)
 
 
-def fit(name: str, module: nn.Module, loss_fn: Callable, data: PairedVideoDataset, tcfg: TrainConfig, out: str,
+def fit(name: str, module: nn.Module, loss_fn: Callable, data: torch.utils.data.Dataset, tcfg: TrainConfig, out: str,
         dist: Dist, resume: bool, save: Callable[[str], None], writer=None) -> None:
     """The shared loop: AdamW, warm-up + cosine, grad clip, bf16 autocast on CUDA, DDP, tqdm, TB, resume.
 
@@ -184,15 +184,35 @@ def _placeholder_denoiser(backbone: BackboneConfig) -> VideoDenoiser:
     return build_backbone(backbone)[1]
 
 
-def train_teacher(bundle: ModelBundle, data: PairedVideoDataset, ocfg: ObjectiveConfig, tcfg: TrainConfig, out: str,
+class LatentDataset(torch.utils.data.Dataset):
+    """Every window's latents, encoded ONCE by the frozen autoencoder (it never trains after its
+    own stage), so teacher and student steps cost only the denoiser."""
+
+    def __init__(self, autoencoder: VideoAutoencoder, data: PairedVideoDataset, batch_size: int = 8):
+        device = next(autoencoder.parameters()).device
+        parts: dict[str, list[torch.Tensor]] = {"z_sim": [], "z_real": [], "actions": []}
+        with torch.no_grad():
+            for start in range(0, len(data), batch_size):
+                items = [data[i] for i in range(start, min(len(data), start + batch_size))]
+                for key, stream in (("z_sim", "sim"), ("z_real", "real")):
+                    video = torch.stack([it[stream] for it in items]).to(device)
+                    parts[key].append(autoencoder.encode(video).float().cpu())
+                parts["actions"].append(torch.stack([it["actions"] for it in items]))
+        self.tensors = {k: torch.cat(v) for k, v in parts.items()}
+
+    def __len__(self) -> int:
+        return self.tensors["actions"].shape[0]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.tensors.items()}
+
+
+def train_teacher(bundle: ModelBundle, data: LatentDataset, ocfg: ObjectiveConfig, tcfg: TrainConfig, out: str,
                   dist: Dist, resume: bool, writer=None) -> None:
     objective = TeacherObjective(ocfg)
-    ae = bundle.autoencoder
 
     def loss_fn(model, batch, gen):
-        with torch.no_grad():
-            z = ae.encode(batch["sim"])
-        return objective(model, z, batch["actions"], gen)
+        return objective(model, batch["z_sim"], batch["actions"], gen)
 
     _set_checkpointing(bundle.denoiser, tcfg, next(bundle.denoiser.parameters()).device)
     save = lambda path: save_bundle(path, dataclasses.replace(bundle, info=dict(bundle.info, stage="teacher")))  # noqa: E731
@@ -208,7 +228,7 @@ def make_student(teacher: VideoDenoiser, variant: Variant) -> VideoDenoiser:
     return student
 
 
-def train_student(teacher_bundle: ModelBundle, data: PairedVideoDataset, ocfg: ObjectiveConfig, tcfg: TrainConfig,
+def train_student(teacher_bundle: ModelBundle, data: LatentDataset, ocfg: ObjectiveConfig, tcfg: TrainConfig,
                   out: str, dist: Dist, resume: bool, writer=None) -> None:
     teacher = teacher_bundle.denoiser
     teacher.requires_grad_(False).eval()
@@ -219,9 +239,8 @@ def train_student(teacher_bundle: ModelBundle, data: PairedVideoDataset, ocfg: O
     ae = teacher_bundle.autoencoder
 
     def loss_fn(model, batch, gen):
-        with torch.no_grad():
-            z_real, z_sim = ae.encode(batch["real"]), ae.encode(batch["sim"])
-        return objective(model, teacher if ocfg.variant.motion else None, z_real, z_sim, batch["actions"], gen)
+        return objective(model, teacher if ocfg.variant.motion else None, batch["z_real"], batch["z_sim"],
+                         batch["actions"], gen)
 
     _set_checkpointing(student, tcfg, next(student.parameters()).device)
     info = dict(teacher_bundle.info, stage="student", variant=ocfg.variant.value)
@@ -285,16 +304,18 @@ def run(cfg: RunConfig, data_path: str, out: str, stages: list[str], variants: l
                 bundle = ModelBundle(ae.to(device), den.to(device), cfg.backbone, info)
             if resume and os.path.isfile(os.path.join(teacher_dir, "train_state.json")):
                 bundle.denoiser.load_state_dict(load_bundle(teacher_dir).denoiser.state_dict())
-            train_teacher(bundle, data, cfg.objective, cfg.teacher_train, teacher_dir, dist, resume, writer)
+            latents = LatentDataset(bundle.autoencoder, data)
+            train_teacher(bundle, latents, cfg.objective, cfg.teacher_train, teacher_dir, dist, resume, writer)
         _barrier(dist)
         if "student" in stages:
             teacher = load_bundle(teacher_dir, device)
+            latents = LatentDataset(teacher.autoencoder, data)
             for variant in variants:
                 sdir = os.path.join(out, f"student_{variant.value}")
                 if resume and _stage_done(sdir):
                     continue
                 ocfg = dataclasses.replace(cfg.objective, variant=variant)
-                train_student(teacher, data, ocfg, cfg.student_train, sdir, dist, resume, writer)
+                train_student(teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer)
                 _barrier(dist)
     finally:
         if writer is not None:
@@ -320,12 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backbone", choices=["tiny", "wan"])
     p.add_argument("--wan-dir", help="local Wan2.2-TI2V-5B diffusers folder (backbone wan)")
     p.add_argument("--resume", action="store_true", help="continue interrupted stages, skip finished ones")
+    p.add_argument("--threads", type=int, help="torch CPU threads (1 is fastest on a busy shared CPU)")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cfg = RunConfig()
     if args.config:
         with open(args.config) as f:
