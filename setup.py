@@ -4,7 +4,7 @@ Versions are pinned only in requirements.txt; install_requires names what the co
 """
 from glob import glob
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 PACKAGE = "simdist_planner"
 
@@ -12,12 +12,7 @@ setup(
     name=PACKAGE,
     version="0.1.0",
     package_dir={"": "src"},
-    packages=[
-        "simdist_planner",
-        "simdist_adapter",
-        "sim_video_world_model",
-        "robot_drivers",
-    ],
+    packages=find_packages("src"),
     include_package_data=True,
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{PACKAGE}"]),

@@ -60,11 +60,12 @@ def pretrained_checkpoint(out: pathlib.Path, episodes: int, steps: int) -> pathl
     return model
 
 
-def demo_params(out: pathlib.Path, bags: pathlib.Path, episodes: int) -> pathlib.Path:
+def demo_params(out: pathlib.Path, bags: pathlib.Path, episodes: int, overrides: dict) -> pathlib.Path:
+    """config/go2_slope.yaml with `overrides` ({node: {parameter: value}}) and the loop's paths."""
     from simdist_planner.launch_description import config_path
 
     params = yaml.safe_load(config_path("go2_slope").read_text())
-    for node, values in DEMO_PARAMS.items():
+    for node, values in overrides.items():
         params[node]["ros__parameters"].update(values)
     adapter = params["adapter"]["ros__parameters"]
     adapter.update(registry_dir=str(out / "registry"), bag_dir=str(bags), work_dir=str(out / "adapt_work"),
@@ -83,6 +84,8 @@ class Watcher:
         self.phase = "zero_shot"
         self.results: dict[str, list[bool]] = {"zero_shot": [], "during_adaptation": [], "adapted": []}
         self.rounds: list[dict] = []
+        self.swapped = False
+        self.exit_code: int | None = None
         self._current: int | None = None
         node.create_subscription(String, "/simdist/episode", self._on_episode, 100)
         node.create_subscription(String, "/simdist/adapter/status", self._on_status, 10)
@@ -105,24 +108,28 @@ class Watcher:
         elif state in ("deployed", "refused", "failed"):
             self.rounds.append(status)
             print(f"[demo] adaptation: {status.get('reason', status.get('error'))}", flush=True)
-            if state != "deployed":
-                self.phase = "adapted"  # the zero-shot model stays: its next episodes are the comparison
+            if state != "deployed" and not self.swapped:
+                self.phase = "zero_shot"  # the pretrained model stays deployed; a later round may pass
         elif state == "swapped":
             self.phase = "adapted"
+            self.swapped = True
             print(f"[demo] planner hot-swapped to {status.get('deployed')}", flush=True)
 
 
-def run_graph(out: pathlib.Path, checkpoint: pathlib.Path, episodes: int, timeout_s: float) -> Watcher:
+def run_graph(out: pathlib.Path, checkpoint: pathlib.Path, episodes: int, timeout_s: float,
+              overrides: dict = DEMO_PARAMS, domain: str | None = None) -> Watcher:
+    """Run the loop until `episodes` adapted episodes finished (or the time limit)."""
     import rclpy
 
     bags = out / "bags"
-    domain = str(random.Random(os.getpid()).randint(101, 200))
+    domain = domain or str(random.Random(os.getpid()).randint(101, 200))
     os.environ["ROS_DOMAIN_ID"] = domain
-    params = demo_params(out, bags, episodes)
+    params = demo_params(out, bags, episodes, overrides)
     cmd = [str(BIN / "simdist"), "launch", "go2_slope", "robot:=sim", "variant:=real", f"checkpoint:={checkpoint}",
            "record:=true", f"bag_dir:={bags}", "adapt:=true", f"domain:={domain}", f"params_file:={params}"]
-    print(f"[demo] starting the graph: {' '.join(cmd)}", flush=True)
-    graph = subprocess.Popen(cmd, start_new_session=True)
+    print(f"[demo] starting the graph (log: {out / 'graph.log'}): {' '.join(cmd)}", flush=True)
+    log = open(out / "graph.log", "w")
+    graph = subprocess.Popen(cmd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     rclpy.init()
     node = rclpy.create_node("demo_watcher")
     watcher = Watcher(node)
@@ -141,6 +148,8 @@ def run_graph(out: pathlib.Path, checkpoint: pathlib.Path, episodes: int, timeou
                 os.killpg(graph.pid, signal.SIGKILL)
         node.destroy_node()
         rclpy.try_shutdown()
+        log.close()
+    watcher.exit_code = graph.returncode
     if time.monotonic() >= deadline:
         print(f"[demo] time limit of {timeout_s:.0f} s reached", flush=True)
     return watcher

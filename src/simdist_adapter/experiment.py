@@ -155,11 +155,15 @@ class Experiment:
                                                 seed, ep.success, f"{cfg.task} seed {seed}"))
                     collected += 1
             print(f"[{name}] round {j + 1}: {collected} real episodes, adapting f", flush=True)
-            report = adapt_on_dataset(registry, root / "d_real", adapt_cfg)
+            try:
+                report = adapt_on_dataset(registry, root / "d_real", adapt_cfg).to_dict()
+            except ValueError as exc:  # e.g. too few windows yet: the deployed model stays
+                report = {"deployed": False, "reason": f"round skipped: {exc}", "version": registry.deployed_version,
+                          "heldout_deployed": None, "heldout_candidate": None}
             score, eps = self.evaluate(registry.load_deployed(cfg.device))
             curve.append({"real_episodes": collected, **score})
-            rounds.append(report.to_dict())
-            print(f"[{name}] round {j + 1}: {report.reason}; success {score['success_rate']:.2f}", flush=True)
+            rounds.append(report)
+            print(f"[{name}] round {j + 1}: {report['reason']}; success {score['success_rate']:.2f}", flush=True)
         return {"curve": curve, "rounds": rounds, "eval_episodes": eps,
                 "registry": str(registry.root), "d_real": str(root / "d_real")}
 
@@ -200,6 +204,8 @@ class Experiment:
         fig, ax = plt.subplots(figsize=(6, 4))
         for name, r in results["methods"].items():
             for j, rd in enumerate(r["rounds"]):
+                if rd["heldout_candidate"] is None:
+                    continue
                 ax.plot([2 * j, 2 * j + 1], [rd["heldout_deployed"], rd["heldout_candidate"]], marker="o",
                         color=f"C{list(METHODS).index(name)}", label=name if j == 0 else None)
         ax.set(xlabel="round (before -> after)", ylabel="held-out latent loss", yscale="log",
@@ -267,7 +273,7 @@ def format_table(results: dict) -> str:
     for name, r in results["methods"].items():
         for k, c in enumerate(r["curve"]):
             loss = ""
-            if k >= 1:
+            if k >= 1 and r["rounds"][k - 1]["heldout_candidate"] is not None:
                 rd = r["rounds"][k - 1]
                 loss = f"{rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f}{'' if rd['deployed'] else ' (refused)'}"
             dist = "-" if c["mean_distance"] is None else f"{c['mean_distance']:.2f}"
