@@ -559,7 +559,7 @@ class ShardedDataset:
 
     @property
     def config(self) -> dict:
-        return json.loads(self.attrs["config"])
+        return json.loads(self.attrs.get("config", "{}"))
 
     def obs_noise_std(self) -> dict[str, np.ndarray | float]:
         """Training-time observation noise: {"proprio": (P,) std per dimension, "height_map"}.
