@@ -60,10 +60,12 @@ def _to(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
 def real_windows(dataset_dir, history: int, horizon: int, holdout: float, seed: int):
     """(train, held-out) window datasets of D_real, split by episode."""
     windows = WindowDataset(ShardedDataset(dataset_dir), history, horizon)
-    n = windows.dataset.num_episodes
+    usable = np.unique(windows.episode_index)  # episodes long enough for at least one window
+    n = len(usable)
     if n < 2:
-        raise ValueError(f"D_real in {dataset_dir} has {n} episode(s); need at least 2 to hold one out")
-    order = np.random.default_rng(seed).permutation(n)
+        raise ValueError(f"D_real in {dataset_dir} has {n} episode(s) long enough for a window "
+                         f"(H={history}, T={horizon}); need at least 2 to hold one out")
+    order = np.random.default_rng(seed).permutation(usable)
     held = order[: min(n - 1, max(1, int(round(holdout * n))))]
     is_held = np.isin(windows.episode_index, held)
     train, heldout = np.nonzero(~is_held)[0], np.nonzero(is_held)[0]
