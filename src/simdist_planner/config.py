@@ -299,7 +299,7 @@ class PretrainConfig:
     image_brightness: float = 0.2  # +-; multiplicative, per window and camera
     image_contrast: float = 0.2
     image_shift: int = 4  # pixels of random translation (pad + crop)
-    scaler_rows: int = 20000  # rows sampled to fit the scaler
+    scaler_rows: int = 10000  # rows (whole episodes, in selection order) that fit the scaler
     seed: int = 42
     checkpoint_every: int = 250
     keep_checkpoints: int = 3

@@ -323,7 +323,9 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if (out / "train_state" / "state.json").is_file():
         _check_resume_config(out, cfg)
         start = load_train_state(out, model, optimizer)
-    elif rank == 0:
+    if world > 1:
+        dist.barrier()  # every rank has read the old pretrain.json before rank 0 rewrites it
+    if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "pretrain.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     if world > 1:
