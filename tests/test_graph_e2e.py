@@ -33,7 +33,9 @@ def _params_file(tmp_path) -> pathlib.Path:
     data["planner"]["ros__parameters"].update(num_samples=64, num_elites=8, iterations=2)
     data["mujoco_driver"]["ros__parameters"].update(max_steps=EPISODE_STEPS)
     data["replay"]["ros__parameters"].update(
-        topics=DRIVER_TOPICS, rate=4.0, wait_for_subscribers=["/simdist/observation/proprio", "/simdist/plan"]
+        topics=DRIVER_TOPICS, rate=4.0,
+        wait_for_subscribers=["/simdist/robot/proprio@ingestion", "/camera/side/image_raw@ingestion",
+                              "/simdist/observation/proprio@planner"],
     )
     path = tmp_path / "peg_test.yaml"
     path.write_text(yaml.safe_dump(data))

@@ -41,6 +41,20 @@ PARAMS = (
     Param("checkpoint", "", "checkpoint the planner ran, stored in the metadata"),
     Param("split_episodes", True, "one bag per /simdist/episode id (false: one bag for the whole run)"),
     Param("exclude_topics", ["/rosout", "/parameter_events"], "topics never recorded"),
+    Param(
+        "expected_topics",
+        [
+            "/simdist/episode std_msgs/msg/String",
+            "/simdist/robot/proprio sensor_msgs/msg/JointState",
+            "/simdist/observation/proprio sensor_msgs/msg/JointState",
+            "/simdist/action trajectory_msgs/msg/JointTrajectory",
+            "/simdist/plan trajectory_msgs/msg/JointTrajectory",
+            "/simdist/values trajectory_msgs/msg/JointTrajectory",
+            "/simdist/safe_command trajectory_msgs/msg/JointTrajectory",
+        ],
+        "'<topic> <type>' subscribed at start-up, before any publisher exists, so their first messages are kept",
+        read_only=True,
+    ),
     Param("discovery_period_s", 0.2, "how often new topics are looked for", 0.01, 10.0),
     Param("grace_s", 1.0, "an ended episode's bag stays open this long (wall s) for late messages", 0.0, 60.0),
 )
@@ -84,6 +98,7 @@ class RecorderNode(Node):
         self._episode_stamp = -1  # newest tick stamp announced on /simdist/episode
         self.finished: list[pathlib.Path] = []
         self._dropped = 0
+        self._expect_topics()
         steady = Clock(clock_type=ClockType.STEADY_TIME)  # sim time may stand still (lockstep, replay)
         self.create_timer(self.params["discovery_period_s"], self._discover, clock=steady)
         self.create_timer(0.1, self._housekeeping, clock=steady)
@@ -91,22 +106,34 @@ class RecorderNode(Node):
             self._open(EpisodeMeta(task=self.params["task"], checkpoint=self.params["checkpoint"]), start=0)
         self.diag.set("recording", Level.OK, "waiting for topics", bag_dir=self.params["bag_dir"])
 
+    def _expect_topics(self) -> None:
+        """Subscribe to the graph's known topics now: discovery would miss their first messages."""
+        for entry in self.params["expected_topics"]:
+            if not entry:
+                continue
+            topic, _, msgtype = entry.partition(" ")
+            if not topic.startswith("/") or not msgtype:
+                raise ValueError(f"expected_topics entry {entry!r} must look like '/topic pkg/msg/Type'")
+            self._subscribe(topic, msgtype.strip())
+
     def _discover(self) -> None:
         self.params.apply()
         exclude = set(self.params["exclude_topics"])
         for topic, types in self.get_topic_names_and_types():
-            if topic in self._subscribed or topic in exclude or not types:
-                continue
-            try:
-                msgtype = ros_type_name(types[0])
-                cls = _message_class(msgtype)
-            except (BagError, ImportError, AttributeError) as exc:
-                self.diag.set("topics", Level.WARN, f"not recording {topic} [{types[0]}]: {exc}")
-                self._subscribed[topic] = ""
-                continue
-            self.create_subscription(cls, topic, lambda data, t=topic: self._on_message(t, data), RECORD_QOS, raw=True)
-            self._subscribed[topic] = msgtype
-            self.get_logger().info(f"recording {topic} [{msgtype}]")
+            if topic not in self._subscribed and topic not in exclude and types:
+                self._subscribe(topic, types[0])
+
+    def _subscribe(self, topic: str, msgtype: str) -> None:
+        try:
+            msgtype = ros_type_name(msgtype)
+            cls = _message_class(msgtype)
+        except (BagError, ImportError, AttributeError) as exc:
+            self.diag.set("topics", Level.WARN, f"not recording {topic} [{msgtype}]: {exc}")
+            self._subscribed[topic] = ""
+            return
+        self.create_subscription(cls, topic, lambda data, t=topic: self._on_message(t, data), RECORD_QOS, raw=True)
+        self._subscribed[topic] = msgtype
+        self.get_logger().info(f"recording {topic} [{msgtype}]")
 
     def _on_message(self, topic: str, data: bytes) -> None:
         received = self.get_clock().now().nanoseconds

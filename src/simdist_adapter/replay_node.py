@@ -43,7 +43,7 @@ PARAMS = (
     Param(
         "wait_for_subscribers",
         [""],
-        "topics that must have a subscriber before playing (e.g. the planner's input), up to wait_timeout_s",
+        "'<topic>' or '<topic>@<node>': must have a subscriber (that node) before playing, up to wait_timeout_s",
         read_only=True,
     ),
     Param("wait_timeout_s", 60.0, "longest wait for wait_for_subscribers; then replay fails", 0.0, 600.0),
@@ -99,11 +99,15 @@ class ReplayNode(Node):
         return self.published
 
 
+    def _subscribed(self, topic: str, node: str) -> bool:
+        names = [info.node_name for info in self.get_subscriptions_info_by_topic(topic)]
+        return node in names if node else bool(names)
+
     def _wait_for_subscribers(self, should_stop) -> None:
-        topics = [t for t in self.params["wait_for_subscribers"] if t]
+        wanted = [entry.partition("@")[::2] for entry in self.params["wait_for_subscribers"] if entry]
         deadline = time.monotonic() + self.params["wait_timeout_s"]
         while not should_stop():
-            missing = [t for t in topics if self.count_subscribers(t) == 0]
+            missing = [f"{t}@{n}" if n else t for t, n in wanted if not self._subscribed(t, n)]
             if not missing:
                 return
             if time.monotonic() > deadline:

@@ -210,6 +210,7 @@ class PlannerNode(Node):
         self.latency = LatencyEstimate(p["latency_ema"])
         self._stats = collections.Counter()
         self._last_latency_s = 0.0
+        self._last_age_s = 0.0
         self._latest: tuple[int, Observation] | None = None  # (stamp ns, observation)
         self._answered_stamp = -1
         self._episode: tuple | None = None  # (episode id, seed) of the latest /simdist/episode
@@ -226,7 +227,6 @@ class PlannerNode(Node):
         self._pub_plan = self.create_publisher(JointTrajectory, "/simdist/plan", QOS)
         self._pub_values = self.create_publisher(JointTrajectory, "/simdist/values", QOS)
         self._obs_group = MutuallyExclusiveCallbackGroup()
-        self._subscriptions_for: tuple | None = None
         if self._loaded is not None:
             self._subscribe(self._loaded)
         self.create_subscription(String, "/simdist/episode", self._on_episode, QOS, callback_group=self._obs_group)
@@ -295,7 +295,8 @@ class PlannerNode(Node):
         self._planned_episode = _NEVER  # the next tick cold-starts the planner and history
 
     def _subscribe(self, loaded: LoadedModel) -> None:
-        self._assembler = ros_msgs.ObservationAssembler(loaded.cameras, loaded.has_height_map)
+        # with the spec, the proprio element names are checked: a layout change is an error
+        self._assembler = ros_msgs.ObservationAssembler(loaded.cameras, loaded.has_height_map, spec=self._spec)
         prefix = "/simdist/observation"
         for cam in loaded.cameras:
             self.create_subscription(
@@ -311,7 +312,6 @@ class PlannerNode(Node):
             JointState, f"{prefix}/proprio", lambda m: self._on_obs(self._assembler.add_proprio, m), QOS,
             callback_group=self._obs_group,
         )  # fmt: skip
-        self._subscriptions_for = loaded.interface()[:3]
 
     def _on_load_model(self, request, response):
         """~/load_model: load + validate in the background; answer once swapped or refused."""
@@ -446,6 +446,7 @@ class PlannerNode(Node):
         if latency > period:
             self._stats["deadline_misses"] += 1
         self._publish(stamp, chunk, rewards, values, period)
+        self._last_age_s = (self.get_clock().now().nanoseconds - stamp) * 1e-9  # observation -> action
         self.history.push(obs, chunk[0])
         level = Level.WARN if use_policy else Level.OK
         what = "base policy (MPPI predicted to miss the deadline)" if use_policy else "MPPI"
@@ -523,8 +524,9 @@ class PlannerNode(Node):
         cfg = dataclasses.asdict(self.planner.config) if self._loaded else {}
         return {
             **{k: self._stats[k] for k in ("ticks", "mppi_ticks", "policy_fallbacks", "deadline_misses",
-                                           "failed_plans", "stale_observations", "swaps")},
+                                           "failed_plans", "stale_observations", "swaps", "republished")},
             "last_latency_ms": f"{1e3 * self._last_latency_s:.2f}",
+            "observation_to_action_ms": f"{1e3 * self._last_age_s:.2f}",
             "latency_estimate_ms": f"{1e3 * self.latency.predict():.2f}",
             "last_stamp": self._answered_stamp,
             "checkpoint": self._current_path(),
