@@ -78,8 +78,8 @@ class Supervisor:
 
     def start(self) -> None:
         env = desc.launch_env(self.graph)
-        for node in self.graph.nodes:
-            cmd = command_line(node)
+        commands = [(node, command_line(node)) for node in self.graph.nodes]  # all found before any starts
+        for node, cmd in commands:
             self.log(f"starting {node.name}: {shlex.join(cmd)}")
             # own session: a terminal Ctrl-C reaches only the launcher, which forwards it in order
             proc = subprocess.Popen(
