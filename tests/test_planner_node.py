@@ -201,6 +201,9 @@ def test_hot_swap_answers_every_observation(tmp_path, planner):
     assert result.success, result.message
     assert str(tmp_path / "v2") in result.message
     assert ing.wait(lambda: all(s in ing.plans for s in stamps))
+    mark = len(ing.diags)
+    assert ing.tick()
+    assert ing.wait(lambda: ing.planning_status(mark)[1].get("checkpoint") == str(tmp_path / "v2"))
 
     (ok,) = ing.set(checkpoint=str(tmp_path / "missing"))
     assert ok.successful
@@ -239,3 +242,26 @@ def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_
     assert ing.wait(lambda: ing.planning_status()[1].get("policy_fallbacks") == "3")
     status, values = ing.planning_status()
     assert "base policy" in status.message and values["mppi_ticks"] == "1"
+
+
+def test_observation_with_a_foreign_proprio_layout_is_rejected_without_acting(tmp_path, planner):
+    start, ing = planner
+    start(make_checkpoint(tmp_path / "ck"))
+    assert ing.tick(60.0)
+    good = dict(ing.actions)
+    bad = ros_msgs.proprio_to_msg(Observation(stamp=0.0, proprio=np.zeros(SPEC.proprio_dim, np.float32)), SPEC, 0)
+    bad.name = list(reversed(bad.name))  # same size, different layout: must not be planned on
+    ing.stamp += 200_000_000
+    bad.header.stamp = ros_msgs.stamp_msg(ing.stamp)
+    for cam, pub in ing.images.items():
+        pub.publish(ros_msgs.image_to_msg(np.zeros((*SPEC.image_shape, 3), np.uint8), ing.stamp, cam))
+    ing.proprio.publish(bad)
+
+    def rejected():
+        return any(s.name == "planner: observation" and s.level == b"\x02" and "layout differs" in s.message
+                   for a in ing.diags for s in a.status)  # fmt: skip
+
+    assert ing.wait(rejected, 20.0)
+    ing.spin(0.3)
+    assert ing.actions == good, "an action was published for a rejected observation"
+    assert ing.tick(), "the node stopped planning after a bad message"
