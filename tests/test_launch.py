@@ -44,6 +44,8 @@ def test_real_and_replay_graphs_swap_the_robot_side():
     real = desc.resolve("go2_slope", {"robot": "real", "checkpoint": "/ck", "network_interface": "eth1"})
     assert [n.name for n in real.nodes] == ["go2_driver", "ingestion", "safety_supervisor", "planner"]
     assert real.nodes[0].overrides == {"use_sim_time": False, "network_interface": "eth1"}
+    real_rec = desc.resolve("peg", {"robot": "real", "checkpoint": "/ck", "robot_ip": "10.0.0.2", "record": "true"})
+    assert real_rec.nodes[-1].overrides["split_episodes"] is False  # hardware announces no episodes
     assert next(n for n in real.nodes if n.name == "planner").overrides["lockstep"] is False
     replay = desc.resolve("peg", {"robot": "replay", "bag": "/bags/ep0", "checkpoint": "/ck"})
     assert [n.name for n in replay.nodes] == ["replay", "ingestion", "planner"]

@@ -59,6 +59,7 @@ PARAMS = (
     Param("grace_s", 1.0, "an ended episode's bag stays open this long (wall s) for late messages", 0.0, 60.0),
 )
 EPISODE_TOPIC = "/simdist/episode"
+MAX_HELD = 5000  # messages waiting for their episode; beyond this the oldest are dropped
 
 
 def bag_name(task: str, episode: int, seed) -> str:
@@ -150,6 +151,11 @@ class RecorderNode(Node):
             self._route(topic, received, data, stamp)
         else:
             self._held.append((topic, received, data, stamp))
+            if len(self._held) > MAX_HELD:  # no episode announced for a long time: keep memory bounded
+                self._held.pop(0)
+                self._dropped += 1
+                self.diag.set("recording", Level.WARN, f"no /simdist/episode message routes the held messages "
+                              f"(split_episodes is on); dropped {self._dropped}")  # fmt: skip
 
     def _route(self, topic: str, received: int, data: bytes, stamp: int) -> None:
         """Write into the newest open bag whose episode started at or before `stamp`."""

@@ -278,6 +278,8 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
             overrides["task"] = task
         if node.name == "recorder":
             overrides["task"] = task if args["robot"] == "sim" else graph
+            # only simulation announces episodes (/simdist/episode); hardware records one bag per run
+            overrides["split_episodes"] = args["robot"] != "real"
         nodes.append(ResolvedNode(node.name, node.executable, params_file, overrides, node.remappings))
     env = {"ROS_DOMAIN_ID": args["domain"]} if args["domain"] else {}
     return ResolvedGraph(graph, args, env, tuple(nodes))
