@@ -51,6 +51,8 @@ PARAMS = (
             "/simdist/plan trajectory_msgs/msg/JointTrajectory",
             "/simdist/values trajectory_msgs/msg/JointTrajectory",
             "/simdist/safe_command trajectory_msgs/msg/JointTrajectory",
+            "/clock rosgraph_msgs/msg/Clock",
+            "/joint_states sensor_msgs/msg/JointState",
         ],
         "'<topic> <type>' subscribed at start-up, before any publisher exists, so their first messages are kept",
         read_only=True,
