@@ -209,12 +209,12 @@ def small_run(out: str, device: str, source: str | None = None) -> dict:
             mcfg = MujocoPairsConfig(task=source, steps=20)
             mujoco_pairs(24, 9, 4, mcfg, seed=1).save(train_file)
             mujoco_pairs(6, 9, 4, mcfg, seed=2).save(heldout_file)
-    tiny = TinyBackboneConfig(spatial_factor=8, latent_channels=16, ae_channels=32, hidden=96, heads=4, layers=4,
+    tiny = TinyBackboneConfig(spatial_factor=4, latent_channels=8, ae_channels=32, hidden=96, heads=4, layers=4,
                               ffn=256)
     common = dict(device=device, batch_size=8, log_every=10, save_every=100)
     cfg = RunConfig(backbone=BackboneConfig(tiny=tiny),
-                    autoencoder_train=TrainConfig(steps=300, lr=2e-3, **dict(common, batch_size=4)),
-                    teacher_train=TrainConfig(steps=600, lr=5e-4, **common),
+                    autoencoder_train=TrainConfig(steps=1000, lr=2e-3, **dict(common, batch_size=4)),
+                    teacher_train=TrainConfig(steps=800, lr=5e-4, **common),
                     student_train=TrainConfig(steps=300, lr=3e-4, **common))
     run(cfg, train_file, out, ["autoencoder", "teacher", "student"], list(Variant), resume=True)
     return evaluate_run(out, heldout_file, os.path.join(out, "eval"),
