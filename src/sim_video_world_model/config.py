@@ -49,9 +49,15 @@ class ObjectiveConfig:
     corrupt_prob: float = 0.4
     corrupt_alpha: tuple[float, float] = (0.5, 0.9)
     corrupt_sigma: tuple[float, float] = (0.1, 0.3)
+    # Real-only SFT baseline's start: "base" = the backbone before any sim training (the official
+    # bridge_real_act_cond config: resume null), given the teacher's + the student's step budget;
+    # "teacher" = the sim teacher with the student's budget (an ablation of the losses alone).
+    sft_init: str = "base"
 
     def __post_init__(self) -> None:
         self.variant = Variant(self.variant)
+        if self.sft_init not in ("base", "teacher"):
+            raise ValueError(f"sft_init must be 'base' or 'teacher', got {self.sft_init!r}")
         self.corrupt_alpha = tuple(self.corrupt_alpha)
         self.corrupt_sigma = tuple(self.corrupt_sigma)
         for name in ("sim_cond_prob", "corrupt_prob"):

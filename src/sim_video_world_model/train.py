@@ -229,10 +229,11 @@ def make_student(teacher: VideoDenoiser, variant: Variant) -> VideoDenoiser:
 
 
 def train_student(teacher_bundle: ModelBundle, data: LatentDataset, ocfg: ObjectiveConfig, tcfg: TrainConfig,
-                  out: str, dist: Dist, resume: bool, writer=None) -> None:
+                  out: str, dist: Dist, resume: bool, writer=None, init: VideoDenoiser | None = None) -> None:
+    """`init` (default: the teacher) is the denoiser the student starts from."""
     teacher = teacher_bundle.denoiser
     teacher.requires_grad_(False).eval()
-    student = make_student(teacher, ocfg.variant)
+    student = make_student(teacher if init is None else init, ocfg.variant)
     if resume and os.path.isfile(os.path.join(out, "train_state.json")):
         student.load_state_dict(load_bundle(out, "cpu").denoiser.state_dict())
     objective = StudentObjective(ocfg)
@@ -315,7 +316,13 @@ def run(cfg: RunConfig, data_path: str, out: str, stages: list[str], variants: l
                 if resume and _stage_done(sdir):
                     continue
                 ocfg = dataclasses.replace(cfg.objective, variant=variant)
-                train_student(teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer)
+                if variant is Variant.SFT and ocfg.sft_init == "base":
+                    base = build_backbone(cfg.backbone)[1].to(device)
+                    tcfg = dataclasses.replace(cfg.student_train, lr=cfg.teacher_train.lr,
+                                               steps=cfg.teacher_train.steps + cfg.student_train.steps)
+                    train_student(teacher, latents, ocfg, tcfg, sdir, dist, resume, writer, init=base)
+                else:
+                    train_student(teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer)
                 _barrier(dist)
     finally:
         if writer is not None:
