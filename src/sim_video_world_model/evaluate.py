@@ -150,6 +150,8 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         for w in weights:
             pred, gt = predict(bundle, data, cfg.sim_steps, cfg.real_steps, w, cfg)
             name = ROW_NAMES[variant] + (f" w={w:g}" if variant.sim_conditioning else "")
+            if variant is Variant.SFT:
+                name += " from the sim teacher" if bundle.info.get("init", "teacher") == "teacher" else " from the base backbone"
             row = {"method": name, "variant": variant.value, "w": w, **scorer(pred, gt)}
             log.info("%s", row)
             table.append(row)

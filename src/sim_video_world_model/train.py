@@ -244,7 +244,8 @@ def train_student(teacher_bundle: ModelBundle, data: LatentDataset, ocfg: Object
                          batch["actions"], gen)
 
     _set_checkpointing(student, tcfg, next(student.parameters()).device)
-    info = dict(teacher_bundle.info, stage="student", variant=ocfg.variant.value)
+    info = dict(teacher_bundle.info, stage="student", variant=ocfg.variant.value,
+                init="teacher" if init is None else "base")
     save = lambda path: save_bundle(path, ModelBundle(ae, student, teacher_bundle.backbone, info))  # noqa: E731
     fit(f"student_{ocfg.variant.value}", student, loss_fn, data, tcfg, out, dist, resume, save, writer)
 
