@@ -492,7 +492,21 @@ class PlannerNode(Node):
     def _command_kind(self) -> CommandKind:
         return CommandKind.EE_DELTA if self._spec.name == "ur5e" else CommandKind.JOINT_POSITION
 
+    def _await_matched(self, timeout_s: float = 2.0) -> None:
+        """Lockstep: wait (bounded) until every subscriber the graph knows is matched to our outputs.
+
+        The simulator waits for us anyway, and an answer published before, say, the recorder has
+        matched would be missing from the episode bag."""
+        deadline = time.monotonic() + timeout_s
+        pubs = (self._pub_action, self._pub_plan, self._pub_values)
+        while time.monotonic() < deadline and any(
+            p.get_subscription_count() < self.count_subscribers(p.topic_name) for p in pubs
+        ):
+            time.sleep(0.005)
+
     def _publish(self, stamp: int, chunk: np.ndarray, rewards, values, period: float) -> None:
+        if self.params["lockstep"]:
+            self._await_matched()
         names = ros_msgs.action_names(self._spec.name)
         kind = self._command_kind()
         action = ros_msgs.command_to_msg(Command(kind, chunk[0]), names, stamp, period)
