@@ -167,6 +167,8 @@ def test_config_round_trip_and_validation():
     for cfg in (go2_config(), ur5e_config(), ur5e_small_config(dynamics_kind="autoregressive")):
         assert WorldModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     data = go2_config().to_dict()
+    legacy = {k: v for k, v in data.items() if k != "normalize_latent"}  # written before the key existed
+    assert WorldModelConfig.from_dict(legacy).normalize_latent is False
     with pytest.raises(ValueError, match="unknown keys \\['colour'\\]"):
         WorldModelConfig.from_dict({**data, "colour": 1})
     with pytest.raises(ValueError, match="format_version"):

@@ -148,6 +148,7 @@ class ObservationEncoder(nn.Module):
             self.images = ImageEncoder(cfg.image)
             fused += self.images.out_features
         self.latent = MLP(fused, [hidden] * cfg.latent_layers, d)
+        self.latent_norm = nn.LayerNorm(d) if cfg.normalize_latent else nn.Identity()
 
     def forward(self, proprio: torch.Tensor, height_map: torch.Tensor | None,
                 images: torch.Tensor | None) -> torch.Tensor:
@@ -157,7 +158,7 @@ class ObservationEncoder(nn.Module):
             parts.append(self.height_map(height_map))
         if self.images is not None:
             parts.append(self.images(images))
-        return self.latent(torch.cat(parts, dim=-1))
+        return self.latent_norm(self.latent(torch.cat(parts, dim=-1)))
 
 
 class HistoryEncoder(nn.Module):
