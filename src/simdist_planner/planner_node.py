@@ -80,7 +80,7 @@ PARAMS = (
     Param("deadline_fraction", 0.9, "share of the control period MPPI may use; predicted overrun -> base policy", 0.05, 1.0),
     Param("fallback_to_policy", True, "run the base policy pi when MPPI would miss the deadline"),
     Param("latency_ema", 0.2, "smoothing factor of the running latency estimate", 0.01, 1.0),
-    Param("reprobe_ticks", 50, "while falling back, run MPPI once every N ticks to re-measure (0 = never)", 0, 100000),
+    Param("reprobe_ticks", 0, "while falling back, run MPPI once every N ticks to re-measure (0 = never; a probe overruns its tick)", 0, 100000),
     Param("max_observation_age_s", 0.5, "observations older than this are not planned on (real-time mode)", 0.001, 60.0),
 )  # fmt: skip
 
@@ -109,6 +109,12 @@ class LatencyEstimate:
 
     def reset(self) -> None:
         self.mean, self.dev = None, 0.0
+
+    def scale(self, factor: float) -> None:
+        """MPPI settings changed: its cost scales with candidates x iterations (no blind re-probe)."""
+        if self.mean is not None:
+            self.mean *= factor
+            self.dev *= factor
 
 
 @dataclass
@@ -271,8 +277,9 @@ class PlannerNode(Node):
         p = self.params.values
         if set(changed) & set(PLANNER_FIELDS) and self._loaded is not None:
             config = self._planner_config(p, self._loaded, self._spec)
+            old = self.planner.config
+            self.latency.scale((config.num_candidates * config.iterations) / (old.num_candidates * old.iterations))
             self.planner = MPPIPlanner(self._loaded.model, config, self._loaded.device)
-            self.latency.reset()
         if "latency_ema" in changed:
             self.latency.alpha = p["latency_ema"]
         if "control_rate_hz" in changed:
