@@ -39,7 +39,8 @@ def test_recorded_episodes_adapt_f_and_hot_swap_the_planner(tmp_path, ros_domain
     assert watcher.swapped and len(watcher.results["adapted"]) >= 2, log[-3000:]
 
     registry = ModelRegistry(out / "registry")
-    assert [h["version"] for h in registry.history()] == ["v0000", "v0001"]
+    versions = [h["version"] for h in registry.history()]  # later rounds may deploy more
+    assert versions[:2] == ["v0000", "v0001"] and versions == sorted(versions)
     bags = list_episode_bags(out / "bags")
     assert len(bags) >= 4
     with EpisodeBag(bags[0]) as bag:
