@@ -1,6 +1,9 @@
 """Test-wide setup: offline model paths, headless rendering, an isolated ROS domain per run."""
+import fcntl
 import os
 import pathlib
+import random
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -9,9 +12,33 @@ os.environ.setdefault("MENAGERIE_ROOT", str(SHARED / "menagerie"))
 os.environ.setdefault("SIMDIST_GO2_EXPERTS", str(SHARED / "simdist_go2_experts"))
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
-# A distinct DDS domain per test run (ids 1..100), so parallel runs never cross-talk.
-os.environ.setdefault("ROS_DOMAIN_ID", str(1 + os.getpid() % 100))
 os.environ.setdefault("ROS_LOCALHOST_ONLY", "1")
+
+_LOCKS = pathlib.Path(tempfile.gettempdir()) / "simdist_ros_domains"
+
+
+def claim_domain(low: int, high: int):
+    """An unused DDS domain id in [low, high], held through an flock until the file is closed.
+
+    Every test run on this machine (other checkouts, CI, a second pytest) claims through the same
+    lock files, so two live graphs never share a domain and never cross-talk.
+    """
+    _LOCKS.mkdir(exist_ok=True)
+    ids = list(range(low, high + 1))
+    random.Random(os.getpid()).shuffle(ids)
+    for domain in ids:
+        handle = open(_LOCKS / f"{domain}.lock", "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return domain, handle
+        except BlockingIOError:
+            handle.close()
+    raise RuntimeError(f"every ROS domain id in [{low}, {high}] is held by another test run")
+
+
+if "ROS_DOMAIN_ID" not in os.environ:
+    _SESSION_DOMAIN, _SESSION_LOCK = claim_domain(1, 100)  # held for the whole session
+    os.environ["ROS_DOMAIN_ID"] = str(_SESSION_DOMAIN)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -21,9 +48,8 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 @pytest.fixture
 def ros_domain(monkeypatch):
-    """A fresh ROS_DOMAIN_ID for tests that start their own graph in subprocesses."""
-    import random
-
-    domain = str(random.Random(os.getpid() ^ id(monkeypatch)).randint(101, 200))
-    monkeypatch.setenv("ROS_DOMAIN_ID", domain)
-    return int(domain)
+    """A fresh, exclusively held ROS_DOMAIN_ID for tests that start their own graph in subprocesses."""
+    domain, handle = claim_domain(101, 200)
+    monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
+    yield domain
+    handle.close()
