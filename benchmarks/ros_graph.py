@@ -42,7 +42,7 @@ def make_checkpoint(robot: str, path: pathlib.Path) -> str:
     from simdist_planner.checkpoint import save_checkpoint
     from simdist_planner.config import go2_config, ur5e_small_config
     from simdist_planner.model import WorldModel
-    from simdist_planner.planner_node import robot_spec
+    from robot_drivers.specs import robot_spec
 
     spec = robot_spec(robot)
     config = ur5e_small_config(proprio_dim=spec.proprio_dim) if robot == "ur5e" else go2_config(proprio_dim=spec.proprio_dim)

@@ -23,7 +23,8 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from robot_drivers.interface import Observation
-from simdist_planner.planner_node import QOS, robot_spec
+from robot_drivers.specs import robot_spec
+from simdist_planner.planner_node import QOS
 
 PLANNER = str(pathlib.Path(sys.executable).parent / "planner_node")
 SPEC = robot_spec("ur5e")

@@ -56,7 +56,7 @@ def run_round(args: dict) -> dict:
 
     from simdist_adapter.adapter import adapt_round
     from simdist_adapter.finetune import AdaptConfig
-    from simdist_planner.planner_node import robot_spec
+    from robot_drivers.specs import robot_spec
 
     torch.set_num_threads(1)
     progress_file = pathlib.Path(args["progress_file"])

@@ -44,6 +44,7 @@ from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind, Observation, RobotSpec
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.specs import robot_spec
 from simdist_planner.observation import ObservationError, ObservationHistory, observation_to_inputs
 from simdist_planner.planner import MPPIPlanner, PlannerConfig, PlannerError
 
@@ -161,21 +162,6 @@ def load_world_model(path: str, device: str) -> LoadedModel:
         history=cfg.history,
         horizon=cfg.horizon,
     )
-
-
-def robot_spec(robot: str) -> RobotSpec:
-    """The robot's spec with the default backend settings (action bounds, rate, layout)."""
-    if robot == "ur5e":
-        from robot_drivers.ur5e.backend import make_spec
-        from robot_drivers.ur5e.config import ControllerConfig, SceneConfig
-
-        return make_spec(SceneConfig(), ControllerConfig())
-    if robot == "go2":
-        from robot_drivers.go2.backend import go2_spec
-        from robot_drivers.go2.config import Go2Config
-
-        return go2_spec(Go2Config())
-    raise ValueError(f"unknown robot {robot!r} in the checkpoint; expected 'ur5e' or 'go2'")
 
 
 def checked_spec(loaded: LoadedModel) -> RobotSpec:
