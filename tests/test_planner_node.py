@@ -213,16 +213,18 @@ def test_hot_swap_answers_every_observation(tmp_path, planner):
     assert ing.tick(), "the node stopped planning after a refused swap"
 
 
-def test_nan_model_output_publishes_no_action_and_reports_an_error(tmp_path, planner):
+def test_nan_model_output_sends_hold_and_reports_an_error(tmp_path, planner):
     start, ing = planner
     start(make_checkpoint(tmp_path / "nan", scale=1e30))
     stamp = ing.publish()
     assert ing.wait(lambda: ing.planning_status()[0] is not None and ing.planning_status()[0].level == b"\x02", 60.0)
     status, values = ing.planning_status()
-    assert "no action published" in status.message and "non-finite" in status.message
+    assert "HOLD sent" in status.message and "non-finite" in status.message
     assert values["failed_plans"] == "1"
-    ing.spin(0.5)
-    assert stamp not in ing.actions and not ing.actions and not ing.plans
+    assert ing.wait(lambda: stamp in ing.actions, 10.0)
+    hold = ing.actions[stamp]
+    assert hold.header.frame_id == "hold" and list(hold.points[0].positions) == []  # the explicit safe action
+    assert not ing.plans  # nothing planned is ever published from a non-finite model
 
 
 def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_deadline(tmp_path, planner):

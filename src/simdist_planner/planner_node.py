@@ -428,7 +428,8 @@ class PlannerNode(Node):
                 chunk, rewards, values = result.mean, result.rewards, result.values
         except (PlannerError, ObservationError, RuntimeError, ValueError) as exc:  # never act on it
             self._stats["failed_plans"] += 1
-            self.diag.set("planning", Level.ERROR, f"no action published for stamp {stamp}: {exc}", **self._report())
+            self._publish_hold(stamp, period)
+            self.diag.set("planning", Level.ERROR, f"no plan for stamp {stamp}, HOLD sent: {exc}", **self._report())
             return
         latency = time.perf_counter() - start
         self._last_latency_s = latency
@@ -521,10 +522,17 @@ class PlannerNode(Node):
             ]  # fmt: skip
             self._pub_values.publish(msg)
 
+    def _publish_hold(self, stamp: int, period: float) -> None:
+        """The explicit safe answer to an observation that could not be planned on (no plan is sent)."""
+        hold = ros_msgs.command_to_msg(Command(CommandKind.HOLD), ros_msgs.action_names(self._spec.name), stamp, period)
+        self._pub_action.publish(hold)
+        self._answer = (hold, None)
+
     def _republish(self) -> None:
         if self._answer is not None and ros_msgs.stamp_ns(self._answer[0].header.stamp) == self._answered_stamp:
             self._pub_action.publish(self._answer[0])
-            self._pub_plan.publish(self._answer[1])
+            if self._answer[1] is not None:
+                self._pub_plan.publish(self._answer[1])
             self._stats["republished"] += 1
 
     def _report(self) -> dict:
