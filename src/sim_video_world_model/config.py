@@ -50,8 +50,8 @@ class ObjectiveConfig:
     corrupt_alpha: tuple[float, float] = (0.5, 0.9)
     corrupt_sigma: tuple[float, float] = (0.1, 0.3)
     # Real-only SFT baseline's start: "base" = the backbone before any sim training (the official
-    # bridge_real_act_cond config: resume null), given the teacher's + the student's step budget;
-    # "teacher" = the sim teacher with the student's budget (an ablation of the losses alone).
+    # bridge_real_act_cond config: resume null); "teacher" = the sim teacher (an ablation of the
+    # losses alone). Either way it gets the student's optimiser settings and step budget.
     sft_init: str = "base"
 
     def __post_init__(self) -> None:

@@ -317,13 +317,9 @@ def run(cfg: RunConfig, data_path: str, out: str, stages: list[str], variants: l
                 if resume and _stage_done(sdir):
                     continue
                 ocfg = dataclasses.replace(cfg.objective, variant=variant)
-                if variant is Variant.SFT and ocfg.sft_init == "base":
-                    base = build_backbone(cfg.backbone)[1].to(device)
-                    tcfg = dataclasses.replace(cfg.student_train, lr=cfg.teacher_train.lr,
-                                               steps=cfg.teacher_train.steps + cfg.student_train.steps)
-                    train_student(teacher, latents, ocfg, tcfg, sdir, dist, resume, writer, init=base)
-                else:
-                    train_student(teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer)
+                base = build_backbone(cfg.backbone)[1].to(device) \
+                    if variant is Variant.SFT and ocfg.sft_init == "base" else None
+                train_student(teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer, init=base)
                 _barrier(dist)
     finally:
         if writer is not None:
