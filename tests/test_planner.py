@@ -168,6 +168,18 @@ def test_nonfinite_model_output_raises(part):
         planner.plan(*inputs())
 
 
+def test_planner_recovers_after_a_nonfinite_step():
+    model = QuadraticToyModel([0.3, -0.2])
+    planner = make(model, num_samples=32, iterations=2, num_elites=4)
+    planner.plan(*inputs())
+    model.nan_in.add("reward")
+    with pytest.raises(PlannerError):
+        planner.plan(*inputs())
+    model.nan_in.clear()
+    result = planner.plan(*inputs())  # the NaN mean of the failed step is not warm-started
+    assert np.all(np.isfinite(result.mean)) and result.nonfinite_candidates == 0
+
+
 def test_nonfinite_observation_is_reported():
     planner = make(QuadraticToyModel([0.3, -0.2]), num_samples=32, iterations=2, num_elites=4)
     with pytest.raises(PlannerError, match="observation input"):

@@ -230,7 +230,12 @@ class MPPIPlanner:
         if getattr(self.model, "training", False):
             raise PlannerError("the world model is in training mode (dropout on); call model.eval() first")
         with torch.no_grad():
-            return self._plan(obs, proprio_history, action_history)
+            try:
+                return self._plan(obs, proprio_history, action_history)
+            except PlannerError:
+                self._mean.zero_()  # a poisoned warm start must not carry into the next step
+                self._clamp(self._mean)
+                raise
 
     # -- internals ---------------------------------------------------------------------------
 
