@@ -218,6 +218,16 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     video = pipe(item["real"][:, 0][None], item["actions"][None], 5, robot_mask=item["mask"][None],
                  sim_steps=1, real_steps=2, guidance=0.6).video
     assert video.shape == (1, 3, 5, 16, 16) and torch.isfinite(video).all()
+    # evaluation: table rows for both students, the w sweep, the latency grid and the PNG
+    from sim_video_world_model.evaluate import EvalConfig, Scorer, evaluate_run
+
+    ecfg = EvalConfig(sim_steps=1, real_steps=2, sweep=(0.0, 1.0), latency_sim_steps=(1,), latency_real_steps=(1, 2),
+                      latency_guidance=(0.0, 1.0), latency_reps=1, guidance=1.0)
+    result = evaluate_run(out, data, str(tmp_path / "eval"), ecfg, Scorer())
+    assert [(r["variant"], r["w"]) for r in result["table"]] == [("sft", 0.0), ("full", 0.0), ("full", 1.0)]
+    assert len(result["latency"]) == 4 and all(r["seconds"] > 0 for r in result["latency"])
+    assert isinstance(result["full_beats_sft"], bool)
+    assert all((tmp_path / "eval" / f).is_file() for f in ("results.json", "results.md", "qualitative.png"))
     # resume: a finished run is skipped (weights unchanged), a longer one continues from its last step
     before = {k: v.clone() for k, v in teacher.denoiser.state_dict().items()}
     run(cfg, data, out, ["autoencoder", "teacher"], [], resume=True)

@@ -16,7 +16,6 @@ import logging
 import os
 import time
 
-import numpy as np
 import torch
 
 from sim_video_world_model.checkpoint import ModelBundle, load_bundle
