@@ -2,7 +2,7 @@
 table, the guidance sweep, the (N_s, N_r, w) latency grid and a qualitative PNG grid.
 
     simforcing-eval --run runs/sf --heldout heldout.h5 --out runs/sf/eval
-    simforcing-eval --small --out runs/small     # data + training + evaluation, ~15 min on a CPU
+    simforcing-eval --small --threads 1 --out runs/small   # data + training + evaluation on a CPU
 
 Predictions start from the real first frame and the window's actions; scores cover the predicted
 frames 1..T-1 only (frame 0 is the given observation).
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--run", help="training run directory with student_<variant>/ checkpoints")
     p.add_argument("--heldout", help="held-out paired-window HDF5 file")
     p.add_argument("--out", required=True)
-    p.add_argument("--small", action="store_true", help="generate data, train every variant and evaluate (~15 min CPU)")
+    p.add_argument("--small", action="store_true", help="generate data, train every variant and evaluate (15-30 min on a CPU)")
     p.add_argument("--source", help="--small data source: 'peg', 'table_leg' or 'synthetic' (default: peg if available)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--sim-steps", type=int, default=5)
