@@ -43,7 +43,7 @@ if "ROS_DOMAIN_ID" not in os.environ:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(1)  # tests share 2 cores with the ROS node processes they start
 
 
 @pytest.fixture
