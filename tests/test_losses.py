@@ -8,14 +8,6 @@ from simdist_planner.model import WorldModel
 from simdist_planner.synthetic import synthetic_windows
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Two OpenMP threads on a shared, loaded 2-core machine run ~25x slower than one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def tiny_go2(**kw):
     att = AttentionConfig(1, 2)

@@ -17,14 +17,6 @@ from simdist_planner.pretrain import WindowSource, augment, lr_at, pretrain, wei
 TINY = {"latent_dim": 16, "history": 3, "horizon": 4}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Two OpenMP threads on a shared, loaded 2-core machine run ~25x slower than one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def synthetic_cfg(**kw) -> PretrainConfig:
     base = dict(model="go2", synthetic=True, model_overrides=TINY, steps=12, batch_size=4,

@@ -19,14 +19,6 @@ OFFICIAL_GO2_PARAMS = 668_494
 OFFICIAL_GO2_DYNAMICS = 133_506
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Two OpenMP threads on a shared, loaded 2-core machine run ~25x slower than one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def tiny_go2(**kw) -> WorldModelConfig:
     small = AttentionConfig(2, 2)
