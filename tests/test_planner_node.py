@@ -232,7 +232,8 @@ def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_
     # 100 Hz with 5% of the period (0.5 ms) for MPPI: the first MPPI tick measures the latency,
     # every later tick must run pi instead (re-probing disabled).
     start(make_checkpoint(tmp_path / "ck"), "lockstep:=false", "control_rate_hz:=100.0",
-          "deadline_fraction:=0.05", "reprobe_ticks:=0")  # fmt: skip
+          "deadline_fraction:=0.05", "reprobe_ticks:=0",
+          "max_observation_age_s:=5.0")  # fmt: skip  (staleness is not under test; a slow first tick must not void the next)
     ing.realtime = True
     for _ in range(4):
         stamp = ing.publish()
