@@ -61,6 +61,17 @@ def _write_json(path: pathlib.Path, data) -> None:
         os.fsync(f.fileno())
 
 
+def replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
+    """Move the finished directory `tmp` to `final`, replacing what was there by renames only."""
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        final.rename(old)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old)
+
+
 def save_checkpoint(model, path, metrics: dict | None = None) -> pathlib.Path:
     """Write `model` to directory `path` atomically (replacing an existing checkpoint there)."""
     model = _unwrap(model)
@@ -78,13 +89,7 @@ def save_checkpoint(model, path, metrics: dict | None = None) -> pathlib.Path:
             "config": model.config.to_dict(),
             "sha256": {WEIGHTS: _sha256(tmp / WEIGHTS), SCALER: _sha256(tmp / SCALER)},
         })
-        old = None
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            path.rename(old)
-        tmp.rename(path)
-        if old is not None:
-            shutil.rmtree(old)
+        replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

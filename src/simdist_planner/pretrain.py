@@ -22,7 +22,6 @@ optimizer moments and the step counter are the whole training state.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import math
@@ -38,7 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from simdist_planner.checkpoint import load_checkpoint, save_checkpoint
+from simdist_planner.checkpoint import load_checkpoint, replace_dir, save_checkpoint
 from simdist_planner.config import CONFIG_FACTORIES, PRETRAIN_PRESETS, PretrainConfig, WorldModelConfig
 from simdist_planner.losses import TERMS, world_model_loss
 from simdist_planner.model import WorldModel
@@ -219,16 +218,6 @@ def _atomic_dir(final: pathlib.Path):
     return tmp
 
 
-def _replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-        final.rename(old)
-    tmp.rename(final)
-    if old is not None:
-        shutil.rmtree(old)
-
-
 def save_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.optim.Optimizer,
                      step: int, metrics: dict) -> None:
     final = out / "train_state"
@@ -243,7 +232,7 @@ def save_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.opti
         save_file(tensors, str(tmp / "optimizer.safetensors"))
         (tmp / "state.json").write_text(json.dumps(
             {"format_version": STATE_FORMAT_VERSION, "step": step, "optimizer": type(optimizer).__name__}))
-        _replace_dir(tmp, final)
+        replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
