@@ -1,4 +1,5 @@
 """simdist-pretrain: schedule, real shards, augmentation, DDP with 2 CPU ranks, exact resume."""
+import dataclasses
 import json
 import os
 import signal
@@ -129,6 +130,21 @@ def test_kill_and_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
     a, b = load_checkpoint(resumed).state_dict(), load_checkpoint(straight).state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_time_limit_stops_saves_and_resumes_to_the_uninterrupted_weights(tmp_path):
+    cfg = synthetic_cfg(steps=12, checkpoint_every=100, log_every=100)
+    stopped = pretrain(dataclasses.replace(cfg, time_limit_s=1e-9), tmp_path / "run", progress=False)
+    metrics = json.loads((stopped / "metrics.json").read_text())
+    assert metrics["stopped_at_time_limit"] and metrics["step"] == 1 and metrics["steps_this_run"] == 1
+    assert json.loads((tmp_path / "run" / "train_state" / "state.json").read_text())["step"] == 1
+
+    resumed = pretrain(cfg, tmp_path / "run", progress=False)  # the budget may change on resume
+    metrics = json.loads((resumed / "metrics.json").read_text())
+    assert metrics["step"] == 12 and not metrics["stopped_at_time_limit"]
+    straight = pretrain(cfg, tmp_path / "straight", progress=False)
+    a, b = load_checkpoint(resumed).state_dict(), load_checkpoint(straight).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_resume_refuses_different_settings(tmp_path):

@@ -27,10 +27,9 @@ import torch._dynamo  # noqa: F401 - before any MuJoCo rendering: a later first 
 from robot_drivers.tasks import Task, make_task
 from simdist_adapter.adapter import adapt_on_dataset
 from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
-from simdist_adapter.real_data import episode_record
 from simdist_adapter.registry import ModelRegistry
 from simdist_planner.checkpoint import load_checkpoint
-from simdist_planner.dataset import ShardWriter, StepLayout, shard_name
+from simdist_planner.dataset import ShardWriter, StepLayout, episode_record, shard_name
 from simdist_planner.evaluate import Agent, task_overrides
 from simdist_planner.observation import ObservationError, observation_arrays
 from simdist_planner.planner import MPPIPlanner, PlannerError, planner_config_for
@@ -55,6 +54,7 @@ class ExperimentConfig:
     eval_episodes: int = 20
     max_steps: int | None = None  # episode length override (None: the task's)
     device: str = "cpu"
+    workers: int = 1  # processes running episodes side by side (each: one task + one model copy)
     planner: dict = field(default_factory=dict)  # PlannerConfig overrides (num_samples, ...)
     adapt: AdaptConfig = field(default_factory=AdaptConfig)
 
@@ -62,8 +62,8 @@ class ExperimentConfig:
         unknown = sorted(set(self.methods) - set(METHODS))
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
-        if min(self.rounds, self.episodes_per_round, self.eval_episodes) < 1:
-            raise ValueError("rounds, episodes_per_round and eval_episodes must be >= 1")
+        if min(self.rounds, self.episodes_per_round, self.eval_episodes, self.workers) < 1:
+            raise ValueError("rounds, episodes_per_round, eval_episodes and workers must be >= 1")
 
 
 @dataclass
@@ -104,53 +104,126 @@ def run_episode(task: Task, agent: Agent, seed: int, record: bool) -> Episode:
     return ep
 
 
+class EpisodeRunner:
+    """Seeded episodes of one task, for world models given by checkpoint directory.
+
+    Holds the task and the most recent models; `EpisodePool` runs one of these per worker
+    process, and with one worker the experiment uses one directly, so both paths run the same
+    code. An episode depends only on its seed and the checkpoint, never on which worker ran it.
+    """
+
+    def __init__(self, task_name: str, overrides: dict, device: str, planner: dict):
+        self.task = make_task(task_name, "real", **overrides)
+        self.device, self.planner = device, planner
+        self._models: dict[str, object] = {}
+
+    def model(self, checkpoint: str):
+        if checkpoint not in self._models:
+            if len(self._models) >= 2:  # the pretrained and the deployed model are enough
+                self._models.pop(next(iter(self._models)))
+            self._models[checkpoint] = load_checkpoint(checkpoint, device=self.device)
+        return self._models[checkpoint]
+
+    def agent(self, checkpoint: str, planner: bool) -> Agent:
+        model = self.model(checkpoint)
+        mppi = None
+        if planner:
+            pc = planner_config_for(self.task.spec, horizon=model.config.horizon, **self.planner)
+            mppi = MPPIPlanner(model, pc, self.device)
+        return Agent(model, self.task.spec, mppi, self.device)
+
+    def episode(self, checkpoint: str, planner: bool, seed: int, record: bool) -> Episode:
+        return run_episode(self.task, self.agent(checkpoint, planner), seed, record)
+
+
+_RUNNER: EpisodeRunner | None = None  # the worker process's runner
+
+
+def _init_worker(task_name: str, overrides: dict, device: str, planner: dict) -> None:
+    global _RUNNER
+    torch.set_num_threads(1)  # the workers share the cores
+    _RUNNER = EpisodeRunner(task_name, overrides, device, planner)
+
+
+def _worker_episode(checkpoint: str, planner: bool, seed: int, record: bool) -> Episode:
+    return _RUNNER.episode(checkpoint, planner, seed, record)
+
+
+class EpisodePool:
+    """`run(checkpoint, planner, seeds, record)` over one runner or a pool of spawned workers."""
+
+    def __init__(self, task_name: str, overrides: dict, device: str, planner: dict, workers: int):
+        args = (task_name, overrides, device, planner)
+        self._local = EpisodeRunner(*args) if workers == 1 else None
+        self._pool = None
+        if workers > 1:
+            import concurrent.futures
+            import multiprocessing
+
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker, initargs=args)
+
+    def run(self, checkpoint, planner: bool, seeds, record: bool) -> list[Episode]:
+        checkpoint = str(pathlib.Path(checkpoint).resolve())  # a registry link: cache by version
+        if self._pool is None:
+            return [self._local.episode(checkpoint, planner, s, record) for s in seeds]
+        futures = [self._pool.submit(_worker_episode, checkpoint, planner, s, record) for s in seeds]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+        if self._local is not None:
+            self._local.task.close()
+
+
 class Experiment:
     def __init__(self, config: ExperimentConfig):
         self.cfg = config
         self.out = pathlib.Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.pretrained = load_checkpoint(config.checkpoint, device=config.device)
-        self.task = make_task(config.task, "real", **task_overrides(
-            config.task, max_steps=config.max_steps, model=self.pretrained))
-        self.layout = StepLayout.from_spec(self.task.spec)
+        overrides = task_overrides(config.task, max_steps=config.max_steps, model=self.pretrained)
+        probe = make_task(config.task, "real", **overrides)  # each runner builds its own
+        self.spec = probe.spec
+        probe.close()
+        self.layout = StepLayout.from_spec(self.spec)
+        self.pool = EpisodePool(config.task, overrides, config.device, config.planner, config.workers)
+        self._scores: dict[tuple[str, bool], tuple[dict, list[Episode]]] = {}
 
-    def agent(self, model, planner: bool = True) -> Agent:
-        mppi = None
-        if planner:
-            pc = planner_config_for(self.task.spec, horizon=model.config.horizon, **self.cfg.planner)
-            mppi = MPPIPlanner(model, pc, self.cfg.device)
-        return Agent(model, self.task.spec, mppi, self.cfg.device)
-
-    def evaluate(self, model, planner: bool = True) -> tuple[dict, list[Episode]]:
-        agent = self.agent(model, planner)
-        eps = [run_episode(self.task, agent, EVAL_SEED + i, record=False) for i in range(self.cfg.eval_episodes)]
-        dist = [e.distance for e in eps if not math.isnan(e.distance)]
-        return {"success_rate": float(np.mean([e.success for e in eps])),
-                "mean_distance": float(np.mean(dist)) if dist else None,
-                "errors": sum(bool(e.error) for e in eps)}, eps
+    def evaluate(self, checkpoint, planner: bool = True) -> tuple[dict, list[Episode]]:
+        """Success over the evaluation seeds; a checkpoint already evaluated is not run again
+        (episodes are deterministic per seed, so the methods share the zero-shot figures)."""
+        key = (str(pathlib.Path(checkpoint).resolve()), planner)
+        if key not in self._scores:
+            eps = self.pool.run(checkpoint, planner, range(EVAL_SEED, EVAL_SEED + self.cfg.eval_episodes), False)
+            dist = [e.distance for e in eps if not math.isnan(e.distance)]
+            self._scores[key] = ({"success_rate": float(np.mean([e.success for e in eps])),
+                                  "mean_distance": float(np.mean(dist)) if dist else None,
+                                  "errors": sum(bool(e.error) for e in eps)}, eps)
+        return self._scores[key]
 
     def run_method(self, name: str) -> dict:
         cfg, overrides = self.cfg, METHODS[name]
         print(f"[{name}] zero-shot evaluation, {cfg.eval_episodes} episodes", flush=True)
         if overrides is None:
-            score, eps = self.evaluate(self.pretrained, planner=False)
+            score, eps = self.evaluate(cfg.checkpoint, planner=False)
             return {"curve": [{"real_episodes": 0, **score}], "rounds": [], "eval_episodes": eps}
         root = self.out / name
         registry = ModelRegistry(root / "registry")
         if not registry.history():
             registry.init_from(cfg.checkpoint)
-        score, eps = self.evaluate(registry.load_deployed(cfg.device))
+        score, eps = self.evaluate(registry.deployed_path())
         curve, rounds, collected = [{"real_episodes": 0, **score}], [], 0
         adapt_cfg = dataclasses.replace(cfg.adapt, device=cfg.device, **overrides)
         shard = root / "d_real" / shard_name(0)
         shard.unlink(missing_ok=True)
         for j in range(cfg.rounds):
-            model = registry.load_deployed(cfg.device)
-            agent = self.agent(model)
+            seeds = range(COLLECT_SEED + collected, COLLECT_SEED + collected + cfg.episodes_per_round)
+            episodes = self.pool.run(registry.deployed_path(), True, seeds, record=True)
             with ShardWriter(shard, self.layout, {"task": cfg.task, "config": "{}"}, resume=shard.exists()) as w:
-                for i in range(cfg.episodes_per_round):
-                    seed = COLLECT_SEED + collected
-                    ep = run_episode(self.task, agent, seed, record=True)
+                for seed, ep in zip(seeds, episodes):
                     if len(ep.actions) >= 1 and len(ep.rows) >= 2:
                         w.append(episode_record(ep.rows, ep.actions[: len(ep.rows) - 1], collected, self.layout,
                                                 seed, ep.success, f"{cfg.task} seed {seed}"))
@@ -161,7 +234,7 @@ class Experiment:
             except ValueError as exc:  # e.g. too few windows yet: the deployed model stays
                 report = {"deployed": False, "reason": f"round skipped: {exc}", "version": registry.deployed_version,
                           "heldout_deployed": None, "heldout_candidate": None}
-            score, eps = self.evaluate(registry.load_deployed(cfg.device))
+            score, eps = self.evaluate(registry.deployed_path())
             curve.append({"real_episodes": collected, **score})
             rounds.append(report)
             print(f"[{name}] round {j + 1}: {report['reason']}; success {score['success_rate']:.2f}", flush=True)
@@ -172,14 +245,21 @@ class Experiment:
         start = time.perf_counter()
         results = {"config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)), "methods": {}}
         episodes = {}
-        for name in self.cfg.methods:
-            r = self.run_method(name)
-            episodes[name] = r.pop("eval_episodes")
-            results["methods"][name] = r
-        results["seconds"] = time.perf_counter() - start
+        try:
+            for name in self.cfg.methods:
+                r = self.run_method(name)
+                episodes[name] = r.pop("eval_episodes")
+                results["methods"][name] = r
+                results["seconds"] = time.perf_counter() - start
+                self._write(results)  # a long run that is cut short keeps every finished method
+        finally:
+            self.pool.close()
         results["plots"] = self.plot(results, episodes)
-        (self.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        self._write(results)
         return results
+
+    def _write(self, results: dict) -> None:
+        (self.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
 
     # -- plots
     def plot(self, results: dict, episodes: dict) -> list[str]:
@@ -237,11 +317,11 @@ class Experiment:
         _, held = real_windows(method["d_real"], h, t, self.cfg.adapt.holdout, self.cfg.adapt.seed)
         batch = window_batch([held[i] for i in range(min(len(held), 64))])
         offset = 0
-        for term in self.task.spec.proprio_terms:
+        for term in self.spec.proprio_terms:
             if term.name == "joint_pos":
                 break
             offset += term.dim
-        joint = offset + min(2, self.task.spec.action_dim - 1)
+        joint = offset + min(2, self.spec.action_dim - 1)
         with torch.no_grad():
             obs = {k: batch[k] for k in ("proprio", "images", "height_map", "command") if k in batch}
             z_all = pre.encode({k: v.flatten(0, 1) for k, v in obs.items()}).cpu().numpy()
@@ -254,7 +334,7 @@ class Experiment:
         for name, lat in preds.items():
             z = lat[0].cpu().numpy()
             ax.plot(np.c_[z, np.ones(len(z))] @ w, "--", marker="o", label=f"predicted ({name})")
-        ax.set(xlabel="step into the future", ylabel=f"{self.task.spec.proprio_terms[0].name}... proprio[{joint}]",
+        ax.set(xlabel="step into the future", ylabel=f"{self.spec.proprio_terms[0].name}... proprio[{joint}]",
                title="predicted vs real joint trajectory (held-out episode)")
         ax.legend()
         return self._save(fig, "predicted_vs_real_trajectory.png")
@@ -294,19 +374,21 @@ def parse_args(argv=None) -> ExperimentConfig:
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--workers", type=int, default=1, help="processes running episodes side by side")
     p.add_argument("--samples", type=int, default=None, help="planner Gaussian samples (default: official)")
     p.add_argument("--iterations", type=int, default=None)
     p.add_argument("--elites", type=int, default=None)
     p.add_argument("--adapt-steps", type=int, default=2000, help="optimiser steps per adaptation round")
     p.add_argument("--adapt-lr", type=float, default=2e-4)
+    p.add_argument("--adapt-warmup", type=int, default=AdaptConfig.warmup_steps, help="linear warm-up steps")
     a = p.parse_args(argv)
     planner = {k: v for k, v in (("num_samples", a.samples), ("iterations", a.iterations),
                                  ("num_elites", a.elites)) if v is not None}
     return ExperimentConfig(
         task=a.task, checkpoint=a.checkpoint, out=a.out, methods=tuple(a.methods.split(",")),
         rounds=a.rounds, episodes_per_round=a.episodes_per_round, eval_episodes=a.eval_episodes,
-        max_steps=a.max_steps, device=a.device, planner=planner,
-        adapt=AdaptConfig(max_steps=a.adapt_steps, lr=a.adapt_lr, holdout=0.1))
+        max_steps=a.max_steps, device=a.device, workers=a.workers, planner=planner,
+        adapt=AdaptConfig(max_steps=a.adapt_steps, lr=a.adapt_lr, warmup_steps=a.adapt_warmup, holdout=0.1))
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,7 @@ from trajectory_msgs.msg import JointTrajectory
 from robot_drivers.interface import CommandKind, Observation, RobotSpec
 from robot_drivers.ros_msgs import ObservationAssembler, command_from_msg, stamp_ns
 from simdist_adapter.bags import BagError, EpisodeBag, list_episode_bags
-from simdist_planner.dataset import EpisodeRecord, ShardedDataset, ShardWriter, StepLayout, shard_name
+from simdist_planner.dataset import EpisodeRecord, ShardedDataset, ShardWriter, StepLayout, episode_record, shard_name
 from simdist_planner.observation import ObservationError, observation_arrays
 
 log = logging.getLogger(__name__)
@@ -116,33 +116,6 @@ def segments_from_bag(path: str | pathlib.Path, spec: RobotSpec, min_transitions
     for seg in segments:  # a segment cut by an unusable observation lacks its last o_{k+1}
         seg.actions = seg.actions[: len(seg.observations) - 1]
     return [s for s in segments if len(s.actions) >= min_transitions]
-
-
-def episode_record(observations: list[dict], actions: list[np.ndarray], episode_id: int,
-                   layout: StepLayout, seed: int = -1, success: bool = False, source: str = "") -> EpisodeRecord:
-    """L + 1 observation arrays and L executed actions as a dataset episode (no rewards/values)."""
-    rows = len(observations)
-    if len(actions) != rows - 1 or rows < 2:
-        raise ValueError(f"an episode needs L >= 1 actions and L + 1 observations, got {len(actions)} / {rows}")
-    steps = {
-        "proprio": np.stack([o["proprio"] for o in observations]),
-        "action": np.concatenate([np.stack(actions), np.zeros((1, layout.action_dim), np.float32)]),
-        "reward": np.zeros(rows, np.float32),
-        "value": np.zeros(rows, np.float32),
-        "expert": np.zeros(rows, np.uint8),
-        "noised": np.zeros(rows, np.uint8),
-    }
-    for i, cam in enumerate(layout.cameras):
-        steps[f"images/{cam}"] = np.stack([o["images"][i].transpose(1, 2, 0) for o in observations])
-    if layout.height_map_shape:
-        steps["height_map"] = np.stack([o["height_map"] for o in observations])
-    if layout.command_dim:
-        steps["command"] = np.stack([o["command"] for o in observations])
-    return EpisodeRecord(
-        id=episode_id, steps=steps, policy=-1, seed=seed,
-        noise_scale=np.zeros(layout.action_dim, np.float32), never_noised=True,
-        success=success, terminated=success, truncated=not success, meta={"source": source},
-    )
 
 
 def build_real_dataset(bags, out_dir: str | pathlib.Path, spec: RobotSpec, demos=None,

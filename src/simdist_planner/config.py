@@ -318,6 +318,7 @@ class PretrainConfig:
     threads: int = 1  # torch CPU threads per rank
     precision: str = "auto"  # "auto" (bf16 on CUDA), "bf16", "fp32"
     compile: bool = False  # torch.compile (CUDA)
+    time_limit_s: float = 0.0  # wall-clock budget of this run (0 = none): stop, save, resume later
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -329,7 +330,7 @@ class PretrainConfig:
         need(0.0 < self.fraction <= 1.0, f"fraction must be in (0, 1], got {self.fraction}")
         for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "threads"):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "decay_steps", "workers", "max_data_steps", "image_shift"):
+        for name in ("warmup_steps", "decay_steps", "workers", "max_data_steps", "image_shift", "time_limit_s"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         need(self.learning_rate > 0 and self.end_learning_rate >= 0, "learning rates must be positive")
         need(self.precision in ("auto", "bf16", "fp32"), f"precision must be auto, bf16 or fp32, got {self.precision!r}")

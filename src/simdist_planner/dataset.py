@@ -140,6 +140,33 @@ class EpisodeRecord:
 
 
 # ------------------------------------------------------------------------------------- writer
+def episode_record(observations: list[dict], actions: list[np.ndarray], episode_id: int,
+                   layout: StepLayout, seed: int = -1, success: bool = False, source: str = "") -> EpisodeRecord:
+    """L + 1 observation arrays and L executed actions as a dataset episode (no rewards/values)."""
+    rows = len(observations)
+    if len(actions) != rows - 1 or rows < 2:
+        raise ValueError(f"an episode needs L >= 1 actions and L + 1 observations, got {len(actions)} / {rows}")
+    steps = {
+        "proprio": np.stack([o["proprio"] for o in observations]),
+        "action": np.concatenate([np.stack(actions), np.zeros((1, layout.action_dim), np.float32)]),
+        "reward": np.zeros(rows, np.float32),
+        "value": np.zeros(rows, np.float32),
+        "expert": np.zeros(rows, np.uint8),
+        "noised": np.zeros(rows, np.uint8),
+    }
+    for i, cam in enumerate(layout.cameras):
+        steps[f"images/{cam}"] = np.stack([o["images"][i].transpose(1, 2, 0) for o in observations])
+    if layout.height_map_shape:
+        steps["height_map"] = np.stack([o["height_map"] for o in observations])
+    if layout.command_dim:
+        steps["command"] = np.stack([o["command"] for o in observations])
+    return EpisodeRecord(
+        id=episode_id, steps=steps, policy=-1, seed=seed,
+        noise_scale=np.zeros(layout.action_dim, np.float32), never_noised=True,
+        success=success, terminated=success, truncated=not success, meta={"source": source},
+    )
+
+
 class ShardWriter:
     """Appends complete episodes to one shard; reopening with resume=True continues exactly.
 

@@ -45,7 +45,8 @@ from simdist_planner.synthetic import synthetic_windows
 
 STATE_FORMAT_VERSION = 1
 # Settings a resumed run may change; everything else must equal the interrupted run's.
-RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every", "workers", "threads"}
+RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every", "workers", "threads",
+                     "time_limit_s"}
 
 
 def lr_at(cfg: PretrainConfig, step: int) -> float:
@@ -138,12 +139,35 @@ class WindowSource(torch.utils.data.Dataset):
         batch.update({k: torch.stack([it["obs"][k] for it in items]) for k in items[0]["obs"]})
         return batch
 
+    def augmented(self, step: int) -> dict:
+        """Batch `step` with its observation augmentation (in the loader workers, off the
+        training loop's critical path; seeded by the step like the batch itself)."""
+        batch = self[step]
+        if self.cfg.augment:
+            g = torch.Generator().manual_seed(_seed(self.cfg.seed, self.rank, step, 1))
+            batch = augment(batch, self.cfg, self.proprio_noise(), float(self.obs_noise.get("height_map", 0.0)),
+                            self.model_config.history, g)
+        return batch
+
     def proprio_noise(self) -> torch.Tensor:
         """Per-dimension noise std of the proprio vector, from the per-term stds."""
         if self.layout is None:
             return torch.full((self.model_config.proprio_dim,), float(self.obs_noise["proprio"]))
         return torch.tensor([float(self.obs_noise.get(name, 0.0)) for name, dim in self.layout.proprio_terms
                              for _ in range(dim)])
+
+
+class AugmentedWindows(torch.utils.data.Dataset):
+    """The loader's view of a WindowSource: item `step` = augmented batch of that step."""
+
+    def __init__(self, source: WindowSource):
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, step: int) -> dict:
+        return self.source.augmented(step)
 
 
 def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> None:
@@ -327,8 +351,6 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if cfg.compile:
         train_model = torch.compile(train_model)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and dev.type == "cuda")
-    proprio_noise = source.proprio_noise()
-    hm_noise = float(source.obs_noise.get("height_map", 0.0))
 
     writer = None
     if rank == 0:
@@ -336,7 +358,7 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
 
         writer = SummaryWriter(str(out / "tb"), purge_step=start)
     loader = torch.utils.data.DataLoader(
-        source, batch_size=None, sampler=range(start, cfg.steps), num_workers=cfg.workers,
+        AugmentedWindows(source), batch_size=None, sampler=range(start, cfg.steps), num_workers=cfg.workers,
         persistent_workers=False, prefetch_factor=2 if cfg.workers else None)
     from tqdm import tqdm
 
@@ -345,13 +367,10 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     sums = {k: 0.0 for k in ("total", *TERMS)}
     count, t_log, t_start = 0, time.perf_counter(), time.perf_counter()
     metrics: dict = {}
-    step = start
+    step, done = start, start
     model.train()
     for step, batch in enumerate(loader, start=start):
         torch.manual_seed(_seed(cfg.seed, rank, step, 2))  # dropout of this step
-        if cfg.augment:
-            g = torch.Generator().manual_seed(_seed(cfg.seed, rank, step, 1))
-            batch = augment(batch, cfg, proprio_noise, hm_noise, model.config.history, g)
         batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
         lr = lr_at(cfg, step)
         for group in optimizer.param_groups:
@@ -371,7 +390,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
         count += 1
         done = step + 1
         bar.update(1)
-        if done % cfg.log_every == 0 or done == cfg.steps:
+        stop = done < cfg.steps and _out_of_time(cfg, t_start, world, dev)
+        if done % cfg.log_every == 0 or done == cfg.steps or stop:
             now = time.perf_counter()
             metrics = {f"loss/{k}": v / count for k, v in sums.items()}
             metrics["lr"] = lr
@@ -382,13 +402,15 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
             bar.set_postfix(loss=f"{metrics['loss/total']:.4f}", lr=f"{lr:.2e}")
             sums = {k: 0.0 for k in sums}
             count, t_log = 0, now
-        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:
             if rank == 0:
                 save_train_state(out, model, optimizer, done, metrics)
                 save_checkpoint(model, out / "checkpoints" / f"step-{done:07d}", metrics={"step": done, **metrics})
                 _prune(out / "checkpoints", cfg.keep_checkpoints)
             if world > 1:
                 dist.barrier()
+        if stop:
+            break
     bar.close()
 
     digest = weights_sha256(model)
@@ -396,15 +418,27 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if len(set(digests)) != 1:
         raise RuntimeError(f"pretrain: ranks ended with different weights: {digests}")
     if rank == 0:
-        final = {"step": cfg.steps, **metrics, "world_size": world, "rank_weights_sha256": digests,
-                 "seconds_this_run": time.perf_counter() - t_start, "steps_this_run": cfg.steps - start,
-                 "model_config": cfg.model}
+        final = {"step": done, **metrics, "world_size": world, "rank_weights_sha256": digests,
+                 "seconds_this_run": time.perf_counter() - t_start, "steps_this_run": done - start,
+                 "stopped_at_time_limit": done < cfg.steps, "model_config": cfg.model}
         save_checkpoint(model, out / "model", metrics=final)
         if writer is not None:
             writer.close()
     if world > 1:
         dist.barrier()
     return out / "model"
+
+
+def _out_of_time(cfg: PretrainConfig, t_start: float, world: int, dev: torch.device) -> bool:
+    """Whether this run has used its wall-clock budget; rank 0's clock decides for every rank."""
+    if cfg.time_limit_s <= 0:
+        return False
+    late = time.perf_counter() - t_start >= cfg.time_limit_s
+    if world == 1:
+        return late
+    flag = torch.tensor([float(late)], device=dev)
+    dist.broadcast(flag, 0)
+    return bool(flag.item())
 
 
 def _gather_digests(digest: str, world: int, dev: torch.device) -> list[str]:
