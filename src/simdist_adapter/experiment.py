@@ -191,6 +191,7 @@ class Experiment:
         self.layout = StepLayout.from_spec(self.spec)
         self.pool = EpisodePool(config.task, overrides, config.device, config.planner, config.workers)
         self._scores: dict[tuple[str, bool], tuple[dict, list[Episode]]] = {}
+        self._t0 = time.perf_counter()
 
     def evaluate(self, checkpoint, planner: bool = True) -> tuple[dict, list[Episode]]:
         """Success over the evaluation seeds; a checkpoint already evaluated is not run again
@@ -206,7 +207,7 @@ class Experiment:
 
     def run_method(self, name: str) -> dict:
         cfg, overrides = self.cfg, METHODS[name]
-        print(f"[{name}] zero-shot evaluation, {cfg.eval_episodes} episodes", flush=True)
+        self._say(name, f"zero-shot evaluation, {cfg.eval_episodes} episodes")
         if overrides is None:
             score, eps = self.evaluate(cfg.checkpoint, planner=False)
             return {"curve": [{"real_episodes": 0, **score}], "rounds": [], "eval_episodes": eps}
@@ -228,7 +229,7 @@ class Experiment:
                         w.append(episode_record(ep.rows, ep.actions[: len(ep.rows) - 1], collected, self.layout,
                                                 seed, ep.success, f"{cfg.task} seed {seed}"))
                     collected += 1
-            print(f"[{name}] round {j + 1}: {collected} real episodes, adapting f", flush=True)
+            self._say(name, f"round {j + 1}: {collected} real episodes, adapting f")
             try:
                 report = adapt_on_dataset(registry, root / "d_real", adapt_cfg).to_dict()
             except ValueError as exc:  # e.g. too few windows yet: the deployed model stays
@@ -237,7 +238,7 @@ class Experiment:
             score, eps = self.evaluate(registry.deployed_path())
             curve.append({"real_episodes": collected, **score})
             rounds.append(report)
-            print(f"[{name}] round {j + 1}: {report['reason']}; success {score['success_rate']:.2f}", flush=True)
+            self._say(name, f"round {j + 1}: {report['reason']}; success {score['success_rate']:.2f}")
         return {"curve": curve, "rounds": rounds, "eval_episodes": eps,
                 "registry": str(registry.root), "d_real": str(root / "d_real")}
 
@@ -251,12 +252,14 @@ class Experiment:
                 episodes[name] = r.pop("eval_episodes")
                 results["methods"][name] = r
                 results["seconds"] = time.perf_counter() - start
+                results["plots"] = self.plot(results, episodes)
                 self._write(results)  # a long run that is cut short keeps every finished method
         finally:
             self.pool.close()
-        results["plots"] = self.plot(results, episodes)
-        self._write(results)
         return results
+
+    def _say(self, method: str, text: str) -> None:
+        print(f"[{time.perf_counter() - self._t0:7.1f} s] [{method}] {text}", flush=True)
 
     def _write(self, results: dict) -> None:
         (self.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -305,8 +308,9 @@ class Experiment:
             ax.set(xlabel="control step", ylabel="predicted value v^", title="predicted value over time")
             ax.legend()
             files.append(self._save(fig, "predicted_value.png"))
-        if "simdist" in results["methods"] and results["methods"]["simdist"]["rounds"]:
-            files.append(self._probe_plot(plt, results["methods"]["simdist"]))
+        simdist = results["methods"].get("simdist")
+        if simdist and any(rd["heldout_candidate"] is not None for rd in simdist["rounds"]):
+            files.append(self._probe_plot(plt, simdist))
         return files
 
     def _probe_plot(self, plt, method: dict) -> str:
