@@ -147,6 +147,22 @@ def test_time_limit_stops_saves_and_resumes_to_the_uninterrupted_weights(tmp_pat
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_init_from_starts_from_the_checkpoint_weights(tmp_path):
+    first = pretrain(synthetic_cfg(steps=4), tmp_path / "first", progress=False)
+    # one step at the warm-up's first learning rate (0) leaves the loaded weights as they were
+    warm = pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7, init_from=str(first)), tmp_path / "warm",
+                    progress=False)
+    a, b = load_checkpoint(first).state_dict(), load_checkpoint(warm).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    cold = load_checkpoint(pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7), tmp_path / "cold",
+                                    progress=False)).state_dict()
+    assert not all(torch.equal(a[k], cold[k]) for k in a)
+    other = {**TINY, "latent_dim": 8}
+    with pytest.raises(ValueError, match="latent_dim"):
+        pretrain(synthetic_cfg(steps=1, init_from=str(first), model_overrides=other), tmp_path / "bad",
+                 progress=False)
+
+
 def test_resume_refuses_different_settings(tmp_path):
     pretrain(synthetic_cfg(steps=2, checkpoint_every=2), tmp_path / "run", progress=False)
     with pytest.raises(ValueError, match=r"cannot resume .*batch_size: run has 4, now 8"):

@@ -252,8 +252,9 @@ class Experiment:
                 episodes[name] = r.pop("eval_episodes")
                 results["methods"][name] = r
                 results["seconds"] = time.perf_counter() - start
-                results["plots"] = self.plot(results, episodes)
                 self._write(results)  # a long run that is cut short keeps every finished method
+                results["plots"] = self.plot(results, episodes)
+                self._write(results)
         finally:
             self.pool.close()
         return results
@@ -320,6 +321,7 @@ class Experiment:
         h, t = pre.config.history, pre.config.horizon
         _, held = real_windows(method["d_real"], h, t, self.cfg.adapt.holdout, self.cfg.adapt.seed)
         batch = window_batch([held[i] for i in range(min(len(held), 64))])
+        on_device = {k: v.to(self.cfg.device) for k, v in batch.items()}
         offset = 0
         for term in self.spec.proprio_terms:
             if term.name == "joint_pos":
@@ -327,12 +329,13 @@ class Experiment:
             offset += term.dim
         joint = offset + min(2, self.spec.action_dim - 1)
         with torch.no_grad():
-            obs = {k: batch[k] for k in ("proprio", "images", "height_map", "command") if k in batch}
+            obs = {k: on_device[k] for k in ("proprio", "images", "height_map", "command") if k in batch}
             z_all = pre.encode({k: v.flatten(0, 1) for k, v in obs.items()}).cpu().numpy()
             y_all = batch["proprio"].flatten(0, 1)[:, joint].numpy()
             w = np.linalg.solve(np.c_[z_all, np.ones(len(z_all))].T @ np.c_[z_all, np.ones(len(z_all))]
                                 + 1e-3 * np.eye(z_all.shape[1] + 1), np.c_[z_all, np.ones(len(z_all))].T @ y_all)
-            preds = {name: m.predict_window(batch)["latents"] for name, m in (("pretrained", pre), ("adapted", adapted))}
+            preds = {name: m.predict_window(on_device)["latents"].cpu()
+                     for name, m in (("pretrained", pre), ("adapted", adapted))}
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(batch["proprio"][0, h + 1:, joint].numpy(), "k-", label="real")
         for name, lat in preds.items():

@@ -319,6 +319,7 @@ class PretrainConfig:
     precision: str = "auto"  # "auto" (bf16 on CUDA), "bf16", "fp32"
     compile: bool = False  # torch.compile (CUDA)
     time_limit_s: float = 0.0  # wall-clock budget of this run (0 = none): stop, save, resume later
+    init_from: str = ""  # checkpoint to start from (continued pretraining with a new schedule)
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:

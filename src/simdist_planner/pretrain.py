@@ -329,6 +329,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     torch.manual_seed(cfg.seed)
     model = WorldModel(source.model_config)
     fit_scaler(model, cfg, source)
+    if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
+        model.load_state_dict(load_checkpoint(cfg.init_from, expect=model.config).state_dict())
     model.to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr_at(cfg, 0))
 
