@@ -42,6 +42,9 @@ def test_workers_reproduce_the_in_process_experiment(tmp_path):
     assert [c["real_episodes"] for c in simdist["curve"]] == [0, 3]
     assert simdist["curve"][0] == encoder["curve"][0]  # one zero-shot evaluation serves both
     assert simdist["rounds"][0]["heldout_candidate"] is not None
+    history = json.loads((tmp_path / "w2" / "simdist" / "registry" / "history.json").read_text())
+    assert simdist["rounds"][0]["deployed"] and [h["version"] for h in history] == ["v0000", "v0001"]
+    assert history[-1]["metrics"]["episodes"] == 3 and history[-1]["metrics"]["transitions"] > 0
     assert all(c["errors"] == 0 for r in saved["methods"].values() for c in r["curve"])
     assert len(saved["plots"]) >= 2 and "simdist" in format_table(saved)
 

@@ -215,8 +215,8 @@ class Experiment:
         registry = ModelRegistry(root / "registry")
         if not registry.history():
             registry.init_from(cfg.checkpoint)
-        score, eps = self.evaluate(registry.deployed_path())
-        curve, rounds, collected = [{"real_episodes": 0, **score}], [], 0
+        score, eps = self.evaluate(cfg.checkpoint)  # v0000 holds these weights: shared by all methods
+        curve, rounds, collected, transitions = [{"real_episodes": 0, **score}], [], 0, 0
         adapt_cfg = dataclasses.replace(cfg.adapt, device=cfg.device, **overrides)
         shard = root / "d_real" / shard_name(0)
         shard.unlink(missing_ok=True)
@@ -228,10 +228,12 @@ class Experiment:
                     if len(ep.actions) >= 1 and len(ep.rows) >= 2:
                         w.append(episode_record(ep.rows, ep.actions[: len(ep.rows) - 1], collected, self.layout,
                                                 seed, ep.success, f"{cfg.task} seed {seed}"))
+                        transitions += len(ep.rows) - 1
                     collected += 1
             self._say(name, f"round {j + 1}: {collected} real episodes, adapting f")
             try:
-                report = adapt_on_dataset(registry, root / "d_real", adapt_cfg).to_dict()
+                report = adapt_on_dataset(registry, root / "d_real", adapt_cfg, episodes=collected,
+                                          transitions=transitions).to_dict()
             except ValueError as exc:  # e.g. too few windows yet: the deployed model stays
                 report = {"deployed": False, "reason": f"round skipped: {exc}", "version": registry.deployed_version,
                           "heldout_deployed": None, "heldout_candidate": None}
