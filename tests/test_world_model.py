@@ -187,3 +187,69 @@ def test_resnet_weights_load_from_local_file(tmp_path):
     torch.testing.assert_close(backbone.layer4[1].bn2.running_var, ref.layer4[1].bn2.running_var)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         WorldModel(ur5e_config(image=ImageEncoderConfig(("wrist",), 32, 32, weights_path=str(tmp_path / "no"))))
+
+
+def count_kv_rows(model: WorldModel) -> dict[str, int]:
+    """Live counts of the context rows f's cross-attention K and V layers project (all layers):
+    what the dynamics-context cache must save. Shared with tests/test_planner.py."""
+    rows = {"k": 0, "v": 0}
+    for layer in model.f.decoder.layers:
+        for name in rows:
+            def hook(module, args, out, name=name):
+                rows[name] += args[0].shape[:-1].numel()
+            getattr(layer.cross_attn, name).register_forward_hook(hook)
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["chunked", "autoregressive"])
+def test_cached_dynamics_context_matches_uncached(kind):
+    cfg = tiny_go2(dynamics_kind=kind)
+    torch.manual_seed(0)
+    model = WorldModel(cfg).eval()
+    w = synthetic_windows(cfg, 3)
+    h, n = cfg.history, 7
+    z = model.encode(current_obs(w, h))
+    hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
+    actions = torch.randn(n, cfg.horizon, cfg.action_dim, generator=torch.Generator().manual_seed(1))
+    rows = count_kv_rows(model)
+    with torch.inference_mode():
+        # N candidates sharing one history: a batch-1 context serves all of them
+        z1, h1 = z[:1].expand(n, -1), hist[:1].expand(n, -1, -1)
+        plain = model.dynamics(z1, actions, h1)
+        assert rows["k"] == rows["v"] == cfg.dynamics.layers * n * (2 * h + 1)  # once, even for AR
+        context = model.dynamics_context(z[:1], hist[:1])
+        rows.update(k=0, v=0)
+        cached = model.dynamics(z1, actions, h1, context=context)
+        assert rows == {"k": 0, "v": 0}
+        torch.testing.assert_close(cached, plain, atol=1e-5, rtol=0)
+        # a per-row context (batch B) matches too
+        batch = model.dynamics(z, actions[:3], hist, context=model.dynamics_context(z, hist))
+        torch.testing.assert_close(batch, model.dynamics(z, actions[:3], hist), atol=1e-5, rtol=0)
+        with pytest.raises(ValueError, match="dynamics context batch 3"):
+            model.dynamics(z1, actions, h1, context=model.dynamics_context(z, hist))
+        # autocast: the cache is built in the same precision as the plain path's K / V
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            plain16 = model.dynamics(z1, actions, h1)
+            cached16 = model.dynamics(z1, actions, h1, context=model.dynamics_context(z[:1], hist[:1]))
+        torch.testing.assert_close(cached16.float(), plain16.float(), atol=2e-2, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["chunked", "autoregressive"])
+def test_cached_dynamics_context_on_cuda(kind):
+    cfg = tiny_go2(dynamics_kind=kind)
+    torch.manual_seed(0)
+    model = WorldModel(cfg).eval().cuda()
+    g = torch.Generator().manual_seed(0)
+    n, d = 472, cfg.latent_dim
+    z, hist = torch.randn(1, d, generator=g).cuda(), torch.randn(1, 2 * cfg.history, d, generator=g).cuda()
+    actions = torch.randn(n, cfg.horizon, cfg.action_dim, generator=g).cuda()
+    with torch.inference_mode():
+        zn, hn = z.expand(n, -1), hist.expand(n, -1, -1)
+        plain = model.dynamics(zn, actions, hn)
+        cached = model.dynamics(zn, actions, hn, context=model.dynamics_context(z, hist))
+        torch.testing.assert_close(cached, plain, atol=1e-5, rtol=0)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            plain16 = model.dynamics(zn, actions, hn)
+            cached16 = model.dynamics(zn, actions, hn, context=model.dynamics_context(z, hist))
+        torch.testing.assert_close(cached16.float(), plain16.float(), atol=2e-2, rtol=0)

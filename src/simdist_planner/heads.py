@@ -11,6 +11,7 @@ from torch import nn
 from simdist_planner.config import WorldModelConfig
 from simdist_planner.transformers import (
     MLP,
+    ContextCache,
     SequenceEmbedding,
     TransformerDecoder,
     TransformerEncoder,
@@ -27,7 +28,7 @@ class ChunkedDynamics(nn.Module):
         self.decoder = TransformerDecoder(cfg.latent_dim, cfg.dynamics, cfg.dropout_attention,
                                           cfg.dropout_mlp)
 
-    def forward(self, actions: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def forward(self, actions: torch.Tensor, context: torch.Tensor | ContextCache) -> torch.Tensor:
         return self.decoder(self.action_embed(actions), context)
 
 
@@ -41,9 +42,13 @@ class AutoregressiveDynamics(nn.Module):
         self.decoder = TransformerDecoder(cfg.latent_dim, cfg.dynamics, cfg.dropout_attention,
                                           cfg.dropout_mlp)
 
-    def forward(self, actions: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def forward(self, actions: torch.Tensor, context: torch.Tensor | ContextCache) -> torch.Tensor:
+        """The context's keys / values are projected once and reused by all T steps; a batch-1
+        `ContextCache` broadcasts to the B action sequences."""
+        if not isinstance(context, ContextCache):
+            context = self.decoder.cache(context)
         queries = self.action_embed(actions)
-        z = context[:, -1]  # the z_t token
+        z = context.tokens[:, -1]  # the z_t token
         out = []
         for k in range(actions.shape[1]):
             z = self.decoder((queries[:, k] + self.latent_in(z)).unsqueeze(1), context).squeeze(1)

@@ -3,6 +3,7 @@
     z_t          = E(o_t)                         encode(obs)
     h_t          = C(o^p_{t-H:t-1}, a_{t-H:t-1})   encode_history(proprio, actions)
     z^_{t+1:t+T} = f(z_t, a_{t:t+T-1}, h_t)        dynamics(z, actions, history)   one pass
+                                                   dynamics_context(z, history)    f's K / V, once
     r^_{t:t+T-1} = R(z_{t:t+T}, a_{t:t+T-1})       reward(latents, actions, command)
     v^_{t+1:t+T} = V(z_{t:t+T})                    value(latents, command)
     a^_{t:t+T-1} = pi(z_t, h_t)                    policy(z, history, command)
@@ -27,6 +28,7 @@ from simdist_planner.heads import (
     make_head,
 )
 from simdist_planner.scaler import Scaler, scaler_dims
+from simdist_planner.transformers import ContextCache
 
 # Parameter groups by module name prefix; used by the adapter (train f only) and for reporting.
 PARTS = {
@@ -127,8 +129,8 @@ class WorldModel(nn.Module):
     def context(self, z: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         return torch.cat((history, self.history_encoder.latent_token(z).unsqueeze(1)), dim=1)
 
-    def dynamics_n(self, z, actions_n, history) -> torch.Tensor:
-        return self.f(actions_n, self.context(z, history))
+    def dynamics_n(self, z, actions_n, history, context: ContextCache | None = None) -> torch.Tensor:
+        return self.f(actions_n, self.context(z, history) if context is None else context)
 
     def reward_n(self, latents, actions_n, commands_n) -> torch.Tensor:
         x = [latents[:, :-1], actions_n] + ([] if commands_n is None else [commands_n[:, :-1]])
@@ -155,11 +157,29 @@ class WorldModel(nn.Module):
         return self.history_n(self.scaler.normalize("proprio", proprio.float()),
                               self.scaler.normalize("actions", actions.float()))
 
-    def dynamics(self, z: torch.Tensor, actions: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
-        """z (B, D), actions (B, T, A), history (B, 2h, D) -> predicted latents (B, T, D)."""
+    def dynamics_context(self, z: torch.Tensor, history: torch.Tensor) -> ContextCache:
+        """z (B, D), history (B, 2h, D) -> f's cross-attention keys / values of their context.
+
+        Computed once and passed as `dynamics(..., context=)`, it spares every further call on
+        the same z and history (the planner's candidates and iterations) the K / V projections;
+        at batch 1 it serves any number of action sequences.
+        """
+        self._check_inputs(z, history)
+        return self.f.decoder.cache(self.context(z, history))
+
+    def dynamics(self, z: torch.Tensor, actions: torch.Tensor, history: torch.Tensor,
+                 context: ContextCache | None = None) -> torch.Tensor:
+        """z (B, D), actions (B, T, A), history (B, 2h, D) -> predicted latents (B, T, D).
+
+        `context`: `dynamics_context(z, history)` of these z and history (batch 1 or B); when
+        given, it is used instead of recomputing the context from z and history.
+        """
         self._check_inputs(z, history)
         self._check_tail("actions", actions, (self.config.action_dim,), 3)
-        return self.dynamics_n(z, self.scaler.normalize("actions", actions.float()), history)
+        if context is not None:
+            _need(context.tokens.shape[0] in (1, z.shape[0]),
+                  f"dynamics context batch {context.tokens.shape[0]} is neither 1 nor z batch {z.shape[0]}")
+        return self.dynamics_n(z, self.scaler.normalize("actions", actions.float()), history, context)
 
     def reward(self, latents: torch.Tensor, actions: torch.Tensor, command=None) -> torch.Tensor:
         """latents (B, T+1, D) = [z_t, z^_{t+1..t+T}], actions (B, T, A) -> r^_{t..t+T-1} (B, T)."""

@@ -1,6 +1,8 @@
 """Transformer building blocks of the world model (post-LayerNorm, as in the official model)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -42,13 +44,33 @@ class Attention(nn.Module):
         b, n, d = x.shape
         return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, causal: bool) -> torch.Tensor:
-        q, k, v = self._split(self.q(x)), self._split(self.k(context)), self._split(self.v(context))
+    def keys_values(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head keys and values of `context` (B, n, D) -> 2 x (B, heads, n, D / heads)."""
+        return self._split(self.k(context)), self._split(self.v(context))
+
+    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        """Attention of queries from `x` (B, m, D) to precomputed `keys_values`; keys and values
+        of batch 1 are broadcast (a view, no copy) to the B queries."""
+        b = x.shape[0]
+        q = self._split(self.q(x))
+        k, v = k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
         )
-        b, h, n, d = y.shape
+        _, h, n, d = y.shape
         return self.out(y.transpose(1, 2).reshape(b, n, h * d))
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, causal: bool) -> torch.Tensor:
+        return self.attend(x, *self.keys_values(context), causal)
+
+
+class ContextCache(NamedTuple):
+    """A decoder's context tokens with every layer's cross-attention keys / values, computed once
+    (`TransformerDecoder.cache`) so that repeated decoder calls on one context skip the K / V
+    projections. Batch 1 serves any number of queries (the planner's candidates)."""
+
+    tokens: torch.Tensor  # (B, n, D)
+    keys_values: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer, 2 x (B, heads, n, D/heads)
 
 
 class EncoderLayer(nn.Module):
@@ -80,9 +102,10 @@ class DecoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.norm3 = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context_kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """`context_kv`: this layer's `cross_attn.keys_values(context)`."""
         x = self.norm1(x + self.self_attn(x, x, causal=True))
-        x = self.norm2(x + self.cross_attn(x, context, causal=False))
+        x = self.norm2(x + self.cross_attn.attend(x, *context_kv, causal=False))
         return self.norm3(x + self.mlp(x))
 
 
@@ -108,9 +131,16 @@ class TransformerDecoder(nn.Module):
             for _ in range(att.layers)
         )
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x, context)
+    def cache(self, context: torch.Tensor) -> ContextCache:
+        """Every layer's cross-attention keys / values of `context` (B, n, D), for reuse."""
+        return ContextCache(context, tuple(layer.cross_attn.keys_values(context) for layer in self.layers))
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | ContextCache) -> torch.Tensor:
+        """x (B, m, D) attends to `context`: tokens (B, n, D) or their `cache` (batch B or 1)."""
+        if not isinstance(context, ContextCache):
+            context = self.cache(context)
+        for layer, kv in zip(self.layers, context.keys_values, strict=True):
+            x = layer(x, kv)
         return x
 
 
