@@ -40,7 +40,10 @@ class QuadraticToyModel:
     def encode_history(self, proprio, actions):
         return self._maybe_nan("encode_history", torch.cat([proprio, actions], dim=1))
 
-    def dynamics(self, z, actions, history):
+    def dynamics_context(self, z, history):
+        return None  # the toy f has no attention to cache
+
+    def dynamics(self, z, actions, history, context=None):
         if self.recorded is not None:
             self.recorded.append(actions.clone())
         return self._maybe_nan("dynamics", z.unsqueeze(1) + actions.cumsum(1))
@@ -302,3 +305,37 @@ def test_runs_on_real_world_model(robot):
     model.train()
     with pytest.raises(PlannerError, match="eval"):
         planner.plan(*_real_inputs(cfg))
+
+
+class _Uncached:
+    """A WorldModel whose planner-facing `dynamics_context` is a no-op: f recomputes its context."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def dynamics_context(self, z, history):
+        return None
+
+
+@pytest.mark.parametrize("kind", ["chunked", "autoregressive"])
+def test_dynamics_context_is_built_once_per_step_and_keeps_the_plan(kind):
+    from simdist_planner.config import go2_config
+    from simdist_planner.model import WorldModel
+    from test_world_model import count_kv_rows
+
+    torch.manual_seed(0)
+    cfg = go2_config(latent_dim=16, history=4, horizon=4, dynamics_kind=kind)
+    config = go2_planner_config([-1.0] * 12, [1.0] * 12, horizon=4, num_samples=40, num_elites=8, iterations=3)
+    model = WorldModel(cfg).eval()
+    rows = count_kv_rows(model)
+    cached = MPPIPlanner(model, config).plan(*_real_inputs(cfg))
+    context_rows = cfg.dynamics.layers * (2 * cfg.history + 1)
+    assert rows == {"k": context_rows, "v": context_rows}  # one batch-1 context for the whole step
+    plain = MPPIPlanner(_Uncached(model), config).plan(*_real_inputs(cfg))
+    assert rows["k"] > context_rows * config.num_candidates * config.iterations  # what the cache saves
+    np.testing.assert_allclose(cached.action, plain.action, atol=1e-5)
+    np.testing.assert_allclose(cached.mean, plain.mean, atol=1e-5)
+    np.testing.assert_allclose(cached.rewards, plain.rewards, atol=1e-4)

@@ -1,11 +1,12 @@
 """MPPI over the chunked world model, as in TD-MPC / the official SimDist controller.
 
-Per control step the observation and history are encoded ONCE; each of the `iterations` then
-scores every candidate action chunk in one batched call of f, R and V (`expand`ed latents, no
-Python loop over candidates or horizon). Candidates are Gaussian samples around the running mean
-plus base-policy chunks noised once per step. The elites' exp(temperature * (R - R_max)) weights
-give the next mean and std; the mean's first action is executed and the mean is shifted by the
-delay to warm-start the next step.
+Per control step the observation and history are encoded ONCE, and so are f's cross-attention
+keys / values of that context (`dynamics_context`, batch 1, broadcast to every candidate); each
+of the `iterations` then scores every candidate action chunk in one batched call of f, R and V
+(`expand`ed latents, no Python loop over candidates or horizon). Candidates are Gaussian samples
+around the running mean plus base-policy chunks noised once per step. The elites'
+exp(temperature * (R - R_max)) weights give the next mean and std; the mean's first action is
+executed and the mean is shifted by the delay to warm-start the next step.
 
 Return of a chunk: sum_{s=0}^{T-1} gamma^s r^_{t+s} + gamma^T v^_{t+T} (METHOD_NOTES; the official
 JAX code uses gamma^(T+1) on the value, and its warm start rolls the mean the wrong way round; we
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -35,8 +36,10 @@ class WorldModelLike(Protocol):
 
     def encode_history(self, proprio: torch.Tensor, actions: torch.Tensor) -> torch.Tensor: ...
 
+    def dynamics_context(self, z: torch.Tensor, history: torch.Tensor) -> Any: ...  # reused by dynamics
+
     def dynamics(
-        self, z: torch.Tensor, actions: torch.Tensor, history: torch.Tensor
+        self, z: torch.Tensor, actions: torch.Tensor, history: torch.Tensor, context: Any = None
     ) -> torch.Tensor: ...  # (B, T, D): z^_{t+1..t+T}
 
     def reward(
@@ -161,7 +164,7 @@ def planner_config_for(spec, **overrides) -> PlannerConfig:
 
 @dataclass(frozen=True)
 class PlanTimings:
-    encode_s: float  # encoder, history encoder, base policy, candidate noise
+    encode_s: float  # encoder, history encoder, f's context K / V, base policy, candidate noise
     optimise_s: float  # the MPPI iterations
     total_s: float  # whole step including the final host transfer
 
@@ -260,6 +263,7 @@ class MPPIPlanner:
             _any_nonfinite(history),
             _any_nonfinite(policy_chunk),
         ]
+        context = model.dynamics_context(z, history)  # f's K / V: once per step, for all candidates
         latents = self._latent_buffer(z)
         latents[:, 0].copy_(z.expand(N, -1))
         z_all, history_all = z.expand(N, -1), history.expand(N, -1, -1)
@@ -285,14 +289,14 @@ class MPPIPlanner:
             torch.randn(self._noise.shape, generator=self._generator, device=self.device, out=self._noise)
             torch.addcmul(self._mean, self._std, self._noise, out=gaussian_part)
             self._clamp(gaussian_part)
-            returns, bad = self._evaluate(z_all, history_all, command_all, self._actions, latents)
+            returns, bad = self._evaluate(z_all, history_all, context, command_all, self._actions, latents)
             nonfinite += bad.sum()
             self._update(torch.where(bad, -math.inf, returns))
         optimised = time.perf_counter()
 
         # Predicted rewards / values along the final mean, for the plan topic and diagnostics.
         mean_actions = self._mean.unsqueeze(0)
-        mean_latents = torch.cat([z.unsqueeze(1), model.dynamics(z, mean_actions, history)], dim=1)
+        mean_latents = torch.cat([z.unsqueeze(1), model.dynamics(z, mean_actions, history, context)], dim=1)
         rewards = model.reward(mean_latents, mean_actions, command)
         values = model.value(mean_latents, command)
         flags.append(_any_nonfinite(mean_latents, rewards, values, self._mean))
@@ -335,9 +339,9 @@ class MPPIPlanner:
             timings=PlanTimings(encoded - start, optimised - encoded, end - start),
         )
 
-    def _evaluate(self, z, history, command, actions, latents):
+    def _evaluate(self, z, history, context, command, actions, latents):
         """Discounted returns (N,) of all candidates in one batched pass, and a non-finite mask."""
-        predicted = self.model.dynamics(z, actions, history)
+        predicted = self.model.dynamics(z, actions, history, context)
         latents[:, 1:].copy_(predicted)
         rewards = self.model.reward(latents, actions, command)
         values = self.model.value(latents, command)
