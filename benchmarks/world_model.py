@@ -1,5 +1,7 @@
 """Forward latency of the dynamics f for a batch of candidate action sequences (MPPI's workload):
-chunked (one pass for all T steps) versus autoregressive (one pass per step), Go2 and UR5e.
+chunked (one pass for all T steps) versus autoregressive (one pass per step), Go2 and UR5e, each
+plain and with the cross-attention keys / values of the shared context cached
+(`WorldModel.dynamics_context`, built once per planner step, as `MPPIPlanner` does).
 
     python benchmarks/world_model.py [--device cuda] [--batch 472] [--repeats 20] [--threads 1]
 """
@@ -20,24 +22,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_dynamics(config, batch: int, repeats: int, device: torch.device) -> list[float]:
-    """Seconds per call of model.dynamics on `batch` candidates with a full history."""
+def time_dynamics(config, batch: int, repeats: int, device: torch.device) -> dict[str, list[float]]:
+    """Seconds per call of model.dynamics on `batch` candidates sharing one full history, plain
+    ("plain") and with the batch-1 context cache built beforehand ("cached")."""
     model = WorldModel(config).to(device).eval()
     g = torch.Generator(device="cpu").manual_seed(0)
     d, h, t, a = config.latent_dim, config.history, config.horizon, config.action_dim
-    z = torch.randn(batch, d, generator=g).to(device)
-    history = torch.randn(batch, 2 * h, d, generator=g).to(device)
+    z1 = torch.randn(1, d, generator=g).to(device)
+    history1 = torch.randn(1, 2 * h, d, generator=g).to(device)
+    z, history = z1.expand(batch, -1), history1.expand(batch, -1, -1)
     actions = torch.randn(batch, t, a, generator=g).to(device)
-    times = []
+    times: dict[str, list[float]] = {"plain": [], "cached": []}
     with torch.inference_mode():
-        for i in range(repeats + 3):  # 3 warm-up calls
-            _sync(device)
-            start = time.perf_counter()
-            out = model.dynamics(z, actions, history)
-            _sync(device)
-            if i >= 3:
-                times.append(time.perf_counter() - start)
-    assert out.shape == (batch, t, d) and torch.isfinite(out).all()
+        context = model.dynamics_context(z1, history1)
+        for mode, ctx in (("plain", None), ("cached", context)):
+            for i in range(repeats + 3):  # 3 warm-up calls
+                _sync(device)
+                start = time.perf_counter()
+                out = model.dynamics(z, actions, history, context=ctx)
+                _sync(device)
+                if i >= 3:
+                    times[mode].append(time.perf_counter() - start)
+            assert out.shape == (batch, t, d) and torch.isfinite(out).all()
     return times
 
 
@@ -52,17 +58,15 @@ def main(argv=None) -> None:
     device = torch.device(args.device)
     print(f"dynamics f forward latency, batch {args.batch}, device {device}, "
           f"{args.threads} CPU thread(s), {args.repeats} repeats (median / min, ms)")
-    print(f"{'robot':6} {'H':>3} {'T':>3} {'chunked':>17} {'autoregressive':>17} {'AR / chunked':>13}")
+    print(f"{'robot':6} {'H':>3} {'T':>3} {'f':14} {'plain':>17} {'cached':>17} {'speed-up':>9}")
     for name, make in (("go2", go2_config), ("ur5e", ur5e_config)):
-        row = {}
         for kind in ("chunked", "autoregressive"):
             cfg = make(dynamics_kind=kind)
             times = time_dynamics(cfg, args.batch, args.repeats, device)
-            row[kind] = (statistics.median(times) * 1e3, min(times) * 1e3)
-        ratio = row["autoregressive"][0] / row["chunked"][0]
-        fmt = lambda m: f"{m[0]:8.2f} / {m[1]:6.2f}"  # noqa: E731
-        print(f"{name:6} {cfg.history:3d} {cfg.horizon:3d} {fmt(row['chunked']):>17} "
-              f"{fmt(row['autoregressive']):>17} {ratio:12.1f}x")
+            row = {mode: (statistics.median(ts) * 1e3, min(ts) * 1e3) for mode, ts in times.items()}
+            fmt = lambda m: f"{m[0]:8.2f} / {m[1]:6.2f}"  # noqa: E731
+            print(f"{name:6} {cfg.history:3d} {cfg.horizon:3d} {kind:14} {fmt(row['plain']):>17} "
+                  f"{fmt(row['cached']):>17} {row['plain'][0] / row['cached'][0]:8.2f}x", flush=True)
 
 
 if __name__ == "__main__":
