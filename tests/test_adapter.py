@@ -111,6 +111,51 @@ def test_gate_refuses_worse_or_nonfinite():
     assert not gate(0.2, 0.2)[0]
 
 
+def test_gate_refuses_a_candidate_that_forgot_the_simulation():
+    # the figures of the H200 Slippery Slope run (docs/adaptation.md): real loss down, sim loss up 3.3x
+    ok, reason = gate(0.059, 0.273, sim_candidate=0.372, sim_deployed=0.112, max_sim_increase=0.5)
+    assert not ok and "sim latent loss 0.11200 -> 0.37200" in reason and "forgot" in reason
+    ok, reason = gate(0.059, 0.273, sim_candidate=0.15, sim_deployed=0.112, max_sim_increase=0.5)
+    assert ok and "sim latent loss 0.11200 -> 0.15000" in reason
+    assert not gate(0.059, 0.273, sim_candidate=float("nan"), sim_deployed=0.112)[0]
+    assert not gate(0.3, 0.273, sim_candidate=0.1, sim_deployed=0.112)[0]  # the real loss still decides first
+    assert gate(0.059, 0.273)[0]  # without sim data: the paper's gate
+
+
+def test_sim_replay_mixes_sim_windows_into_every_batch_and_guard_reports(bags, tmp_path, monkeypatch):
+    import simdist_adapter.finetune as finetune
+    from simdist_planner.dataset import ShardedDataset
+
+    build_real_dataset(bags, tmp_path / "d_real", SPEC)
+    sim_bags = [write_episode_bag(tmp_path / f"sim{i}", seed=50 + i) for i in range(3)]
+    build_real_dataset(sim_bags, tmp_path / "sim", SPEC)
+    sim = ShardedDataset(tmp_path / "sim")
+    sim_rows = {tuple(r) for i in range(sim.num_episodes) for r in sim.episode(i)["proprio"].tolist()}
+    seen = []
+    real_loss = finetune.adaptation_loss
+
+    def spy(model, batch):  # (sim windows, batch size) of every loss evaluation
+        first_rows = batch["proprio"][:, 0].tolist()
+        seen.append((sum(tuple(r) in sim_rows for r in first_rows), len(first_rows)))
+        return real_loss(model, batch)
+
+    monkeypatch.setattr(finetune, "adaptation_loss", spy)
+    model = small_model()
+    before = {k: v.clone() for k, v in weight_tensors(model).items()}
+    train, held = real_windows(tmp_path / "d_real", H, T, holdout=0.2, seed=0)
+    cfg = AdaptConfig(batch_size=16, lr=3e-3, warmup_steps=5, max_steps=12, sim_data=str(tmp_path / "sim"),
+                      sim_replay=0.5)
+    result = finetune_dynamics(model, train, held, cfg)
+    mixed = [n_sim for n_sim, n in seen if 0 < n_sim < n]
+    assert mixed == [8] * 12  # half of every training batch replayed from the simulation data
+    assert any(n_sim == n for n_sim, n in seen) and any(n_sim == 0 for n_sim, _ in seen)  # sim / real checks
+    assert result.sim_before is not None and result.sim_after is not None and result.sim_after != result.sim_before
+    changed = {k for k, v in weight_tensors(result.model).items() if not torch.equal(before[k], v)}
+    assert changed and all(model.part_of(k) == "dynamics" for k in changed)
+    with pytest.raises(ValueError, match="sim_replay needs sim_data"):
+        AdaptConfig(sim_replay=0.5)
+
+
 def test_round_deploys_gates_and_rolls_back_exactly(bags, tmp_path):
     from simdist_planner.checkpoint import save_checkpoint
 

@@ -44,6 +44,10 @@ def test_adapt_service_deploys_and_hot_swaps_then_rolls_back(tmp_path, ros_domai
             Parameter("lr", value=3e-3), Parameter("max_steps", value=40), Parameter("warmup_steps", value=4),
             Parameter("holdout", value=0.25), Parameter("poll_period_s", value=0.2)])
         v0 = registry.load_deployed()  # the adapter seeded the registry from the pretrained model
+        refused = adapter.set_parameters([Parameter("sim_replay", value=0.5)])[0]
+        assert not refused.successful and "needs sim_data" in refused.reason
+        refused = adapter.set_parameters([Parameter("sim_data", value=str(tmp_path / "missing"))])[0]
+        assert not refused.successful and "no such file" in refused.reason
         client_node = rclpy.create_node("adapter_test_client")
         statuses: list[dict] = []
         client_node.create_subscription(String, STATUS_TOPIC, lambda m: statuses.append(json.loads(m.data)), 10)

@@ -1,11 +1,15 @@
 """One adaptation round of Algorithm 1: bags -> D_real -> Eq. 3 on f -> validation gate -> deploy.
 
 The gate deploys a candidate only if its held-out latent loss beats the deployed model's on the
-same held-out episodes; otherwise the deployed model stays and the round says why.
+same held-out episodes and, with simulation data configured, its latent loss on a fixed sample
+of sim windows did not rise by more than `max_sim_loss_increase` (a fine-tune on a few
+on-policy episodes can forget the actions they never tried, which the planner then exploits);
+otherwise the deployed model stays and the round says why.
 """
 from __future__ import annotations
 
 import logging
+import math
 import pathlib
 from dataclasses import asdict, dataclass
 
@@ -23,6 +27,8 @@ class RoundReport:
     reason: str
     heldout_deployed: float  # held-out latent loss of the model deployed before the round
     heldout_candidate: float
+    sim_deployed: float | None  # latent loss on the sim sample (None without sim data)
+    sim_candidate: float | None
     train_loss: float
     steps: int
     seconds: float
@@ -34,13 +40,22 @@ class RoundReport:
         return asdict(self)
 
 
-def gate(candidate_loss: float, deployed_loss: float) -> tuple[bool, str]:
-    """Deploy only a strict, finite improvement of the held-out latent loss."""
-    if candidate_loss != candidate_loss or candidate_loss == float("inf"):
+def gate(candidate_loss: float, deployed_loss: float, sim_candidate: float | None = None,
+         sim_deployed: float | None = None, max_sim_increase: float = 0.5) -> tuple[bool, str]:
+    """Deploy only a strict, finite improvement of the held-out latent loss that did not raise
+    the sim-sample loss by more than `max_sim_increase` (relative; checked when both are given)."""
+    if not math.isfinite(candidate_loss):
         return False, f"candidate held-out loss is {candidate_loss}"
-    if candidate_loss < deployed_loss:
-        return True, f"held-out latent loss {deployed_loss:.5f} -> {candidate_loss:.5f}"
-    return False, f"candidate held-out loss {candidate_loss:.5f} does not beat deployed {deployed_loss:.5f}"
+    if candidate_loss >= deployed_loss:
+        return False, f"candidate held-out loss {candidate_loss:.5f} does not beat deployed {deployed_loss:.5f}"
+    real = f"held-out latent loss {deployed_loss:.5f} -> {candidate_loss:.5f}"
+    if sim_candidate is None or sim_deployed is None:
+        return True, real
+    sim = f"sim latent loss {sim_deployed:.5f} -> {sim_candidate:.5f}"
+    if not math.isfinite(sim_candidate) or sim_candidate > (1.0 + max_sim_increase) * sim_deployed:
+        return False, (f"{real}, but {sim} (allowed +{max_sim_increase:.0%}): f forgot dynamics "
+                       "the planner may still try")
+    return True, f"{real}; {sim}"
 
 
 def adapt_on_dataset(registry: ModelRegistry, d_real, config: AdaptConfig, progress=None,
@@ -50,18 +65,20 @@ def adapt_on_dataset(registry: ModelRegistry, d_real, config: AdaptConfig, progr
     train, heldout = real_windows(d_real, model.config.history, model.config.horizon,
                                   config.holdout, config.seed)
     result = finetune_dynamics(model, train, heldout, config, progress)
-    ok, reason = gate(result.heldout_after, result.heldout_before)
+    ok, reason = gate(result.heldout_after, result.heldout_before, result.sim_after, result.sim_before,
+                      config.max_sim_loss_increase)
     if ok:
         registry.deploy(result.model, {
             "heldout_latent_loss": result.heldout_after,
             "heldout_latent_loss_before": result.heldout_before,
+            "sim_latent_loss": result.sim_after, "sim_latent_loss_before": result.sim_before,
             "train_loss": result.train_loss, "steps": result.steps,
             "episodes": episodes, "transitions": transitions, "adapt_config": result.config,
         })
     log.info("adaptation round: %s", reason)
     return RoundReport(ok, registry.deployed_version or "", reason, result.heldout_before,
-                       result.heldout_after, result.train_loss, result.steps, result.seconds,
-                       episodes, transitions, bags_skipped or {})
+                       result.heldout_after, result.sim_before, result.sim_after, result.train_loss,
+                       result.steps, result.seconds, episodes, transitions, bags_skipped or {})
 
 
 def adapt_round(registry: ModelRegistry, bags, spec: RobotSpec, workdir, config: AdaptConfig,

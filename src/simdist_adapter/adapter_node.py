@@ -47,8 +47,21 @@ PARAMS = (
     Param("device", "cpu", "torch device of the worker (cpu, cuda, cuda:N)"),
     Param("train_encoder", False, "ablation: also unfreeze the encoder E"),
     Param("train_value", False, "ablation: also unfreeze the value function V"),
+    Param("sim_data", "", "simulation shards (e.g. a sample of the pretraining data): forgetting guard"),
+    Param("sim_replay", 0.0, "fraction of each batch replayed from sim_data (0 = real windows only)", 0.0, 0.9),
+    Param("max_sim_loss_increase", 0.5, "gate: refuse a candidate whose sim latent loss rose by more",
+          0.0, 100.0),
     Param("poll_period_s", 1.0, "how often new bags and the worker's progress are checked", 0.05, 60.0),
 )
+
+
+def _check(name: str, value, values: dict) -> str | None:
+    """Cross-parameter rules, so a bad setting is refused when set, not when a round starts."""
+    if name == "sim_data" and value and not pathlib.Path(value).exists():
+        return f"sim_data {value}: no such file or directory"
+    if name in ("sim_data", "sim_replay") and values["sim_replay"] > 0 and not values["sim_data"]:
+        return "sim_replay > 0 needs sim_data (the simulation shards to replay)"
+    return None
 
 
 def run_round(args: dict) -> dict:
@@ -90,7 +103,7 @@ def finished_bags(bag_dir) -> list[str]:
 class AdapterNode(Node):
     def __init__(self, **kwargs):
         super().__init__("adapter", **kwargs)
-        self.params = NodeParams(self, PARAMS)
+        self.params = NodeParams(self, PARAMS, _check)
         self.diag = Diagnostics(self, hardware_id="adapter")
         self.registry = ModelRegistry(self.params["registry_dir"])
         if not self.registry.history() and self.params["checkpoint"]:
@@ -144,7 +157,8 @@ class AdapterNode(Node):
         work.mkdir(parents=True, exist_ok=True)
         p = self.params
         config = {k: p[k] for k in ("batch_size", "lr", "warmup_steps", "epochs", "holdout", "device",
-                                    "train_encoder", "train_value")}
+                                    "train_encoder", "train_value", "sim_data", "sim_replay",
+                                    "max_sim_loss_increase")}
         config["max_steps"] = p["max_steps"] or None
         self.progress_file = work / "progress.json"
         self.future = self.pool.submit(run_round, {

@@ -236,7 +236,8 @@ class Experiment:
                                           transitions=transitions).to_dict()
             except ValueError as exc:  # e.g. too few windows yet: the deployed model stays
                 report = {"deployed": False, "reason": f"round skipped: {exc}", "version": registry.deployed_version,
-                          "heldout_deployed": None, "heldout_candidate": None}
+                          "heldout_deployed": None, "heldout_candidate": None, "sim_deployed": None,
+                          "sim_candidate": None}
             score, eps = self.evaluate(registry.deployed_path())
             curve.append({"real_episodes": collected, **score})
             rounds.append(report)
@@ -390,6 +391,10 @@ def parse_args(argv=None) -> ExperimentConfig:
     p.add_argument("--adapt-steps", type=int, default=2000, help="optimiser steps per adaptation round")
     p.add_argument("--adapt-lr", type=float, default=2e-4)
     p.add_argument("--adapt-warmup", type=int, default=AdaptConfig.warmup_steps, help="linear warm-up steps")
+    p.add_argument("--sim-data", default="", help="simulation shards for the forgetting guard (and replay)")
+    p.add_argument("--sim-replay", type=float, default=0.0, help="fraction of each batch from --sim-data")
+    p.add_argument("--max-sim-loss-increase", type=float, default=AdaptConfig.max_sim_loss_increase,
+                   help="gate: refuse a candidate whose sim latent loss rose by more (relative)")
     a = p.parse_args(argv)
     planner = {k: v for k, v in (("num_samples", a.samples), ("iterations", a.iterations),
                                  ("num_elites", a.elites)) if v is not None}
@@ -397,7 +402,9 @@ def parse_args(argv=None) -> ExperimentConfig:
         task=a.task, checkpoint=a.checkpoint, out=a.out, methods=tuple(a.methods.split(",")),
         rounds=a.rounds, episodes_per_round=a.episodes_per_round, eval_episodes=a.eval_episodes,
         max_steps=a.max_steps, device=a.device, workers=a.workers, planner=planner,
-        adapt=AdaptConfig(max_steps=a.adapt_steps, lr=a.adapt_lr, warmup_steps=a.adapt_warmup, holdout=0.1))
+        adapt=AdaptConfig(max_steps=a.adapt_steps, lr=a.adapt_lr, warmup_steps=a.adapt_warmup, holdout=0.1,
+                          sim_data=a.sim_data, sim_replay=a.sim_replay,
+                          max_sim_loss_increase=a.max_sim_loss_increase))
 
 
 def main(argv=None) -> int:

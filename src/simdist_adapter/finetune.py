@@ -34,6 +34,14 @@ class AdaptConfig:
     train_encoder: bool = False  # ablation: also unfreeze E (the paper: complete failure)
     train_value: bool = False  # ablation: also unfreeze V (the paper: catastrophic forgetting)
     eval_batches: int | None = None  # cap on held-out batches per evaluation (None: all)
+    # Forgetting guard (not in the paper; docs/adaptation.md): simulation shards, e.g. a sample
+    # of the pretraining data. A few on-policy episodes cover few actions; a fitted f can forget
+    # the rest, and the planner then exploits it. With sim_data, the gate also compares the
+    # latent loss on sim windows, and `sim_replay` of every batch can be sim windows.
+    sim_data: str = ""
+    sim_replay: float = 0.0  # fraction of each batch from sim_data (0: real windows only, the paper)
+    max_sim_loss_increase: float = 0.5  # refuse a candidate whose sim loss rose by more (relative)
+    sim_windows: int = 512  # sim windows in the gate's comparison (a fixed, seeded sample)
 
     def __post_init__(self):
         for name in ("batch_size", "warmup_steps", "epochs"):
@@ -43,6 +51,12 @@ class AdaptConfig:
             raise ValueError(f"AdaptConfig.lr must be > 0, got {self.lr}")
         if not 0.0 < self.holdout < 1.0:
             raise ValueError(f"AdaptConfig.holdout must be in (0, 1), got {self.holdout}")
+        if not 0.0 <= self.sim_replay < 1.0:
+            raise ValueError(f"AdaptConfig.sim_replay must be in [0, 1), got {self.sim_replay}")
+        if self.sim_replay > 0 and not self.sim_data:
+            raise ValueError("AdaptConfig.sim_replay needs sim_data (simulation shards to replay)")
+        if self.max_sim_loss_increase < 0 or self.sim_windows < 1:
+            raise ValueError("AdaptConfig.max_sim_loss_increase must be >= 0 and sim_windows >= 1")
 
 
 def window_batch(items: list[dict]) -> dict[str, torch.Tensor]:
@@ -74,6 +88,19 @@ def real_windows(dataset_dir, history: int, horizon: int, holdout: float, seed: 
     return Subset(windows, train.tolist()), Subset(windows, heldout.tolist())
 
 
+def sim_windows(config: AdaptConfig, history: int, horizon: int):
+    """The simulation windows of the forgetting guard and replay (None without sim_data)."""
+    if not config.sim_data:
+        return None
+    return WindowDataset(ShardedDataset(config.sim_data), history, horizon)
+
+
+def _sample(windows, n: int, seed: int):
+    """A fixed, seeded subset of at most n windows."""
+    picks = np.random.default_rng(seed).permutation(len(windows))[:n]
+    return Subset(windows, np.sort(picks).tolist())
+
+
 @torch.no_grad()
 def latent_loss(model: WorldModel, windows, batch_size: int = 64, device="cpu",
                 max_batches: int | None = None) -> float:
@@ -103,6 +130,8 @@ class AdaptResult:
     steps: int
     seconds: float
     config: dict
+    sim_before: float | None = None  # latent loss on the sim sample (None without sim_data)
+    sim_after: float | None = None
 
 
 def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
@@ -115,6 +144,10 @@ def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
     torch.manual_seed(config.seed)
     candidate = copy.deepcopy(model).to(device)
     before = latent_loss(candidate, heldout, config.batch_size, device, config.eval_batches)
+    sim = sim_windows(config, model.config.history, model.config.horizon)
+    sim_check = None if sim is None else _sample(sim, config.sim_windows, config.seed)
+    sim_before = None if sim is None else latent_loss(candidate, sim_check, config.batch_size, device)
+    n_sim = int(round(config.sim_replay * config.batch_size))
     params = freeze_for_adaptation(candidate, config.train_encoder, config.train_value)
     optimiser = torch.optim.Adam(params, lr=config.lr)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
@@ -124,11 +157,15 @@ def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
     warmup = max(1, min(config.warmup_steps, total // 10))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: min(1.0, (s + 1) / warmup))
     gen = torch.Generator().manual_seed(config.seed)
-    loader = DataLoader(train, batch_size=config.batch_size, shuffle=True, drop_last=False,
+    loader = DataLoader(train, batch_size=config.batch_size - n_sim, shuffle=True, drop_last=False,
                         collate_fn=window_batch, generator=gen)
+    replay = np.random.default_rng(config.seed + 1)
     start, step, running = time.perf_counter(), 0, float("nan")
     while step < total:
         for batch in loader:
+            if n_sim:
+                extra = window_batch([sim[int(i)] for i in replay.integers(0, len(sim), n_sim)])
+                batch = {k: torch.cat([batch[k], extra[k]]) for k in batch}
             loss = adaptation_loss(candidate, _to(batch, device))
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"adaptation loss became {float(loss)} at step {step}")
@@ -146,5 +183,6 @@ def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
     for p in candidate.parameters():
         p.requires_grad_(True)
     after = latent_loss(candidate, heldout, config.batch_size, device, config.eval_batches)
+    sim_after = None if sim is None else latent_loss(candidate, sim_check, config.batch_size, device)
     return AdaptResult(candidate, before, after, running, step, time.perf_counter() - start,
-                       asdict(config))
+                       asdict(config), sim_before, sim_after)
