@@ -4,9 +4,9 @@ For each method: zero-shot success of the pretrained model, then J rounds of (M 
 added to D_real, one adaptation round on f behind the validation gate, N seeded evaluation
 episodes). Methods: `simdist` (only f), the paper's two ablations `unfreeze_encoder` and
 `unfreeze_value`, and `base_policy` (pi alone; adaptation never touches pi, so it is evaluated
-once). Runs in-process (no ROS) so the figures measure the method, not the middleware; `make
-demo` runs the same loop through the ROS graph. Output: a table, `results.json` with every
-figure, and PNG plots (success vs real episodes, held-out latent loss before/after each round,
+once). Runs without ROS (episodes in this process or in `--workers` processes) so the figures
+measure the method, not the middleware; `make demo` runs the same loop through the ROS graph.
+Output: a table, `results.json` with every figure, and PNG plots (success vs real episodes, held-out latent loss before/after each round,
 predicted value over a successful and a failed episode, and predicted vs real joint trajectory
 through a linear latent probe before/after fine-tuning, our analogue of the paper's Fig. 8).
 """
