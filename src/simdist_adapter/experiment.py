@@ -6,9 +6,10 @@ episodes). Methods: `simdist` (only f), the paper's two ablations `unfreeze_enco
 `unfreeze_value`, and `base_policy` (pi alone; adaptation never touches pi, so it is evaluated
 once). Runs without ROS (episodes in this process or in `--workers` processes) so the figures
 measure the method, not the middleware; `make demo` runs the same loop through the ROS graph.
-Output: a table, `results.json` with every figure, and PNG plots (success vs real episodes, held-out latent loss before/after each round,
-predicted value over a successful and a failed episode, and predicted vs real joint trajectory
-through a linear latent probe before/after fine-tuning, our analogue of the paper's Fig. 8).
+Output: a table, `results.json` with every figure, and PNG plots (success vs real episodes,
+held-out latent loss before/after each round, predicted value over a successful and a failed
+episode, and predicted vs real joint trajectory through a linear latent probe before/after
+fine-tuning, our analogue of the paper's Fig. 8).
 """
 from __future__ import annotations
 
