@@ -56,7 +56,7 @@ def pretrained_checkpoint(out: pathlib.Path, episodes: int, steps: int) -> pathl
     run([str(BIN / "simdist-generate"), "--task", "go2_slope", "--episodes", str(episodes), "--workers", "2",
          "--max-steps", "400", "--out", str(data), "--no-progress", "--resume"], "simulation data")
     run([str(BIN / "simdist-pretrain"), "--preset", "go2", "--data", str(data), "--out", str(out / "pretrain"),
-         "--steps", str(steps), "--no-progress"], "pretraining")
+         "--steps", str(steps), "--batch-size", "32", "--no-progress"], "pretraining")
     return model
 
 
