@@ -147,7 +147,7 @@ def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
     sim = sim_windows(config, model.config.history, model.config.horizon)
     sim_check = None if sim is None else _sample(sim, config.sim_windows, config.seed)
     sim_before = None if sim is None else latent_loss(candidate, sim_check, config.batch_size, device)
-    n_sim = int(round(config.sim_replay * config.batch_size))
+    n_sim = min(int(round(config.sim_replay * config.batch_size)), config.batch_size - 1)  # >= 1 real window
     params = freeze_for_adaptation(candidate, config.train_encoder, config.train_value)
     optimiser = torch.optim.Adam(params, lr=config.lr)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)

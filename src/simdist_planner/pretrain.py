@@ -139,16 +139,6 @@ class WindowSource(torch.utils.data.Dataset):
         batch.update({k: torch.stack([it["obs"][k] for it in items]) for k in items[0]["obs"]})
         return batch
 
-    def augmented(self, step: int) -> dict:
-        """Batch `step` with its observation augmentation (in the loader workers, off the
-        training loop's critical path; seeded by the step like the batch itself)."""
-        batch = self[step]
-        if self.cfg.augment:
-            g = torch.Generator().manual_seed(_seed(self.cfg.seed, self.rank, step, 1))
-            batch = augment(batch, self.cfg, self.proprio_noise(), float(self.obs_noise.get("height_map", 0.0)),
-                            self.model_config.history, g)
-        return batch
-
     def proprio_noise(self) -> torch.Tensor:
         """Per-dimension noise std of the proprio vector, from the per-term stds."""
         if self.layout is None:
@@ -158,16 +148,25 @@ class WindowSource(torch.utils.data.Dataset):
 
 
 class AugmentedWindows(torch.utils.data.Dataset):
-    """The loader's view of a WindowSource: item `step` = augmented batch of that step."""
+    """The loader's view of a WindowSource: item `step` = that step's batch with its observation
+    augmentation, done in the loader workers (off the training loop's critical path) and seeded
+    by the step like the batch itself."""
 
     def __init__(self, source: WindowSource):
         self.source = source
+        self.proprio_noise = source.proprio_noise()
+        self.hm_noise = float(source.obs_noise.get("height_map", 0.0))
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, step: int) -> dict:
-        return self.source.augmented(step)
+        src = self.source
+        batch = src[step]
+        if src.cfg.augment:
+            g = torch.Generator().manual_seed(_seed(src.cfg.seed, src.rank, step, 1))
+            batch = augment(batch, src.cfg, self.proprio_noise, self.hm_noise, src.model_config.history, g)
+        return batch
 
 
 def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> None:
