@@ -219,8 +219,9 @@ class WorldModel(nn.Module):
     def predict_window(self, window: dict) -> dict[str, torch.Tensor]:
         """Normalised predictions and targets for one training window (docs/architecture.md).
 
-        Target latents E(o_{t+1..t+T}) come from the same encoder pass as z_t and are detached
-        (the stop-gradient of Eq. 2). Observations may sit at the top level of `window` or under
+        Target latents E(o_{t+1..t+T}) come from a second encoder pass without autograd (the
+        stop-gradient of Eq. 2; a ResNet's BatchNorm therefore sees z_t's batch and the targets'
+        batch separately). Observations may sit at the top level of `window` or under
         `window["obs"]` (the dataset's WindowDataset items).
         """
         obs = window.get("obs", window)
@@ -235,9 +236,11 @@ class WorldModel(nn.Module):
         proprio_n, hm, images = self._obs_parts(obs)
         actions_n = self.scaler.normalize("actions", actions.float())
         history = self.history_n(proprio_n[:, :h], actions_n[:, :h])
-        sl = lambda x: None if x is None else x[:, h:]  # noqa: E731
-        enc = self._encode_n(proprio_n[:, h:], sl(hm), sl(images))
-        z, target = enc[:, 0], enc[:, 1:].detach()
+        now = lambda x: None if x is None else x[:, h:h + 1]  # noqa: E731
+        future = lambda x: None if x is None else x[:, h + 1:]  # noqa: E731
+        z = self._encode_n(proprio_n[:, h:h + 1], now(hm), now(images))[:, 0]
+        with torch.no_grad():  # sg(E(o_{t+1..t+T})): no graph, so backward skips T of T + 1 rows
+            target = self._encode_n(proprio_n[:, h + 1:], future(hm), future(images))
         commands = None
         if self.config.command_dim:
             _need("command" in obs, f"{self.config.robot} window needs 'command' (B, H + T + 1, C)")
@@ -253,7 +256,8 @@ class WorldModel(nn.Module):
         }
         if self.decoder is not None:
             out["reconstruction"] = self.decoder(latents)
-            out["reconstruction_targets"] = self._reconstruction_targets(proprio_n[:, h:], sl(hm), sl(images))
+            out["reconstruction_targets"] = self._reconstruction_targets(
+                proprio_n[:, h:], *(None if x is None else x[:, h:] for x in (hm, images)))
         return out
 
     def _reconstruction_targets(self, proprio_n, hm, images) -> dict[str, torch.Tensor]:
