@@ -192,8 +192,25 @@ def test_cli_prints_the_table(tmp_path, capsys):
                  "--max-steps", "2", "--agents", "policy,planner", "--samples", "24", "--elites", "6",
                  "--iterations", "1", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "go2_flat: 1 episodes per agent, seeds 0..0" in out
+    assert "go2_flat sim: 1 episodes per agent, seeds 0..0" in out
     assert [line.split()[0] for line in out.strip().splitlines()[-2:]] == ["policy", "planner"]
+
+
+def test_cli_evaluates_the_hardware_stand_in(tmp_path, capsys):
+    from robot_drivers.tasks import make_task
+    from simdist_planner.checkpoint import save_checkpoint
+    from simdist_planner.evaluate import main
+
+    task = make_task("slippery_slope", "real")
+    save_checkpoint(_tiny_model("go2", task.spec), tmp_path / "ckpt")
+    task.close()
+    assert main(["--task", "slippery_slope", "--variant", "real", "--checkpoint", str(tmp_path / "ckpt"),
+                 "--episodes", "1", "--max-steps", "2", "--agents", "expert,policy", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "slippery_slope real: 1 episodes per agent" in out
+    assert [line.split()[0] for line in out.strip().splitlines()[-2:]] == ["expert", "policy"]
+    with pytest.raises(ValueError, match="no 'real' variant"):
+        main(["--task", "go2_slope", "--variant", "real", "--episodes", "1", "--no-progress"])
 
 
 # ---------------------------------------------------------------- ablation harness pieces

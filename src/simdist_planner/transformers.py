@@ -100,7 +100,7 @@ class Attention(nn.Module):
 
     def _attend_with_dropout(self, q, k, v, causal: bool) -> torch.Tensor:
         """SDPA's math path (what it runs on CPU with dropout anyway) with the cheap mask."""
-        scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # scale the smaller operand
         if causal:
             m, n = scores.shape[-2:]
             future = torch.ones(m, n, dtype=torch.bool, device=q.device).triu(1)
