@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from simdist_planner.planner import (
+    GO2_TEMPERATURE,
     MPPIPlanner,
     PlannerConfig,
     PlannerError,
@@ -238,7 +239,8 @@ def test_no_tensor_growth_across_steps():
 def test_config_defaults_and_validation():
     go2 = go2_planner_config([-5.0] * 12, [5.0] * 12)
     assert (go2.num_samples, go2.num_policy_samples, go2.num_candidates) == (450, 22, 472)
-    assert (go2.iterations, go2.num_elites, go2.temperature, go2.horizon) == (8, 64, 0.25, 25)
+    assert (go2.iterations, go2.num_elites, go2.horizon) == (8, 64, 25)
+    assert go2.temperature == GO2_TEMPERATURE == 30.0  # not mppi.yaml's 0.25: see its comment
     assert (go2.init_std, go2.min_std, go2.policy_noise_std, go2.discount, go2.delay) == (2.0, 0.05, 0.05, 0.99, 1)
     ur5e = ur5e_planner_config([-1.0] * 7, [1.0] * 7, num_samples=100)
     assert (ur5e.horizon, ur5e.init_std, ur5e.policy_noise_std, ur5e.temperature) == (5, 1.0, 0.1, 0.4)
