@@ -345,7 +345,7 @@ class Experiment:
         for name, lat in preds.items():
             z = lat[0].cpu().numpy()
             ax.plot(np.c_[z, np.ones(len(z))] @ w, "--", marker="o", label=f"predicted ({name})")
-        ax.set(xlabel="step into the future", ylabel=f"{self.spec.proprio_terms[0].name}... proprio[{joint}]",
+        ax.set(xlabel="step into the future", ylabel=f"joint_pos[{joint - offset}] (proprio[{joint}])",
                title="predicted vs real joint trajectory (held-out episode)")
         ax.legend()
         return self._save(fig, "predicted_vs_real_trajectory.png")
