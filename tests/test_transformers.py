@@ -66,3 +66,14 @@ def test_attention_dropout_changes_training_outputs_only():
     torch.testing.assert_close(attn(x, x, causal=True), eval_out)  # eval: deterministic
     attn.train()
     assert not torch.allclose(attn(x, x, causal=True), eval_out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_dropout_on_cuda_keeps_its_rate_and_training_attention_runs():
+    torch.manual_seed(4)
+    x = torch.ones(200_000, device="cuda")
+    y = dropout(x, 0.2, training=True)
+    assert y.device.type == "cuda" and abs((y != 0).float().mean().item() - 0.8) < 0.01
+    attn = Attention(16, 4, dropout=0.1).cuda().train()
+    out = attn(torch.randn(2, 5, 16, device="cuda"), torch.randn(2, 7, 16, device="cuda"), causal=False)
+    assert out.shape == (2, 5, 16) and torch.isfinite(out).all()

@@ -12,18 +12,20 @@ _INT64 = torch.iinfo(torch.int64)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Inverted dropout like F.dropout, with the keep mask made from 16-bit slices of random
-    int64 words (keep probability 1 - p, quantised to 1/65536).
+    """Inverted dropout; on CPU the keep mask is made from 16-bit slices of random int64 words
+    (keep probability 1 - p, quantised to 1/65536), elsewhere it is F.dropout.
 
     Why: on CPU `bernoulli_` draws one Mersenne-Twister number per element, and the masks of
     the world model's dropout layers took a quarter of a Go2 pretraining step; a quarter of
     the words is ~5x cheaper. The draw uses torch's default generator, so seeding works the
-    same way as for F.dropout.
+    same way as for F.dropout. GPUs draw masks cheaply and fuse them (F.dropout).
     """
     if not training or p == 0.0:
         return x
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if x.device.type != "cpu":
+        return F.dropout(x, p, training=True)
     n = x.numel()
     words = torch.randint(_INT64.min, _INT64.max, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
     threshold = round(p * 65536) - 32768  # int16 values >= threshold are kept
@@ -91,15 +93,16 @@ class Attention(nn.Module):
         b = x.shape[0]
         q = self._split(self.q(x))
         k, v = k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)
-        if self.training and self.dropout > 0:
+        p = self.dropout if self.training else 0.0
+        if p > 0 and q.device.type == "cpu":
             y = self._attend_with_dropout(q, k, v, causal)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        else:  # GPUs: the fused kernels, which draw their own dropout masks
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal)
         _, h, n, d = y.shape
         return self.out(y.transpose(1, 2).reshape(b, n, h * d))
 
     def _attend_with_dropout(self, q, k, v, causal: bool) -> torch.Tensor:
-        """SDPA's math path (what it runs on CPU with dropout anyway) with the cheap mask."""
+        """SDPA's math path (what it runs on CPU with dropout anyway) with `dropout`'s mask."""
         scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # scale the smaller operand
         if causal:
             m, n = scores.shape[-2:]
