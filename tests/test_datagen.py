@@ -295,6 +295,17 @@ def test_go2_noise_ranges_come_from_the_official_system_file():
     assert cfg.obs_noise["joint_vel"] == 0.75 and cfg.obs_noise["height_map"] == 0.02
 
 
+def test_go2_data_randomises_friction_as_the_official_environment_and_runs_override_it():
+    robot = datagen.go2_data_config()
+    assert robot.task_overrides == {"friction_range": (0.2, 1.2)}  # simdist/rl/go2.py
+    cfg = datagen.GenerateConfig(task="go2_slope", robot=robot, episodes=1)
+    assert cfg.task_kwargs() == {"friction_range": (0.2, 1.2)}
+    own = datagen.GenerateConfig(task="go2_slope", robot=robot, episodes=1,
+                                 task_overrides={"friction_range": (0.5, 0.5), "episode_s": 1.0})
+    assert own.task_kwargs() == {"friction_range": (0.5, 0.5), "episode_s": 1.0}
+    assert "friction_range" in cfg.identity_json()  # resuming other data is refused
+
+
 def test_ur5e_noise_scales_with_the_action_bounds():
     from robot_drivers.interface import ProprioTerm, RobotSpec
 

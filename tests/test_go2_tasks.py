@@ -82,6 +82,41 @@ def test_command_ranges_sample_one_command_per_episode():
         make_task("go2_flat", "sim", command_ranges=((1.0, 0.0),) * 3)
 
 
+def test_friction_range_draws_one_ground_friction_per_episode_and_tells_the_expert():
+    task = make_task("go2_slope", "sim", friction_range=(0.2, 1.2))
+    b = task.backend
+    contacts = b.model.geom_friction[b._contact_geoms, 0]
+    frictions = []
+    for seed in (3, 3, 4):
+        obs = task.reset(seed)
+        mu = b.model.geom_friction[b._contact_geoms, 0]
+        assert np.all(mu == mu[0]) and 0.2 <= mu[0] <= 1.2  # feet, floor and panels alike
+        static, dynamic, restitution = obs.privileged["expert_obs"][394:397]
+        assert static == pytest.approx(mu[0], rel=1e-6)
+        assert dynamic == pytest.approx(0.75 * mu[0], rel=1e-6) and restitution == pytest.approx(0.05)
+        frictions.append(mu[0])
+    assert frictions[0] == frictions[1] != frictions[2]
+    b.set_ground_friction(None)  # back to the built scene and the nominal material
+    np.testing.assert_array_equal(b.model.geom_friction[b._contact_geoms, 0], [0.8] * len(contacts))
+    np.testing.assert_allclose(b.observe().privileged["expert_obs"][394:397], [0.8, 0.6, 0.05], atol=1e-6)
+    with pytest.raises(ValueError, match="friction"):
+        b.set_ground_friction(float("nan"))
+    with pytest.raises(ValueError, match="friction_range"):
+        make_task("go2_slope", "sim", friction_range=(0.0, 1.0))
+    # without the range the stand-in keeps its PTFE panels (no randomisation at evaluation)
+    real = make_task("slippery_slope", "real")
+    real.reset(0)
+    panels = real.backend.model.geom_friction[real.backend._terrain_geoms, 0]
+    assert SLIPPERY_SLOPE_GAP.panel_friction in panels
+
+
+def test_expert_keeps_its_footing_on_low_friction_it_is_told_about(ladder):
+    """The randomised data holds the expert walking on slippery ground, not just falling."""
+    task = make_task("go2_slope", "sim", friction_range=(0.2, 0.2), episode_s=8.0)
+    runs = [rollout(task, ladder[0], s).last for s in (0, 1)]
+    assert all(r.success for r in runs), [r.info for r in runs]
+
+
 def test_reward_tracks_velocity():
     task = make_task("go2_flat", "sim", command=(0.5, 0.0, 0.0))
     obs = task.reset(0)

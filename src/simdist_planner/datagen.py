@@ -63,6 +63,7 @@ class RobotDataConfig:
     noise: NoiseConfig
     obs_noise: dict[str, float]  # std per proprio term name and "height_map"; training-time
     default_episodes: int  # the CLI default: a run of a few minutes on two CPU cores
+    task_overrides: dict = field(default_factory=dict)  # domain randomisation of the sim task
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class GenerateConfig:
         if not 0.0 <= self.expert_prob <= 1.0:
             raise ValueError(f"expert_prob must be in [0, 1], got {self.expert_prob}")
 
+    def task_kwargs(self) -> dict:
+        """The robot's randomisation, then this run's own overrides (which win)."""
+        return {**self.robot.task_overrides, **self.task_overrides}
+
     def identity_json(self) -> str:
         """Everything that fixes episode contents (not the episode count): checked on resume."""
         d = dataclasses.asdict(self)
@@ -93,6 +98,9 @@ class GenerateConfig:
 
 
 # ------------------------------------------------------------------------ per-robot defaults
+GO2_FRICTION_RANGE = (0.2, 1.2)
+
+
 def go2_data_config() -> RobotDataConfig:
     """Go2: action-noise ranges and observation noise from the official system_go2.yaml."""
     import yaml
@@ -117,6 +125,9 @@ def go2_data_config() -> RobotDataConfig:
         ),
         obs_noise=obs_noise,
         default_episodes=8,
+        # official simdist/rl/go2.py: foot friction U(0.2, 1.2) per environment, so D_sim holds
+        # slipping and the experts' low-friction gaits (the expert sees it in material_properties)
+        task_overrides={"friction_range": GO2_FRICTION_RANGE},
     )
 
 
@@ -228,7 +239,7 @@ class EpisodeGenerator:
         from robot_drivers import tasks
 
         self.cfg = cfg
-        self.task = tasks.make_task(cfg.task, cfg.variant, **cfg.task_overrides)
+        self.task = tasks.make_task(cfg.task, cfg.variant, **cfg.task_kwargs())
         self.ladder = list(tasks.expert_ladder(self.task))
         if not self.ladder:
             raise ValueError(f"{cfg.task}: expert_ladder returned no policies")
@@ -371,7 +382,7 @@ def _warm_up(cfg: GenerateConfig) -> None:
     """Build V^e once before the workers start, so a fitted-and-cached value is fitted once."""
     from robot_drivers import tasks
 
-    task = tasks.make_task(cfg.task, cfg.variant, **cfg.task_overrides)
+    task = tasks.make_task(cfg.task, cfg.variant, **cfg.task_kwargs())
     try:
         tasks.expert_value(task)
     finally:

@@ -16,7 +16,7 @@ from robot_drivers.go2.config import (
     Go2Config, to_menagerie, to_unitree,
 )
 from robot_drivers.go2.observation import (
-    PROPRIO_TERMS, Go2State, build_expert_observation, build_proprio, height_scan_term,
+    NOMINAL_MATERIAL, PROPRIO_TERMS, Go2State, build_expert_observation, build_proprio, height_scan_term,
     scan_to_grid,
 )
 from robot_drivers.go2.scene import TERRAIN_GROUP, TerrainConfig, build_go2_model
@@ -96,6 +96,9 @@ class MujocoGo2Backend(RobotBackend):
         self._renderer: mujoco.Renderer | None = None
         self._default_mj = to_menagerie(DEFAULT_POSE_UNITREE)
         self._command = np.zeros(3)
+        self._contact_geoms = np.concatenate([self._foot_geoms, self._terrain_geoms])
+        self._built_friction = m.geom_friction[self._contact_geoms, 0].copy()
+        self._material = NOMINAL_MATERIAL
         self._reset_state()
 
     # ------------------------------------------------------------------ lifecycle
@@ -126,6 +129,23 @@ class MujocoGo2Backend(RobotBackend):
         mujoco.mj_forward(self.model, self.data)
         self._reset_state()
         return self.observe()
+
+    def set_ground_friction(self, mu: float | None) -> None:
+        """Make every foot-terrain contact slide at friction `mu` (None: the built scene's values).
+
+        The official data generation randomises the feet's material (IsaacLab multiplies it by
+        the terrain's 1.0); setting feet and terrain alike gives the same effective coefficient
+        whichever geom's priority wins. The expert's material_properties term reports it.
+        """
+        if mu is None:
+            self.model.geom_friction[self._contact_geoms, 0] = self._built_friction
+            self._material = NOMINAL_MATERIAL
+            return
+        if not np.isfinite(mu) or mu <= 0:
+            raise ValueError(f"ground friction must be a finite value > 0, got {mu}")
+        self.model.geom_friction[self._contact_geoms, 0] = mu
+        static, dynamic, restitution = NOMINAL_MATERIAL  # keep the nominal dynamic/static ratio
+        self._material = (float(mu), float(mu) * dynamic / static, restitution)
 
     def set_command(self, command) -> None:
         """The commanded base velocity (vx, vy, wz) in the base frame."""
@@ -199,6 +219,7 @@ class MujocoGo2Backend(RobotBackend):
             step=self._step,
             foot_wrench=wrench,
             foot_clearance=clearance,
+            material=self._material,
             kp=np.full(12, self._drive.kp),
             kd=np.full(12, self._drive.kd),
             control_dt=cfg.control_dt,

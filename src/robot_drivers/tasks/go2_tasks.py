@@ -96,6 +96,8 @@ class Go2TaskConfig:
     gap: Go2Gap | None = None
     command: tuple[float, float, float] = (0.5, 0.0, 0.0)  # vx, vy (m/s), wz (rad/s)
     command_ranges: tuple[tuple[float, float], ...] | None = None  # per-episode U(lo, hi) per axis
+    # per-episode foot-ground friction U(lo, hi) (data generation); None keeps the scene's values
+    friction_range: tuple[float, float] | None = None
     heading_gain: float = 1.0  # yaw feedback; 0 disables
     max_wz: float = 1.0  # the trained yaw-rate range
     episode_s: float = 20.0
@@ -110,6 +112,10 @@ class Go2TaskConfig:
             len(self.command_ranges) != 3 or any(lo > hi for lo, hi in self.command_ranges)
         ):
             raise ValueError(f"command_ranges must be 3 (lo, hi) pairs, got {self.command_ranges}")
+        if self.friction_range is not None and (
+            len(self.friction_range) != 2 or not 0 < self.friction_range[0] <= self.friction_range[1]
+        ):
+            raise ValueError(f"friction_range must be (lo, hi) with 0 < lo <= hi, got {self.friction_range}")
         if self.episode_s <= 0 or self.heading_gain < 0:
             raise ValueError("episode_s must be > 0 and heading_gain >= 0")
 
@@ -134,6 +140,8 @@ class Go2Task(Task):
         cfg = self.config
         if cfg.command_ranges is not None:
             self._base_command = np.array([rng.uniform(lo, hi) for lo, hi in cfg.command_ranges])
+        if cfg.friction_range is not None:
+            self.backend.set_ground_friction(rng.uniform(*cfg.friction_range))
         obs = self.backend.reset(seed)
         self._start = obs.privileged["base_pos"][:2].copy()
         self._heading0 = self._heading_ref = float(obs.privileged["yaw"][0])
