@@ -33,6 +33,9 @@ BIN = pathlib.Path(sys.executable).parent
 
 # Demo-sized overrides of config/go2_slope.yaml (the defaults' single source); everything else as there.
 DEMO_PARAMS = {
+    # 8 s episodes, as simdist-adapt-experiment --max-steps 400: the course needs about 4 s, and a
+    # model that walks slowly without falling would otherwise spend 20 s per episode in lockstep
+    "mujoco_driver": {"max_steps": 400},
     "planner": {"num_samples": 64, "iterations": 2, "num_elites": 16},
     "adapter": {"batch_size": 32, "lr": 1e-3, "warmup_steps": 50, "max_steps": 300, "holdout": 0.2},
 }
