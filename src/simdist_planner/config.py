@@ -350,7 +350,7 @@ class PretrainConfig:
 # Small defaults that train on this 2-core CPU in well under an hour (see docs/world_model.md).
 PRETRAIN_PRESETS = {
     "ur5e_peg": dict(model="ur5e_small", steps=1200, batch_size=32, warmup_steps=60),
-    # 2000 optimiser steps of 128 windows: its base policy crosses the sim slope 10 / 10 (14 min
-    # here); 2100 x 256 crossed 1 / 5 (docs/world_model.md, 2026-12-01)
+    # 2000 optimiser steps of 128 windows: on fixed-friction data its base policy crossed the sim
+    # slope 10 / 10 (2100 x 256: 1 / 5); on friction-randomised data 0 / 10 (docs/world_model.md)
     "go2": dict(model="go2", steps=2000, batch_size=128, warmup_steps=100, threads=2),
 }
