@@ -21,7 +21,7 @@ setup(
         (f"share/{PACKAGE}/config", glob("config/*.yaml")),
     ],
     python_requires=">=3.10",
-    install_requires=["numpy", "pyyaml", "torch", "safetensors", "mujoco"],
+    install_requires=["numpy", "pyyaml", "torch", "safetensors", "mujoco", "fast-simplification"],
     zip_safe=False,
     entry_points={
         "console_scripts": [

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pathlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from robot_drivers.cache import cache_dir, save_npz_atomic
 from robot_drivers.interface import Observation
 from robot_drivers.tasks.ur5e_tasks import GAMMA, UR5eInsertionTask
 from robot_drivers.ur5e.so3 import mat_to_rotvec, rotvec_to_mat, rotz, wrap_angle
@@ -328,10 +328,8 @@ def fit_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()) -
 
 
 def _cache_path(task_cfg, cfg: ValueFitConfig) -> pathlib.Path:
-    root = pathlib.Path(os.environ.get("SIMDIST_CACHE_DIR",
-                                       pathlib.Path.home() / ".cache" / "simdist_ros"))
     key = hashlib.sha256(repr((VALUE_VERSION, task_cfg, cfg)).encode()).hexdigest()[:16]
-    return root / f"ur5e_value_{task_cfg.name}_{key}.npz"
+    return cache_dir() / f"ur5e_value_{task_cfg.name}_{key}.npz"
 
 
 def expert_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()) -> ExpertValue:
@@ -348,10 +346,7 @@ def expert_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()
         return ExpertValue(sim.cfg, params, metrics)
     value = fit_value(sim, cfg)
     sim.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # parallel workers may race
-    np.savez(tmp, metrics=np.array(json.dumps(value.metrics)), **value.params)
-    tmp.replace(path)
+    save_npz_atomic(path, metrics=np.array(json.dumps(value.metrics)), **value.params)
     return value
 
 

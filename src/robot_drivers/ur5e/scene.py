@@ -11,6 +11,7 @@ import mujoco
 import numpy as np
 
 from robot_drivers.ur5e.config import CameraPose, SceneConfig
+from robot_drivers.ur5e.mesh_lod import decimate_visual_meshes
 
 ARM_ROBOT, ARM_ENTRY = "universal_robots_ur5e", "ur5e"
 GRIPPER_ROBOT, GRIPPER_ENTRY = "robotiq_2f85", "2f85"
@@ -77,8 +78,8 @@ def _add_table(spec: mujoco.MjSpec, cfg: SceneConfig) -> None:
 
 def compose(cfg: SceneConfig, add_objects: Callable[[mujoco.MjSpec], None] | None = None
             ) -> mujoco.MjSpec:
-    """The full scene spec: arm with gripper at the flange, gravcomp, solver options, table,
-    cameras, then the task's objects."""
+    """The full scene spec: arm with gripper at the flange, gravcomp, solver options, render-only
+    mesh detail, table, cameras, then the task's objects."""
     arm = _menagerie_spec(ARM_ROBOT, ARM_ENTRY)
     gripper = _menagerie_spec(GRIPPER_ROBOT, GRIPPER_ENTRY)
     for geom in gripper.geoms:  # the pad boxes carry the grasp friction
@@ -95,9 +96,12 @@ def compose(cfg: SceneConfig, add_objects: Callable[[mujoco.MjSpec], None] | Non
     opt.timestep = cfg.timestep
     opt.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST
     opt.iterations = cfg.solver_iterations
+    if cfg.render_mesh_faces:  # also state-only scenes: they render robot masks on demand
+        decimate_visual_meshes(arm, cfg.render_mesh_faces)
     arm.visual.global_.offwidth = max(640, cfg.image_size[1])
     arm.visual.global_.offheight = max(480, cfg.image_size[0])
     arm.visual.quality.shadowsize = 0
+    arm.visual.quality.offsamples = cfg.render_samples
     _add_table(arm, cfg)
     for name, pose in cfg.camera_poses.items():
         _add_camera(arm, name, pose, cfg)
