@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from simdist_planner.checkpoint import load_checkpoint, replace_dir, save_checkpoint
-from simdist_planner.config import CONFIG_FACTORIES, PRETRAIN_PRESETS, PretrainConfig, WorldModelConfig
+from simdist_planner.config import (CONFIG_FACTORIES, PRETRAIN_PRESETS, SMALL_BACKBONES, PretrainConfig,
+                                    WorldModelConfig)
 from simdist_planner.losses import TERMS, world_model_loss
 from simdist_planner.model import WorldModel
 from simdist_planner.synthetic import synthetic_windows
@@ -86,7 +87,7 @@ def model_config_for(cfg: PretrainConfig, layout=None) -> WorldModelConfig:
                 raise ValueError(f"model {cfg.model!r} and the dataset disagree on cameras "
                                  f"(dataset: {layout.cameras})")
             image = {**base.image.__dict__, "cameras": tuple(layout.cameras)}
-            if base.image.backbone == "small_cnn":  # encode at the rendered resolution
+            if base.image.backbone in SMALL_BACKBONES:  # encode at the rendered resolution
                 image["height"], image["width"] = (int(s) for s in layout.image_shape)
             changes["image"] = base.image.__class__(**image)
         base = base.replace(**changes)
