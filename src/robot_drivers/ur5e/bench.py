@@ -2,9 +2,9 @@
 
     python -m robot_drivers.ur5e.bench [--value]
 
-Physics steps/s, 5 Hz control steps/s and end-of-period tracking error per IK rate, three-camera
-control steps/s with three cameras rendered at 64x64 and
-224x224 (defaults vs full meshes and MSAA), and with --value the V^e held-out error of both tasks.
+Physics steps/s, 5 Hz control steps/s and end-of-period tracking error per IK rate, control
+steps/s with three cameras rendered at 64x64 and 224x224 (defaults vs full meshes and MSAA), and
+with --value the V^e held-out error of both tasks.
 """
 from __future__ import annotations
 

@@ -59,8 +59,8 @@ class SceneConfig:
     solver_iterations: int = 50
     impratio: float = 10.0
     pad_friction: float = 0.7  # Robotiq pad boxes (menagerie: 0.7 / 0.6)
-    # Triangles per visual mesh (ur5e/mesh_lod.py): 1000 renders 64x64 cameras ~5x faster on a
-    # software GL and looks the same; physics never changes. 0 keeps the full meshes.
+    # Triangles per visual mesh (ur5e/mesh_lod.py): 1000 renders ~3x faster on a software GL and
+    # looks the same at 64x64; physics never changes. 0 keeps the full meshes.
     render_mesh_faces: int = 1000
     # Multisample anti-aliasing of the offscreen buffer (MuJoCo's default is 4). On llvmpipe 4x
     # MSAA costs 2.5x per camera once the arm fills the view; 0 gives aliased but exact edges.
