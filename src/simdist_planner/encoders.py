@@ -47,21 +47,27 @@ class HeightMapEncoder(nn.Module):
         return self.proj(x.flatten(1))
 
 
+def _conv_stack(channels, strides, height: int, width: int, last_activation: bool):
+    """3x3 convs with "same" padding and GELUs: (nn.Sequential, out channels, out h, out w)."""
+    layers: list[nn.Module] = []
+    prev, h, w = 3, height, width
+    for i, (ch, stride) in enumerate(zip(channels, strides)):
+        layers.append(nn.Conv2d(prev, ch, 3, stride, padding=1))
+        if last_activation or i < len(channels) - 1:
+            layers.append(nn.GELU())
+        prev, h, w = ch, math.ceil(h / stride), math.ceil(w / stride)
+    return nn.Sequential(*layers), prev, h, w
+
+
 class SmallCNN(nn.Module):
     """Stride-2 3x3 conv stack, flattened and projected: cheap enough for CPU training."""
 
     def __init__(self, cfg: ImageEncoderConfig):
         super().__init__()
-        layers: list[nn.Module] = []
-        prev = 3
-        for ch in cfg.small_cnn_channels:
-            layers += [nn.Conv2d(prev, ch, 3, 2, padding=1), nn.GELU()]
-            prev = ch
-        self.cnn = nn.Sequential(*layers)
-        h, w = cfg.height, cfg.width
-        for _ in cfg.small_cnn_channels:
-            h, w = math.ceil(h / 2), math.ceil(w / 2)
-        self.proj = nn.Linear(prev * h * w, cfg.small_cnn_features)
+        strides = [2] * len(cfg.small_cnn_channels)
+        self.cnn, ch, h, w = _conv_stack(cfg.small_cnn_channels, strides, cfg.height, cfg.width,
+                                         last_activation=True)
+        self.proj = nn.Linear(ch * h * w, cfg.small_cnn_features)
         self.out_features = cfg.small_cnn_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,17 +84,9 @@ class KeypointCNN(nn.Module):
 
     def __init__(self, cfg: ImageEncoderConfig):
         super().__init__()
-        layers: list[nn.Module] = []
-        prev = 3
-        h, w = cfg.height, cfg.width
-        for i, ch in enumerate(cfg.small_cnn_channels):
-            stride = 2 if i < 2 else 1
-            layers.append(nn.Conv2d(prev, ch, 3, stride, padding=1))
-            if i < len(cfg.small_cnn_channels) - 1:
-                layers.append(nn.GELU())
-            h, w = math.ceil(h / stride), math.ceil(w / stride)
-            prev = ch
-        self.cnn = nn.Sequential(*layers)
+        strides = [2 if i < 2 else 1 for i in range(len(cfg.small_cnn_channels))]
+        self.cnn, prev, h, w = _conv_stack(cfg.small_cnn_channels, strides, cfg.height, cfg.width,
+                                           last_activation=False)
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
         self.register_buffer("grid", torch.stack([xs.reshape(-1), ys.reshape(-1)], 1), persistent=False)
         self.log_temperature = nn.Parameter(torch.zeros(()))

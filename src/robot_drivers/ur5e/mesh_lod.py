@@ -91,11 +91,12 @@ def decimate_visual_meshes(spec: mujoco.MjSpec, max_faces: int, tolerance: float
         if name not in kept:
             mid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_MESH, name)
             nf = int(model.mesh_facenum[mid])
-            va, nv, fa = model.mesh_vertadr[mid], model.mesh_vertnum[mid], model.mesh_faceadr[mid]
-            pts, tri = (None, None) if nf <= max_faces else _simplified(
-                model.mesh_vert[va:va + nv].astype(np.float64),
-                model.mesh_face[fa:fa + nf].astype(np.int32), max_faces, tolerance)
-            if tri is None or len(tri) >= nf:
+            if nf > max_faces:
+                va, nv, fa = model.mesh_vertadr[mid], model.mesh_vertnum[mid], model.mesh_faceadr[mid]
+                pts, tri = _simplified(model.mesh_vert[va:va + nv].astype(np.float64),
+                                       model.mesh_face[fa:fa + nf].astype(np.int32), max_faces,
+                                       tolerance)
+            if nf <= max_faces or len(tri) >= nf:
                 full.add(name)
                 continue
             # compiled vertices sit in the mesh's inertial frame; the geom expects the asset's
