@@ -205,6 +205,33 @@ def test_selection_fraction_expert_only_volume_and_ranks(tmp_path):
         ShardedDataset(tmp_path, max_steps=10_000)
 
 
+def test_runs_with_different_configs_combine_and_a_repeated_run_is_refused(tmp_path):
+    """Two generation runs (e.g. fixed and randomised friction) train together: both number their
+    episodes from 0, so identity is (run config, id); the same run named twice is an error."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for run, seed, n in ((a, 0, 3), (b, 1, 2)):
+        run.mkdir()
+        attrs = {**ATTRS, "config": json.dumps({"seed": seed})}
+        with ShardWriter(run / shard_name(0), LAYOUT, attrs) as w:
+            for i in range(n):
+                w.append(make_episode(i, 4 + seed))
+    both = ShardedDataset([a, b])
+    assert both.num_episodes == 5 and both.num_steps == 3 * 4 + 2 * 5
+    rows = sorted((len(both.episode(i)["action"]), both.episode_info(i)["id"]) for i in range(5))
+    assert rows == [(4, 0), (4, 1), (4, 2), (5, 0), (5, 1)]
+    halves = [ShardedDataset([a, b], rank=r, world_size=2) for r in range(2)]
+    assert sum(h.num_episodes for h in halves) == 5
+    with pytest.raises(DatasetError, match="repeat"):
+        ShardedDataset([a, a])
+    c = tmp_path / "c"
+    c.mkdir()
+    noisy = {**ATTRS, "config": json.dumps({"seed": 2, "robot": {"obs_noise": {"x": 0.1}}})}
+    with ShardWriter(c / shard_name(0), LAYOUT, noisy) as w:
+        w.append(make_episode(0, 4))
+    with pytest.raises(DatasetError, match="observation noise"):
+        ShardedDataset([a, c])
+
+
 def test_resume_truncates_a_partial_episode(tmp_path):
     path = tmp_path / shard_name(0)
     with ShardWriter(path, LAYOUT, ATTRS) as w:

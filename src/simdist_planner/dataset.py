@@ -507,8 +507,8 @@ def shard_paths(paths_or_dir) -> list[pathlib.Path]:
 class ShardedDataset:
     """Random access to the steps of a selection of episodes across shards.
 
-    Selection is by episode and deterministic: episodes are ordered by a permutation of their
-    ids seeded with `selection_seed`; `expert_only` keeps only episodes whose every action is
+    Selection is by episode and deterministic: episodes, ordered by (generation run, id), are
+    put in a permutation seeded with `selection_seed`; `expert_only` keeps only episodes whose every action is
     a clean expert action; `fraction` keeps the first round(fraction * n) of that order (so the
     10% selection is inside the 50% one); `max_steps` then keeps the shortest prefix with at
     least that many rows (equal-volume ablations); finally rank r of `world_size` keeps every
@@ -543,12 +543,23 @@ class ShardedDataset:
                 raise DatasetError(
                     f"{s.path}: layout {s.layout} differs from {self.shards[0].path}'s {self.layout}"
                 )
-        # (shard, local episode index) for every episode, ordered by global id
+        # Several generation runs may be combined (e.g. fixed and randomised friction): a run is
+        # identified by its generation config, episode ids are unique within a run, and the
+        # order is by (run, id) with runs in the order their first shard was named.
+        runs: dict[str, int] = {}
+        run_of = [runs.setdefault(str(s.attrs.get("config", "")), len(runs)) for s in self.shards]
+        noise = {json.dumps(self._obs_noise_of(s.attrs), sort_keys=True) for s in self.shards}
+        if len(noise) > 1:
+            raise DatasetError(f"the runs combined here use different observation noise: {sorted(noise)}")
+        # (shard, local episode index) for every episode, ordered by (run, id)
         refs = [(si, li) for si, s in enumerate(self.shards) for li in range(len(s.episodes["id"]))]
-        ids = np.array([self.shards[si].episodes["id"][li] for si, li in refs], np.int64)
-        if len(np.unique(ids)) != len(ids):
-            raise DatasetError("episode ids repeat across shards: shards from different runs?")
-        order = np.argsort(ids)
+        keys = np.array([(run_of[si], self.shards[si].episodes["id"][li]) for si, li in refs], np.int64)
+        if len(keys) and len(np.unique(keys, axis=0)) != len(keys):
+            raise DatasetError(
+                "episode ids repeat across shards of one generation run (the same shard named "
+                "twice, or two runs with the same config and seed)"
+            )
+        order = np.lexsort((keys[:, 1], keys[:, 0])) if len(keys) else np.zeros(0, np.int64)
         order = order[np.random.default_rng(selection_seed).permutation(len(order))]
         if expert_only:
             order = np.array([k for k in order if self._all_clean_expert(*refs[k])], np.int64)
@@ -588,13 +599,17 @@ class ShardedDataset:
     def config(self) -> dict:
         return json.loads(self.attrs.get("config", "{}"))
 
+    @staticmethod
+    def _obs_noise_of(attrs) -> dict:
+        return json.loads(attrs.get("config", "{}")).get("robot", {}).get("obs_noise", {})
+
     def obs_noise_std(self) -> dict[str, np.ndarray | float]:
         """Training-time observation noise: {"proprio": (P,) std per dimension, "height_map"}.
 
         From the generation config (`robot.obs_noise`, one std per term name); terms it does
         not name get 0. Observations are stored clean; the pretrainer adds this noise.
         """
-        per_term = self.config.get("robot", {}).get("obs_noise", {})
+        per_term = self._obs_noise_of(self.attrs)
         proprio = np.concatenate(
             [np.full(dim, float(per_term.get(name, 0.0)), np.float32)
              for name, dim in self.layout.proprio_terms]
