@@ -88,7 +88,31 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     assert torch.equal(aug["proprio"][:, :, 3], batch["proprio"][:, :, 3])  # gripper noise 0
     assert torch.equal(aug["proprio"][:, h + 1:], batch["proprio"][:, h + 1:])  # targets clean
     assert not torch.allclose(aug["images"][:, h], batch["images"][:, h].float() / 255)
-    torch.testing.assert_close(aug["images"][:, h + 1:], batch["images"][:, h + 1:].float() / 255)
+
+    # photometric change on o_t only; one shift per (window, camera) on o_t and the targets alike
+    clean = batch["images"].float() / 255
+    photometric = augment(batch, dataclasses.replace(cfg, image_shift=0), source.proprio_noise(), 0.0, h,
+                          torch.Generator().manual_seed(0))["images"]
+    assert not torch.allclose(photometric[:, h], clean[:, h])
+    torch.testing.assert_close(photometric[:, h + 1:], clean[:, h + 1:])
+    s = 2
+    shifted = augment(batch, dataclasses.replace(cfg, image_shift=s, image_brightness=0.0, image_contrast=0.0),
+                      source.proprio_noise(), 0.0, h, torch.Generator().manual_seed(0))["images"]
+    torch.testing.assert_close(shifted[:, :h], clean[:, :h])
+    padded = torch.nn.functional.pad(clean.flatten(0, 2), (s, s, s, s), mode="replicate").view(
+        *clean.shape[:4], clean.shape[4] + 2 * s, clean.shape[5] + 2 * s)
+    hh, ww = clean.shape[-2:]
+    offsets = set()
+    for b in range(clean.shape[0]):
+        for c in range(clean.shape[2]):
+            crops = {(dy, dx): padded[b, h:, c, :, dy:dy + hh, dx:dx + ww]
+                     for dy in range(2 * s + 1) for dx in range(2 * s + 1)}
+            match = [k for k, crop in crops.items() if torch.allclose(crop[0], shifted[b, h, c])]
+            assert match, "o_t is not a shifted crop"
+            # the same offset moved every target frame of this window and camera
+            assert any(torch.allclose(crops[k], shifted[b, h:, c]) for k in match)
+            offsets.add(match[0])
+    assert len(offsets) > 1  # the shift is random
 
 
 def test_two_cpu_ranks_end_with_identical_weights(tmp_path):

@@ -216,22 +216,30 @@ def augment(batch: dict, cfg: PretrainConfig, proprio_noise: torch.Tensor, hm_no
 
 
 def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: torch.Generator) -> torch.Tensor:
-    """Brightness, contrast and a random shift per (window, camera) on the current image o_t."""
+    """Image augmentation per (window, camera).
+
+    Brightness and contrast change only the current image o_t: the latent target sg(E(o_{t+i}))
+    stays clean, which teaches E to ignore appearance. The random shift (a camera that moved) moves
+    o_t AND the target frames o_{t+1..t+T} alike: shifting the input alone would make every
+    position-dependent feature of E unpredictable, and the latent loss would then teach E to
+    drop where objects are in the image.
+    """
     x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float().clone()
     b, _, n_cam, _, h, w = x.shape
     cur = x[:, history]  # (B, n_cam, 3, h, w)
     bright = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * cfg.image_brightness
     contrast = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * cfg.image_contrast
     mean = cur.mean(dim=(2, 3, 4), keepdim=True)
-    cur = ((cur - mean) * contrast + mean) * bright
+    x[:, history] = (((cur - mean) * contrast + mean) * bright).clamp(0, 1)
     s = cfg.image_shift
     if s > 0:
-        padded = F.pad(cur.flatten(0, 1), (s, s, s, s), mode="replicate")
+        frames = x[:, history:].transpose(1, 2)  # (B, n_cam, T + 1, 3, h, w)
+        n = frames.shape[2]
+        padded = F.pad(frames.flatten(0, 2), (s, s, s, s), mode="replicate").view(b * n_cam, n, 3, h + 2 * s, w + 2 * s)
         dx = torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g)
         dy = torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g)
-        cur = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b * n_cam)])
-        cur = cur.view(b, n_cam, 3, h, w)
-    x[:, history] = cur.clamp(0, 1)
+        shifted = torch.stack([padded[i, :, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b * n_cam)])
+        x[:, history:] = shifted.view(b, n_cam, n, 3, h, w).transpose(1, 2)
     return x
 
 
