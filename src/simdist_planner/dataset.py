@@ -508,8 +508,8 @@ class ShardedDataset:
     """Random access to the steps of a selection of episodes across shards.
 
     Selection is by episode and deterministic: episodes, ordered by (generation run, id), are
-    put in a permutation seeded with `selection_seed`; `expert_only` keeps only episodes whose every action is
-    a clean expert action; `fraction` keeps the first round(fraction * n) of that order (so the
+    put in a permutation seeded with `selection_seed`; `expert_only` keeps only episodes whose
+    every action is a clean expert action; `fraction` keeps the first round(fraction * n) of that order (so the
     10% selection is inside the 50% one); `max_steps` then keeps the shortest prefix with at
     least that many rows (equal-volume ablations); finally rank r of `world_size` keeps every
     world_size-th selected episode starting at r.
@@ -553,13 +553,14 @@ class ShardedDataset:
             raise DatasetError(f"the runs combined here use different observation noise: {sorted(noise)}")
         # (shard, local episode index) for every episode, ordered by (run, id)
         refs = [(si, li) for si, s in enumerate(self.shards) for li in range(len(s.episodes["id"]))]
-        keys = np.array([(run_of[si], self.shards[si].episodes["id"][li]) for si, li in refs], np.int64)
-        if len(keys) and len(np.unique(keys, axis=0)) != len(keys):
+        keys = np.array([(run_of[si], self.shards[si].episodes["id"][li]) for si, li in refs],
+                        np.int64).reshape(-1, 2)
+        if len(np.unique(keys, axis=0)) != len(keys):
             raise DatasetError(
                 "episode ids repeat across shards of one generation run (the same shard named "
                 "twice, or two runs with the same config and seed)"
             )
-        order = np.lexsort((keys[:, 1], keys[:, 0])) if len(keys) else np.zeros(0, np.int64)
+        order = np.lexsort((keys[:, 1], keys[:, 0]))
         order = order[np.random.default_rng(selection_seed).permutation(len(order))]
         if expert_only:
             order = np.array([k for k in order if self._all_clean_expert(*refs[k])], np.int64)

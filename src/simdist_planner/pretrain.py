@@ -235,7 +235,8 @@ def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: 
     if s > 0:
         frames = x[:, history:].transpose(1, 2)  # (B, n_cam, T + 1, 3, h, w)
         n = frames.shape[2]
-        padded = F.pad(frames.flatten(0, 2), (s, s, s, s), mode="replicate").view(b * n_cam, n, 3, h + 2 * s, w + 2 * s)
+        padded = F.pad(frames.flatten(0, 2), (s, s, s, s), mode="replicate")
+        padded = padded.view(b * n_cam, n, 3, h + 2 * s, w + 2 * s)
         dx = torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g)
         dy = torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g)
         shifted = torch.stack([padded[i, :, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b * n_cam)])
