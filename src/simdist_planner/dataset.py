@@ -509,10 +509,10 @@ class ShardedDataset:
 
     Selection is by episode and deterministic: episodes, ordered by (generation run, id), are
     put in a permutation seeded with `selection_seed`; `expert_only` keeps only episodes whose
-    every action is a clean expert action; `fraction` keeps the first round(fraction * n) of that order (so the
-    10% selection is inside the 50% one); `max_steps` then keeps the shortest prefix with at
-    least that many rows (equal-volume ablations); finally rank r of `world_size` keeps every
-    world_size-th selected episode starting at r.
+    every action is a clean expert action; `fraction` keeps the first round(fraction * n) of
+    that order (so the 10% selection is inside the 50% one); `max_steps` then keeps the shortest
+    prefix with at least that many rows (equal-volume ablations); finally rank r of `world_size`
+    keeps every world_size-th selected episode starting at r.
 
     preload: "vectors" keeps every non-image /steps array in memory (small; fast windows),
     "all" images too (small datasets: no decompression per window), "none" reads lazily.
