@@ -29,6 +29,7 @@ setup(
             "simdist-generate = simdist_planner.datagen:main",
             "simdist-pretrain = simdist_planner.pretrain:main",
             "simdist-eval = simdist_planner.evaluate:main",
+            "simdist-probe = simdist_planner.probe:main",
             "simdist-adapt-experiment = simdist_adapter.experiment:main",
             "simforcing-train = sim_video_world_model.train:main",
             "simforcing-eval = sim_video_world_model.evaluate:main",

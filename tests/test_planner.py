@@ -114,6 +114,25 @@ def test_value_tail_and_discount_match_hand_computation():
     np.testing.assert_allclose(result.expected_return, r[0] + gamma * r[1] + gamma**2 * v[-1], rtol=1e-5)
 
 
+def test_score_is_the_objective_the_planner_maximises():
+    gamma = 0.9
+    model = QuadraticToyModel([0.3, -0.5], value_weight=0.5, value_target=[1.0, 0.0])
+    planner = make(model, horizon=3, discount=gamma)
+    result = planner.plan(*inputs())
+    chunks = torch.stack([torch.as_tensor(result.mean), torch.zeros(3, A), torch.full((3, A), 0.9)])
+    scores = planner.score(*inputs(), chunks).numpy()
+    assert scores.shape == (3,)
+    np.testing.assert_allclose(scores[0], result.expected_return, rtol=1e-5)  # the plan's own return
+    a = chunks[2].double().numpy()  # by hand for the constant chunk
+    r = -((a - [0.3, -0.5]) ** 2).sum(1)
+    v_end = -0.5 * ((a.sum(0) - [1.0, 0.0]) ** 2).sum()
+    np.testing.assert_allclose(scores[2], r @ gamma ** np.arange(3) + gamma**3 * v_end, rtol=1e-5)
+    assert scores[0] > scores[1] and scores[0] > scores[2]  # MPPI found the better chunk
+    model.nan_in.add("value")
+    with pytest.raises(PlannerError, match="non-finite objective for 3 of 3 chunks"):
+        planner.score(*inputs(), chunks)
+
+
 def test_warm_start_shifts_previous_mean_by_delay():
     model = QuadraticToyModel([0.0, 0.0])
     # A tiny std makes the first iteration's Gaussian candidates equal to the warm-start mean.

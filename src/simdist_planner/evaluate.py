@@ -78,14 +78,18 @@ class Agent:
         return action
 
     def _policy_action(self, inputs, proprio, actions) -> np.ndarray:
-        with torch.no_grad():
-            z = self.model.encode(inputs)
-            history = self.model.encode_history(proprio, actions)
-            chunk = self.model.policy(z, history, inputs.get("command"))
-        action = chunk[0, 0].float().cpu().numpy()
-        if not np.all(np.isfinite(action)):
-            raise PlannerError(f"base policy produced a non-finite action {action.tolist()}")
-        return action
+        return policy_chunk(self.model, inputs, proprio, actions)[0]
+
+
+def policy_chunk(model, inputs, proprio, actions) -> np.ndarray:
+    """pi's action chunk (T, A) for model inputs and history tensors (batch 1); never non-finite."""
+    with torch.no_grad():
+        z = model.encode(inputs)
+        history = model.encode_history(proprio, actions)
+        chunk = model.policy(z, history, inputs.get("command"))[0].float().cpu().numpy()
+    if not np.all(np.isfinite(chunk)):
+        raise PlannerError(f"base policy produced a non-finite action chunk (first action {chunk[0].tolist()})")
+    return chunk
 
 
 @dataclass(frozen=True)

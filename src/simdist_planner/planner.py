@@ -349,13 +349,41 @@ class MPPIPlanner:
             timings=PlanTimings(encoded - start, optimised - encoded, end - start),
         )
 
+    def score(self, obs, proprio_history, action_history, chunks: torch.Tensor) -> torch.Tensor:
+        """The objective MPPI ranks candidates by, for given chunks (N, T, A) -> returns (N,).
+
+        For diagnostics (`simdist_planner.probe`); the planner's state is not touched. Raises
+        PlannerError on a non-finite prediction.
+        """
+        if getattr(self.model, "training", False):
+            raise PlannerError("the world model is in training mode (dropout on); call model.eval() first")
+        with torch.no_grad():
+            obs, proprio_history, action_history = self._to_device(obs, proprio_history, action_history)
+            chunks = chunks.to(self.device, torch.float32)
+            n, command = chunks.shape[0], obs.get("command")
+            z = self.model.encode(obs)
+            history = self.model.encode_history(proprio_history, action_history)
+            context = self.model.dynamics_context(z, history)
+            latents = torch.empty(n, self.config.horizon + 1, z.shape[1], dtype=z.dtype, device=self.device)
+            latents[:, 0].copy_(z.expand(n, -1))
+            returns, bad = self._evaluate(z.expand(n, -1), history.expand(n, -1, -1), context,
+                                          None if command is None else command.expand(n, -1), chunks, latents)
+        if bool(bad.any()):
+            raise PlannerError(f"non-finite objective for {int(bad.sum())} of {n} chunks")
+        return returns
+
+    def objective(self, latents: torch.Tensor, actions: torch.Tensor, command=None) -> tuple[torch.Tensor, ...]:
+        """Discounted returns (N,) of latent trajectories (N, T+1, D) under `actions` (N, T, A),
+        with the rewards (N, T) and values (N, T) they came from: the planner's objective."""
+        rewards = self.model.reward(latents, actions, command)
+        values = self.model.value(latents, command)
+        return rewards @ self._discounts + self._tail_discount * values[:, -1], rewards, values
+
     def _evaluate(self, z, history, context, command, actions, latents):
         """Discounted returns (N,) of all candidates in one batched pass, and a non-finite mask."""
         predicted = self.model.dynamics(z, actions, history, context)
         latents[:, 1:].copy_(predicted)
-        rewards = self.model.reward(latents, actions, command)
-        values = self.model.value(latents, command)
-        returns = rewards @ self._discounts + self._tail_discount * values[:, -1]
+        returns, rewards, values = self.objective(latents, actions, command)
         bad = ~(
             torch.isfinite(predicted).flatten(1).all(1)
             & torch.isfinite(rewards).all(1)

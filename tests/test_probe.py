@@ -1,0 +1,141 @@
+"""The chunk-ranking probe: its look-aheads run on copies, its truth is the real continuation."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from robot_drivers.tasks import expert_ladder, expert_value, make_task
+from simdist_planner.evaluate import Agent, task_overrides
+from simdist_planner.observation import observation_to_inputs
+from simdist_planner.probe import EXPERT, PI, ChunkProbe, ProbeConfig, main, rank_correlation
+
+SMALL_PLANNER = dict(num_samples=24, num_elites=6, iterations=2)
+
+
+def tiny_go2_model(history: int = 3, seed: int = 0):
+    from simdist_planner.config import go2_config
+    from simdist_planner.model import WorldModel
+
+    torch.manual_seed(seed)
+    return WorldModel(go2_config(latent_dim=16, history=history, horizon=3)).eval()
+
+
+def go2_flat(max_steps: int):
+    return make_task("go2_flat", **task_overrides("go2_flat", max_steps=max_steps))
+
+
+def test_rank_correlation():
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ties share their mean rank: ranks (0, 1.5, 1.5, 3) against (0, 1, 2, 3)
+    expected = np.corrcoef([0, 1.5, 1.5, 3], [0, 1, 2, 3])[0, 1]
+    assert rank_correlation([0, 5, 5, 9], [1, 2, 3, 4]) == pytest.approx(expected)
+    assert np.isnan(rank_correlation([1, 1, 1], [1, 2, 3]))
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="driver must be one of"):
+        ProbeConfig(driver="planner")
+    with pytest.raises(ValueError, match="noise_stds must be > 0"):
+        ProbeConfig(noise_stds=(0.0,))
+
+
+def test_probing_leaves_the_rollout_alone_and_its_truth_is_the_real_continuation():
+    model = tiny_go2_model()
+    task = go2_flat(20)
+    config = ProbeConfig(start=5, every=5, noise_stds=(0.1,), per_noise=2)
+    probe = ChunkProbe(task, {"m": model}, config, **SMALL_PLANNER)
+    points = probe.run(seed=3, max_steps=12)
+    probed_qpos = task.backend.data.qpos.copy()
+    assert [p.step for p in points] == [5, 10]
+    for p in points:
+        assert len(p.truth) == len(p.model["m"]) == len(p.oracle["m"]) == 4  # expert, pi, 2 noised
+        assert np.all(np.isfinite(p.truth + p.model["m"] + p.oracle["m"])) and not any(p.failed)
+
+    # The same episode without the probe: the expert drives 12 steps.
+    ref = go2_flat(20)
+    expert, critic = expert_ladder(ref)[0], expert_value(ref)
+    obs = ref.reset(3)
+    for _ in range(5):
+        obs = ref.step(expert.act(obs)).obs
+    # At step 5 the expert candidate is the expert's next 3 actions, executed for real here.
+    planner = probe.planners["m"]
+    gamma, seen, ret = planner.config.discount, [obs], 0.0
+    low, high = np.asarray(ref.spec.action_low), np.asarray(ref.spec.action_high)
+    chunk = []
+    for i in range(3):
+        chunk.append(np.clip(np.asarray(expert.act(obs), np.float32), low, high).astype(np.float32))
+        r = ref.step(chunk[-1])
+        obs, ret = r.obs, ret + gamma**i * r.reward
+        seen.append(obs)
+    ret += gamma**3 * critic(obs)
+    assert points[0].truth[EXPERT] == pytest.approx(ret, rel=1e-6)
+    with torch.no_grad():  # the oracle scores the chunk over the latents of what it produced
+        z = torch.cat([model.encode(observation_to_inputs(o, ref.spec)) for o in seen])
+        oracle, _, _ = planner.objective(z[None], torch.as_tensor(np.stack(chunk))[None],
+                                         observation_to_inputs(seen[0], ref.spec)["command"])
+    assert points[0].oracle["m"][EXPERT] == pytest.approx(float(oracle[0]), rel=1e-5)
+    # ... and the driven episode is exactly the unprobed one.
+    ref2 = go2_flat(20)
+    obs = ref2.reset(3)
+    for _ in range(12):
+        obs = ref2.step(np.asarray(expert.act(obs), np.float32)).obs
+    np.testing.assert_array_equal(probed_qpos, ref2.backend.data.qpos)
+    for t in (task, ref, ref2):
+        t.close()
+
+
+def test_the_policy_driver_runs_pi_as_the_agent_does():
+    model = tiny_go2_model()
+    task = go2_flat(20)
+    probe = ChunkProbe(task, {"m": model}, ProbeConfig(driver="policy", start=2, every=4, per_noise=1),
+                       **SMALL_PLANNER)
+    points = probe.run(seed=1, max_steps=8)
+    assert [p.step for p in points] == [2, 6] and len(points[0].truth) == 2 + 3
+    ref = go2_flat(20)
+    agent = Agent(model, ref.spec)
+    obs = ref.reset(1)
+    agent.reset(1)
+    for _ in range(8):
+        obs = ref.step(agent.act(obs)).obs
+    np.testing.assert_array_equal(task.backend.data.qpos, ref.backend.data.qpos)
+    # candidate PI is pi's chunk there: the model's objective agrees with MPPIPlanner.score
+    assert points[0].model["m"][PI] != points[0].model["m"][EXPERT]
+    for t in (task, ref):
+        t.close()
+
+
+def test_models_must_share_history_and_horizon():
+    task = go2_flat(5)
+    with pytest.raises(ValueError, match="must share history and horizon"):
+        ChunkProbe(task, {"a": tiny_go2_model(3), "b": tiny_go2_model(2)}, **SMALL_PLANNER)
+    task.close()
+
+
+def test_cli_prints_a_row_per_model_and_writes_every_state(tmp_path, capsys):
+    from simdist_planner.checkpoint import save_checkpoint
+
+    save_checkpoint(tiny_go2_model(seed=0), tmp_path / "a")
+    save_checkpoint(tiny_go2_model(seed=1), tmp_path / "b")
+    out = tmp_path / "probe.json"
+    assert main(["--task", "go2_flat", "--checkpoint", f"pre={tmp_path / 'a'}", "--checkpoint",
+                 f"adapted={tmp_path / 'b'}", "--seeds", "0,1", "--max-steps", "6", "--start", "2",
+                 "--every", "3", "--device", "cpu", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "go2_flat sim: 4 states along the expert's rollouts, seeds 0,1; 17 candidates" in text
+    assert [line.split()[0] for line in text.strip().splitlines()[-2:]] == ["pre", "adapted"]
+    data = json.loads(out.read_text())
+    assert [s["model"] for s in data["summaries"]] == ["pre", "adapted"]
+    assert [(p["episode_seed"], p["step"]) for p in data["points"]] == [(0, 2), (0, 5), (1, 2), (1, 5)]
+    for s in data["summaries"]:
+        assert s["points"] == 4 and -1.0 <= s["rank_corr"] <= 1.0 and 0.0 <= s["pick_quantile"] <= 1.0
+
+
+def test_a_task_that_cannot_be_copied_is_refused_clearly():
+    task = make_task("peg")  # holds an MjSpec, which MuJoCo cannot copy
+    with pytest.raises(ValueError, match="the probe copies the task to look ahead; peg cannot be copied"):
+        ChunkProbe(task, {"m": tiny_go2_model()}, **SMALL_PLANNER)
+    task.close()
