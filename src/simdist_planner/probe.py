@@ -160,10 +160,12 @@ class ChunkProbe:
         history.reset(obs)
         points = []
         for k in range(max_steps or self.task.max_steps):
-            inputs = observation_to_inputs(obs, spec, self.device)
-            proprio, actions = history.tensors(self.device)
-            pi = policy_chunk(self.reference, inputs, proprio, actions)
-            if k >= cfg.start and (k - cfg.start) % cfg.every == 0:
+            probing = k >= cfg.start and (k - cfg.start) % cfg.every == 0
+            if probing or cfg.driver == "policy":
+                inputs = observation_to_inputs(obs, spec, self.device)
+                proprio, actions = history.tensors(self.device)
+                pi = policy_chunk(self.reference, inputs, proprio, actions)
+            if probing:
                 points.append(self._probe(seed, k, obs, inputs, proprio, actions, pi))
             if cfg.driver == "expert":  # as simdist-eval runs it: unclipped
                 action = np.asarray(self.expert.act(obs), np.float32)
