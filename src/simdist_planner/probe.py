@@ -139,7 +139,7 @@ class ChunkProbe:
         except Exception as e:  # noqa: BLE001 - any failure means no look-ahead
             raise ValueError(f"the probe copies the task to look ahead; {task.name} cannot be "
                              f"copied ({type(e).__name__}: {e})") from e
-        self.task, self.models, self.config, self.device = task, models, config, torch.device(device)
+        self.task, self.config, self.device = task, config, torch.device(device)
         self.reference = next(iter(models.values()))
         self.horizon = self.reference.config.horizon
         self.planners = {
