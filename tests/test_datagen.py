@@ -254,13 +254,16 @@ def test_values_and_rewards_come_from_the_task(tmp_path):
     ds = ShardedDataset(tmp_path)
     value = toy_task.expert_value(None)
     task = tasks.make_task("toy")
+    assert ds.layout.state_terms == (("goal_offset", 2),)
     for i in range(ds.num_episodes):
         ep, info = ds.episode(i), ds.episode_info(i)
         obs = task.reset(info["seed"])
         assert ep["value"][0] == pytest.approx(value(obs), rel=1e-6)
+        np.testing.assert_allclose(ep["state"][0], task.privileged_state(obs), rtol=1e-6)
         res = task.step(ep["action"][0])
         assert ep["reward"][0] == pytest.approx(res.reward, rel=1e-6)
         assert ep["value"][1] == pytest.approx(value(res.obs), rel=1e-6)
+        np.testing.assert_allclose(ep["state"][1], task.privileged_state(res.obs), rtol=1e-6)
         assert info["success"] == bool(info["terminated"])  # toy ends only on success or time
 
 
@@ -361,6 +364,7 @@ def test_go2_flat_generates_windows_in_the_model_format(tmp_path):
     w = WindowDataset(ds, 5, 5)[0]
     assert w["obs"]["height_map"].shape == (11, 21, 15) and w["obs"]["command"].shape == (11, 3)
     assert w["actions"].shape == (10, 12) and "images" not in w["obs"]
+    assert "state" not in w and not ds.layout.state_terms  # the Go2 tasks define no task state
 
 
 @pytest.mark.slow
@@ -368,3 +372,4 @@ def test_peg_generates_camera_windows(tmp_path):
     ds = _real_task_dataset(tmp_path, "peg", max_steps=12)
     w = WindowDataset(ds, 5, 5)[0]
     assert w["obs"]["images"].shape[:3] == (11, 3, 3) and w["actions"].shape == (10, 7)
+    assert w["state"].shape == (13,)  # the task state of o_t

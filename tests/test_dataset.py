@@ -26,6 +26,7 @@ LAYOUT = StepLayout(
     image_shape=(4, 5),
     height_map_shape=(21, 15),
     command_dim=3,
+    state_terms=(("row", 1), ("episode", 1)),
 )
 ATTRS = {"task": "synthetic", "config": json.dumps({"seed": 0})}
 
@@ -47,6 +48,7 @@ def make_episode(ep_id: int, rows: int, expert_all: bool = False, policy: int = 
         **{f"images/{cam}": v for cam, v in images.items()},
         "height_map": np.broadcast_to((k + 100 * ep_id)[:, None, None], (rows, 21, 15)).astype(np.float32),
         "command": np.stack([k, k, np.full(rows, ep_id)], axis=1).astype(np.float32),
+        "state": np.stack([3000 + k, np.full(rows, ep_id)], axis=1).astype(np.float32),
         "action": action,
         "reward": np.where(k < rows - 1, 1000 + k, 0).astype(np.float32),
         "value": (2000 + k).astype(np.float32),
@@ -141,6 +143,7 @@ def test_windows_match_the_model_input_contract(tmp_path, pad):
         assert w["rewards"].tolist() == [1000 + k for k in range(t, t + T)]
         assert w["values"].tolist() == [2000 + k for k in range(t + 1, t + T + 1)]
         assert w["expert"].tolist() == [k % 2 for k in range(t, t + T)]
+        assert w["state"].tolist() == [3000 + t, ep_id]  # the task state of o_t only
         # images are CHW of the stored HWC frame of the right camera
         stored = ds.read(i, rows[H], rows[H] + 1)["images/top"][0]
         assert torch.equal(obs["images"][H, 1], torch.from_numpy(stored).permute(2, 0, 1))
@@ -335,3 +338,16 @@ def test_bad_files_raise_clear_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no shard-"):
         ShardedDataset(tmp_path / "empty")
+
+
+def test_shards_written_without_a_task_state_still_read(tmp_path):
+    """Shards from before the task state was stored: no `state_terms` key, no /steps/state."""
+    write_shards(tmp_path, [[6, 8]])
+    with h5py.File(tmp_path / shard_name(0), "r+") as f:
+        layout = json.loads(f.attrs["layout"])
+        del layout["state_terms"]
+        f.attrs["layout"] = json.dumps(layout)
+        del f["steps/state"]
+    ds = ShardedDataset(tmp_path)
+    assert ds.layout.state_terms == () and ds.layout.state_dim == 0
+    assert "state" not in ds.episode(0) and "state" not in WindowDataset(ds, 2, 2)[0]

@@ -19,7 +19,7 @@ def tiny_go2(**kw):
 
 def fitted(cfg, window):
     model = WorldModel(cfg)
-    keys = {"proprio", "actions", "rewards", "values", "command", "height_map"}
+    keys = {"proprio", "actions", "rewards", "values", "command", "height_map", "state"}
     model.scaler.fit({k: v for k, v in window.items() if k in keys and k in model.scaler.dims})
     return model
 
@@ -130,7 +130,7 @@ def test_adaptation_ablation_switches_unfreeze_encoder_and_value():
 def test_overfit_drives_every_term_down_tenfold():
     torch.manual_seed(0)
     cfg = tiny_go2(latent_dim=32, history=2, horizon=4, dynamics=AttentionConfig(1, 2), dropout_mlp=0.0,
-                   dropout_attention=0.0, loss=LossWeights(reconstruction=1.0))
+                   dropout_attention=0.0, loss=LossWeights(reconstruction=1.0, state=1.0), state_dim=4)
     w = synthetic_windows(cfg, 8, seed=1)
     model = fitted(cfg, w)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -142,5 +142,29 @@ def test_overfit_drives_every_term_down_tenfold():
         opt.step()
         first = first or terms.as_floats()
     last = world_model_loss(model, w).as_floats()
-    for k in ("latent", "reward", "value", "action", "reconstruction"):
+    for k in ("latent", "reward", "value", "action", "reconstruction", "state"):
         assert last[k] * 10 <= first[k], f"{k}: {first[k]:.4g} -> {last[k]:.4g}"
+
+
+def test_state_term_trains_the_encoder_to_hold_the_task_state():
+    """The auxiliary state loss (LossWeights.state) reads the task state from z_t = E(o_t):
+    weighted into the total, its gradient reaches E but not f, R, V or pi, and a window
+    without the state is an error rather than a silent zero."""
+    cfg = tiny_go2(loss=LossWeights(state=2.0), state_dim=3)
+    w = synthetic_windows(cfg, 4, seed=3)
+    assert w["state"].shape == (4, 3)
+    model = fitted(cfg, w).eval()
+    t = world_model_loss(model, w)
+    assert t.state > 0
+    torch.testing.assert_close(t.total, t.latent + t.reward + t.value + 4 * t.action + 2 * t.state)
+    model.zero_grad()
+    t.state.backward()
+    grads = {model.part_of(n) for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert {"encoder", "state"} <= grads and not grads & {"dynamics", "reward", "value", "policy"}
+    with pytest.raises(ValueError, match="needs the privileged task state"):
+        world_model_loss(model, {k: v for k, v in w.items() if k != "state"})
+    with pytest.raises(ValueError, match="no state head"):
+        world_model_loss(fitted(tiny_go2(), w).eval(), w, LossWeights(state=1.0))
+    # raw units out: the head's normalised output mapped back through the fitted scaler
+    z = model.encode({k: w[k][:, 3] for k in ("proprio", "height_map")})
+    torch.testing.assert_close(model.state(z), model.scaler.denormalize("state", model.state_head(z)))

@@ -42,11 +42,11 @@ def test_learning_rate_schedule():
     assert lr_at(cfg, 5000) == pytest.approx(1e-4)
 
 
-def _write_ur5e_like_shard(path):
+def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),)):
     from simdist_planner.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
 
     layout = StepLayout(proprio_terms=(("joint_pos", 3), ("gripper", 1)), action_dim=2,
-                        cameras=("wrist",), image_shape=(16, 16))
+                        cameras=("wrist",), image_shape=(16, 16), state_terms=state_terms)
     attrs = {"task": "peg", "config": json.dumps({"robot": {"obs_noise": {"joint_pos": 0.5, "gripper": 0.0}}})}
     rng = np.random.default_rng(0)
     with ShardWriter(path / shard_name(0), layout, attrs) as w:
@@ -61,6 +61,8 @@ def _write_ur5e_like_shard(path):
                 "expert": (rng.random(rows) > 0.3).astype(np.uint8),
                 "noised": np.zeros(rows, np.uint8),
             }
+            if state_terms:
+                steps["state"] = rng.normal(size=(rows, layout.state_dim)).astype(np.float32)
             w.append(EpisodeRecord(id=ep, steps=steps, policy=0, seed=ep, noise_scale=np.zeros(2),
                                    never_noised=False, success=False, terminated=False, truncated=True))
 
@@ -74,7 +76,10 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     model = load_checkpoint(final)
     c = model.config
     assert (c.proprio_dim, c.action_dim, c.image.cameras, c.image.height) == (4, 2, ("wrist",), 16)
-    assert json.loads((final / "metrics.json").read_text())["step"] == 3
+    assert c.state_dim == 3 and c.loss.state > 0  # the small UR5e model reads the task state from z
+    metrics = json.loads((final / "metrics.json").read_text())
+    assert metrics["step"] == 3 and metrics["loss/state"] > 0
+    assert not torch.allclose(model.scaler.state_std, torch.ones(3))
     assert any((tmp_path / "run" / "tb").iterdir())
     # the scaler was fitted on the shard, not left at identity
     assert not torch.allclose(model.scaler.proprio_std, torch.ones(4))
@@ -113,6 +118,17 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
             assert any(torch.allclose(crops[k], shifted[b, h:, c]) for k in match)
             offsets.add(match[0])
     assert len(offsets) > 1  # the shift is random
+
+
+def test_a_dataset_without_the_task_state_is_refused_unless_the_state_loss_is_off(tmp_path):
+    _write_ur5e_like_shard(tmp_path / "data", state_terms=())
+    cfg = PretrainConfig(model="ur5e_small", data=(str(tmp_path / "data"),), steps=1, batch_size=2,
+                         warmup_steps=1, workers=0, model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+    with pytest.raises(ValueError, match="holds no task state"):
+        pretrain(cfg, tmp_path / "run", progress=False)
+    off = dataclasses.replace(cfg, model_overrides={**cfg.model_overrides, "loss": {"state": 0.0}})
+    model = load_checkpoint(pretrain(off, tmp_path / "run_off", progress=False))
+    assert model.config.state_dim == 0 and model.state_head is None
 
 
 def test_two_cpu_ranks_end_with_identical_weights(tmp_path):

@@ -245,3 +245,34 @@ def test_same_seed_same_episode_and_paired_initial_states():
     assert np.allclose(p_sim["obj_pos"][:2], p_real["obj_pos"][:2], atol=1e-4)
     sim.close()
     real.close()
+
+
+def test_task_state_tracks_the_object_relative_to_hand_and_hole():
+    """The privileged task state (stored for the state loss) follows the expert's episode:
+    the grasp point relative to the TCP, the yaw the hand must turn, then the grasp."""
+    from robot_drivers.experts.ur5e import CLOSE, DESCEND
+    from robot_drivers.tasks.ur5e_tasks import STATE_TERMS, grasp_yaw_error
+
+    task = make_task("peg", cameras=())
+    assert task.state_terms == STATE_TERMS and sum(d for _, d in STATE_TERMS) == 13
+    obs = task.reset(5)
+    p = obs.privileged
+    state = task.privileged_state(obs)
+    assert state.dtype == np.float32 and state.shape == (13,)
+    np.testing.assert_allclose(state[:3], p["obj_grasp"] - p["tcp_pos"], atol=1e-6)
+    np.testing.assert_allclose(state[3:6], p["obj_bottom"] - p["hole"], atol=1e-6)
+    assert np.linalg.norm(state[:2]) > 0.05 and abs(state[6]) <= np.pi / 4
+    assert state[6] == pytest.approx(grasp_yaw_error(p), abs=1e-6) and abs(state[6]) > 0.01
+    assert state[10] == 0.0  # not grasped
+    expert = InsertionExpert(task)
+    expert.reset(5)
+    while expert.phase < DESCEND:
+        obs = task.step(expert.act(obs)).obs
+    state = task.privileged_state(obs)
+    assert abs(state[6]) < 0.03 and np.linalg.norm(state[:2]) < 0.003  # aligned above the peg
+    while expert.phase <= CLOSE:
+        obs = task.step(expert.act(obs)).obs
+    assert task.privileged_state(obs)[10] == 1.0  # held
+    with pytest.raises(ValueError, match="privileged"):
+        task.privileged_state(dataclasses.replace(obs, privileged=None))
+    task.close()

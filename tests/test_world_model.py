@@ -162,8 +162,12 @@ def test_config_round_trip_and_validation():
     for cfg in (go2_config(), ur5e_config(), ur5e_small_config(dynamics_kind="autoregressive")):
         assert WorldModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     data = go2_config().to_dict()
-    legacy = {k: v for k, v in data.items() if k != "normalize_latent"}  # written before the key existed
-    assert WorldModelConfig.from_dict(legacy).normalize_latent is False
+    legacy = {k: v for k, v in data.items() if k not in ("normalize_latent", "state_dim")}  # written before
+    legacy["loss"] = {k: v for k, v in data["loss"].items() if k != "state"}            # the keys existed
+    old = WorldModelConfig.from_dict(legacy)
+    assert old.normalize_latent is False and old.state_dim == 0 and old.loss.state == 0.0
+    assert "state" not in legacy["loss"]  # the caller's dict is left as it was
+    assert WorldModel(old).state_head is None and WorldModel(old).parameter_counts()["state"] == 0
     with pytest.raises(ValueError, match="unknown keys \\['colour'\\]"):
         WorldModelConfig.from_dict({**data, "colour": 1})
     with pytest.raises(ValueError, match="format_version"):

@@ -88,6 +88,8 @@ class ToyBackend(RobotBackend):
 
 
 class ToyTask(Task):
+    state_terms = (("goal_offset", 2),)
+
     def __init__(self, name, variant, max_steps=30, terminate_on_success=True, **backend_kw):
         self.name, self.variant, self.max_steps = name, variant, max_steps
         self.terminate_on_success = terminate_on_success
@@ -97,6 +99,9 @@ class ToyTask(Task):
     def reset(self, seed=None):
         self._t = 0
         return self.backend.reset(seed)
+
+    def privileged_state(self, obs):
+        return (obs.privileged["goal"] - obs.privileged["pos"]).astype(np.float32)
 
     def step(self, action):
         self.backend.act(Command(CommandKind.EE_DELTA, np.asarray(action, np.float32)))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from rclpy.serialization import deserialize_message
@@ -157,11 +157,12 @@ def build_real_dataset(bags, out_dir: str | pathlib.Path, spec: RobotSpec, demos
                 report.transitions += len(seg.actions)
         for demo in demos or ():
             source = ShardedDataset(demo)
-            if source.layout != layout:
+            # simulation demos may carry the privileged task state; a robot has none to record
+            if replace(source.layout, state_terms=()) != layout:
                 raise ValueError(f"demonstrations {demo}: layout {source.layout} != robot layout {layout}")
             for i in range(source.num_episodes):
                 ep = source.episode(i)
-                steps = {k: v for k, v in ep.items() if k not in ("episode", "t")}
+                steps = {k: v for k, v in ep.items() if k not in ("episode", "t", "state")}
                 info = source.episode_info(i)
                 writer.append(EpisodeRecord(
                     id=next_id, steps=steps, policy=int(info["policy"]), seed=int(info["seed"]),

@@ -245,7 +245,7 @@ class EpisodeGenerator:
             raise ValueError(f"{cfg.task}: expert_ladder returned no policies")
         self.value_fn = tasks.expert_value(self.task)
         self.spec = self.task.spec
-        self.layout = StepLayout.from_spec(self.spec)
+        self.layout = StepLayout.from_spec(self.spec, self.task.state_terms)
         a = self.spec.action_dim
         if len(cfg.robot.noise.sigma_min) != a:
             raise ValueError(
@@ -318,6 +318,8 @@ class EpisodeGenerator:
             rows["height_map"].append(obs.height_map)
         if self.layout.command_dim:
             rows["command"].append(obs.command)
+        if self.layout.state_terms:
+            rows["state"].append(self.task.privileged_state(obs))
         rows["action"].append(action)
         rows["value"].append(float(self.value_fn(obs)))
         rows["expert"].append(expert)

@@ -73,9 +73,10 @@ class StepLayout:
     image_shape: tuple[int, int] = (0, 0)
     height_map_shape: tuple[int, int] | None = None
     command_dim: int = 0
+    state_terms: tuple[tuple[str, int], ...] = ()  # privileged task state (Task.state_terms)
 
     @classmethod
-    def from_spec(cls, spec) -> "StepLayout":
+    def from_spec(cls, spec, state_terms=()) -> "StepLayout":
         return cls(
             proprio_terms=tuple((t.name, int(t.dim)) for t in spec.proprio_terms),
             action_dim=int(spec.action_dim),
@@ -85,6 +86,7 @@ class StepLayout:
                 tuple(int(s) for s in spec.height_map_shape) if spec.height_map_shape else None
             ),
             command_dim=int(spec.command_dim),
+            state_terms=tuple((str(n), int(k)) for n, k in state_terms),
         )
 
     @classmethod
@@ -97,6 +99,7 @@ class StepLayout:
             image_shape=tuple(d["image_shape"]),
             height_map_shape=tuple(d["height_map_shape"]) if d["height_map_shape"] else None,
             command_dim=int(d["command_dim"]),
+            state_terms=tuple((str(n), int(k)) for n, k in d.get("state_terms", ())),
         )
 
     def to_json(self) -> str:
@@ -105,6 +108,10 @@ class StepLayout:
     @property
     def proprio_dim(self) -> int:
         return sum(d for _, d in self.proprio_terms)
+
+    @property
+    def state_dim(self) -> int:
+        return sum(d for _, d in self.state_terms)
 
     def step_shapes(self) -> dict[str, tuple[tuple[int, ...], type]]:
         """Per-row shape and dtype of every /steps dataset, keyed by its path under /steps."""
@@ -118,6 +125,8 @@ class StepLayout:
             shapes["height_map"] = (tuple(self.height_map_shape), np.float32)
         if self.command_dim:
             shapes["command"] = ((self.command_dim,), np.float32)
+        if self.state_terms:
+            shapes["state"] = ((self.state_dim,), np.float32)
         for name, dtype in _STEP_SCALARS.items():
             shapes[name] = ((), dtype)
         return shapes
@@ -670,7 +679,8 @@ class WindowDataset(torch.utils.data.Dataset):
     Item: {"obs": {"proprio" (H+T+1, P), "images" (H+T+1, n_cam, 3, h, w) uint8,
     "height_map" (H+T+1, 21, 15), "command" (H+T+1, 3)} (keys the robot lacks are absent),
     "actions" (H+T, A) = a_{t-H..t+T-1}, "rewards" (T,) = r_{t..t+T-1},
-    "values" (T,) = v_{t+1..t+T}, "expert" (T,) flags of a_{t..t+T-1}}; index H is step t.
+    "values" (T,) = v_{t+1..t+T}, "expert" (T,) flags of a_{t..t+T-1}, "state" (S,) the
+    privileged task state of o_t when the shards hold one}; index H is step t.
     Windows never cross episodes. pad="repeat" also samples t < H: history rows before the
     episode start repeat o_0 and their actions are zero (what a planner sees right after a
     reset); pad="none" samples only t >= H.
@@ -724,13 +734,16 @@ class WindowDataset(torch.utils.data.Dataset):
         if pad:
             actions = np.concatenate([np.zeros((pad, layout.action_dim), np.float32), actions])
         k = t - lo  # row of step t within `rows`
-        return {
+        window = {
             "obs": obs,
             "actions": actions,
             "rewards": rows["reward"][k : k + T],
             "values": rows["value"][k + 1 : k + T + 1],
             "expert": rows["expert"][k : k + T].astype(np.float32),
         }
+        if layout.state_terms:  # a training target beside the observation, never an input
+            window["state"] = rows["state"][k]
+        return window
 
     def __getitem__(self, idx: int) -> dict:
         w = self.window(idx)

@@ -1,7 +1,8 @@
 """Eq. 2 (pretraining) and Eq. 3 (dynamics-only adaptation) on scaler-normalised targets.
 
 Eq. 2 per window: ||z^ - sg(E(o))||^2 + c1 (r^ - r)^2 + c2 (v^ - v)^2 + c3 1_e ||a^ - a||^2
-with the official weights latent 1 / reward 1 / value 1 / action 4 (config.loss) and the expert
+(+ optional terms: reconstruction for the Table I ablation, the privileged task state read
+from z_t, LossWeights.state) with the official weights latent 1 / reward 1 / value 1 / action 4 (config.loss) and the expert
 mask 1_e = cumulative product of the expert flags along the horizon: once a corrupted action
 enters the chunk, no later action is a target for pi. Each term is a mean over its elements.
 """
@@ -15,7 +16,7 @@ from torch import nn
 from simdist_planner.config import LossWeights
 from simdist_planner.model import WorldModel, unwrap
 
-TERMS = ("latent", "reward", "value", "action", "reconstruction")
+TERMS = ("latent", "reward", "value", "action", "reconstruction", "state")
 
 
 @dataclass
@@ -28,6 +29,7 @@ class LossTerms:
     value: torch.Tensor
     action: torch.Tensor
     reconstruction: torch.Tensor
+    state: torch.Tensor
 
     def as_floats(self) -> dict[str, float]:
         return {k: float(getattr(self, k).detach()) for k in ("total", *TERMS)}
@@ -66,9 +68,20 @@ def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None
     if "reconstruction" in pred:
         recon = sum(((pred["reconstruction"][k] - v) ** 2).mean()
                     for k, v in pred["reconstruction_targets"].items())
+    state = latent.new_zeros(())
+    if w.state > 0:
+        if "state" not in pred:
+            raise ValueError(f"loss.state is {w.state} but the {core.config.robot} model has no "
+                             "state head (state_dim 0)")
+        if "state" not in window:
+            raise ValueError("loss.state > 0 needs the privileged task state in the window "
+                             "('state'); shards generated before it was stored have none")
+        target = scaler.normalize("state", window["state"].float())
+        _check_shape("state", target, pred["state"].shape)
+        state = ((pred["state"] - target) ** 2).mean()
     total = (w.latent * latent + w.reward * reward + w.value * value + w.action * action
-             + w.reconstruction * recon)
-    return LossTerms(total, latent, reward, value, action, recon)
+             + w.reconstruction * recon + w.state * state)
+    return LossTerms(total, latent, reward, value, action, recon, state)
 
 
 def adaptation_loss(model: nn.Module, window: dict) -> torch.Tensor:

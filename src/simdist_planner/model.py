@@ -28,7 +28,7 @@ from simdist_planner.heads import (
     make_head,
 )
 from simdist_planner.scaler import Scaler, scaler_dims
-from simdist_planner.transformers import ContextCache
+from simdist_planner.transformers import MLP, ContextCache
 
 # Parameter groups by module name prefix; used by the adapter (train f only) and for reporting.
 PARTS = {
@@ -39,6 +39,7 @@ PARTS = {
     "value": ("value_head.",),
     "policy": ("policy_head.",),
     "decoder": ("decoder.",),
+    "state": ("state_head.",),
 }
 
 
@@ -67,6 +68,9 @@ class WorldModel(nn.Module):
         self.value_head = make_head(d + c, config, config.value)
         self.policy_head = PolicyHead(config)
         self.decoder = ObservationDecoder(config) if config.loss.reconstruction > 0 else None
+        # auxiliary privileged-state readout of z (LossWeights.state); training only
+        self.state_head = MLP(d, [d * config.encoder_hidden_factor], config.state_dim) \
+            if config.state_dim else None
 
     # ------------------------------------------------------------------ input checking
     def _check_tail(self, name: str, x: torch.Tensor, tail: tuple[int, ...], ndim: int | None = None):
@@ -205,6 +209,13 @@ class WorldModel(nn.Module):
         steps = self.config.horizon
         return self.scaler.denormalize("actions", self.policy_n(z, history, commands, steps))
 
+    def state(self, z: torch.Tensor) -> torch.Tensor:
+        """z (B, D) -> the privileged task state the state head reads from it (B, S), raw units:
+        how much of the task state the latent holds (diagnostics; planning never uses it)."""
+        _need(self.state_head is not None, f"{self.config.robot} world model has no state head (state_dim 0)")
+        self._check_tail("z", z, (self.config.latent_dim,), 2)
+        return self.scaler.denormalize("state", self.state_head(z))
+
     def _check_inputs(self, z, history):
         d = self.config.latent_dim
         self._check_tail("z", z, (d,), 2)
@@ -254,6 +265,8 @@ class WorldModel(nn.Module):
             "values": self.value_n(latents, commands),
             "actions": self.policy_n(z, history, commands, t),
         }
+        if self.state_head is not None:
+            out["state"] = self.state_head(z)
         if self.decoder is not None:
             out["reconstruction"] = self.decoder(latents)
             out["reconstruction_targets"] = self._reconstruction_targets(

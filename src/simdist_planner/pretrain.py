@@ -91,12 +91,20 @@ def model_config_for(cfg: PretrainConfig, layout=None) -> WorldModelConfig:
                 image["height"], image["width"] = (int(s) for s in layout.image_shape)
             changes["image"] = base.image.__class__(**image)
         base = base.replace(**changes)
-    if not cfg.model_overrides:
-        return base
-    try:
-        return WorldModelConfig.from_dict(_deep_merge(base.to_dict(), cfg.model_overrides))
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"model_overrides {cfg.model_overrides}: {err}") from err
+    if cfg.model_overrides:
+        try:
+            base = WorldModelConfig.from_dict(_deep_merge(base.to_dict(), cfg.model_overrides))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"model_overrides {cfg.model_overrides}: {err}") from err
+    if base.loss.state > 0:  # the state head is sized by the task state the shards hold
+        state_dim = base.proprio_dim if layout is None else layout.state_dim  # synthetic: x itself
+        if state_dim == 0:
+            raise ValueError(
+                f"model {cfg.model!r} trains the auxiliary state loss (loss.state "
+                f"{base.loss.state}) but the dataset holds no task state: generate it with this "
+                "version, or pass --model-overrides '{\"loss\": {\"state\": 0}}'")
+        base = base.replace(state_dim=state_dim)
+    return base
 
 
 # ------------------------------------------------------------------------------------ data
@@ -192,6 +200,8 @@ def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> 
             cols["command"].append(ep["command"])
         if "height_map" in cols:
             cols["height_map"].append(ep["height_map"])
+        if "state" in cols:
+            cols["state"].append(ep["state"])
         rows += n + 1
         if rows >= cfg.scaler_rows:
             break

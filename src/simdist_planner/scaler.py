@@ -31,6 +31,8 @@ def scaler_dims(config) -> dict[str, tuple[int, ...]]:
         dims["command"] = (config.command_dim,)
     if config.height_map is not None:
         dims["height_map"] = tuple(config.height_map.shape)
+    if config.state_dim:
+        dims["state"] = (config.state_dim,)
     return dims
 
 

@@ -53,6 +53,9 @@ def synthetic_windows(config: WorldModelConfig, batch: int, seed: int = 0, syste
         rows, cols = config.height_map.shape
         W = 0.3 * torch.randn(rows * cols, p, generator=sysg)
         window["height_map"] = (states_t @ W.T).reshape(batch, n, rows, cols)
+    if config.state_dim:  # the privileged "task state" of o_t: a fixed linear view of x_t
+        S = torch.randn(config.state_dim, p, generator=sysg)
+        window["state"] = states_t[:, h] @ S.T
     if config.image is not None:
         ch, hh, ww = 3, config.image.height, config.image.width
         W = torch.randn(config.num_cameras * ch * hh * ww, p, generator=sysg)

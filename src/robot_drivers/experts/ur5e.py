@@ -18,8 +18,8 @@ import numpy as np
 
 from robot_drivers.cache import cache_dir, save_npz_atomic
 from robot_drivers.interface import Observation
-from robot_drivers.tasks.ur5e_tasks import GAMMA, UR5eInsertionTask
-from robot_drivers.ur5e.so3 import mat_to_rotvec, rotvec_to_mat, rotz, wrap_angle
+from robot_drivers.tasks.ur5e_tasks import GAMMA, UR5eInsertionTask, grasp_yaw_error
+from robot_drivers.ur5e.so3 import mat_to_rotvec, rotvec_to_mat, rotz, tcp_yaw, wrap_angle
 
 TCP_HOME_MAT = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # pointing down
 APPROACH, DESCEND, CLOSE, LIFT, CARRY, LOWER, INSERT, THREAD = range(8)
@@ -71,10 +71,6 @@ class InsertionExpert:
         self._history: list[dict] = []
 
     # -- geometry helpers ----------------------------------------------------------------
-    @staticmethod
-    def _tcp_yaw(mat: np.ndarray) -> float:
-        return float(np.arctan2(-mat[0, 0], mat[1, 0]))
-
     def _upright_correction(self, obj_mat: np.ndarray) -> np.ndarray:
         """World rotation that makes the object vertical and (square peg) yaw-aligned."""
         axis = obj_mat[:, 2]
@@ -135,7 +131,7 @@ class InsertionExpert:
             mat = rotz(self.grasp_yaw) @ TCP_HOME_MAT
             target = p["obj_grasp"] + [0.0, 0.0, 0.06]
             err = target - p["tcp_pos"]
-            yaw_err = abs(wrap_angle(self.grasp_yaw - self._tcp_yaw(p["tcp_mat"])))
+            yaw_err = abs(wrap_angle(self.grasp_yaw - tcp_yaw(p["tcp_mat"])))
             if np.linalg.norm(err[:2]) < 0.002 and abs(err[2]) < 0.005 and yaw_err < 0.02:
                 self._next(DESCEND)
             return self._move(p, target, mat, self.COARSE, 0.0)
@@ -181,11 +177,9 @@ class InsertionExpert:
         return np.r_[0.0, 0.0, dz, 0.0, 0.0, -self.ROT_CAP, 1.0]
 
     def _grasp_yaw(self, p: dict) -> float:
-        tcp_yaw = self._tcp_yaw(p["tcp_mat"])
         if self.round_object:
-            return tcp_yaw + self.deg.yaw_bias
-        obj_yaw = np.arctan2(p["obj_mat"][1, 0], p["obj_mat"][0, 0])
-        return tcp_yaw + wrap_angle(obj_yaw - tcp_yaw, np.pi / 2) + self.deg.yaw_bias
+            return tcp_yaw(p["tcp_mat"]) + self.deg.yaw_bias
+        return tcp_yaw(p["tcp_mat"]) + grasp_yaw_error(p) + self.deg.yaw_bias
 
 
 def expert_ladder(task: UR5eInsertionTask) -> list[InsertionExpert]:

@@ -36,9 +36,17 @@ class Task(abc.ABC):
     backend: RobotBackend
     max_steps: int
 
+    # Named terms (name, dim) of the privileged task state the dataset stores for the world
+    # model's auxiliary state loss (docs/world_model.md); () = the task defines none.
+    state_terms: tuple[tuple[str, int], ...] = ()
+
     @property
     def spec(self) -> RobotSpec:
         return self.backend.spec
+
+    def privileged_state(self, obs: Observation) -> np.ndarray:
+        """The task state of `obs` as a float32 vector laid out by `state_terms`."""
+        raise NotImplementedError(f"{self.name} defines no privileged task state")
 
     @abc.abstractmethod
     def reset(self, seed: int | None = None) -> Observation: ...

@@ -22,7 +22,7 @@ from robot_drivers.tasks.base import StepResult, Task
 from robot_drivers.ur5e.backend import MujocoUR5eBackend
 from robot_drivers.ur5e.config import Appearance, ControllerConfig, SceneConfig
 from robot_drivers.ur5e.objects import FreeObject, HoleFixture, add_free_object, add_hole_fixture
-from robot_drivers.ur5e.so3 import wrap_angle
+from robot_drivers.ur5e.so3 import tcp_yaw, wrap_angle, yaw_of
 
 GAMMA = 0.99  # discount of the planner's return; V^e is fitted with it
 REGIONS = {"narrow": (0.01, 0.01), "wide": (0.175, 0.175)}  # half extents (2x2 cm, 35x35 cm)
@@ -137,7 +137,7 @@ class InsertionObjects:
         depth = hole[2] - bottom[2]
         xy_err = np.linalg.norm(bottom[:2] - hole[:2])
         seated = depth >= c.fixture.height - c.seat_tolerance and xy_err < c.success_xy
-        yaw = float(np.arctan2(mat[1, 0], mat[0, 0]))
+        yaw = yaw_of(mat)
         if data.time != self._last_time:  # integrate the turn once per new sim time
             if self._last_yaw is not None and seated:
                 self.twist += -wrap_angle(yaw - self._last_yaw)  # clockwise from above = +
@@ -150,6 +150,19 @@ class InsertionObjects:
             "tilt": np.array([np.arccos(np.clip(axis[2], -1.0, 1.0))]),
             "twist": np.array([self.twist]), "seated": np.array([float(seated)]),
         }
+
+
+def grasp_yaw_error(priv: dict[str, np.ndarray]) -> float:
+    """How far the hand must turn about z to grip the square object face-on (rad, within
+    +-45 deg: a square looks the same every 90 deg)."""
+    hand = tcp_yaw(priv["tcp_mat"])
+    return wrap_angle(yaw_of(priv["obj_mat"]) - hand, np.pi / 2)
+
+
+# The privileged task state (Task.state_terms): where the object is relative to the hand and
+# to the hole, how it sits and whether it is held. Units: m, rad, fractions and flags.
+STATE_TERMS = (("tcp_to_grasp", 3), ("bottom_to_hole", 3), ("grasp_yaw_error", 1), ("tilt", 1),
+               ("depth", 1), ("gripper", 1), ("grasped", 1), ("seated", 1), ("twist", 1))
 
 
 class UR5eInsertionTask(Task):
@@ -189,6 +202,20 @@ class UR5eInsertionTask(Task):
         c = self.cfg
         inserted = priv["depth"][0] >= c.success_depth and priv["xy_err"][0] <= c.success_xy
         return bool(inserted and priv["twist"][0] >= c.thread_turn)
+
+    state_terms = STATE_TERMS
+
+    def privileged_state(self, obs: Observation) -> np.ndarray:
+        p = obs.privileged
+        if p is None:
+            raise ValueError(f"{self.name}: the task state needs obs.privileged (simulation only)")
+        c = self.cfg
+        yaw = 0.0 if c.obj.shape == "cylinder" else grasp_yaw_error(p)
+        twist = p["twist"][0] / c.thread_turn if c.thread_turn > 0 else 0.0
+        return np.concatenate([
+            p["obj_grasp"] - p["tcp_pos"], p["obj_bottom"] - p["hole"],
+            [yaw, p["tilt"][0], p["depth"][0], p["gripper"][0], float(self.grasped(p)),
+             p["seated"][0], twist]]).astype(np.float32)
 
     def grasped(self, priv: dict[str, np.ndarray]) -> bool:
         near = np.linalg.norm(priv["tcp_pos"] - priv["obj_grasp"]) < 0.015

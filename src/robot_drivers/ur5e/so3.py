@@ -35,6 +35,17 @@ def rot_error(target: np.ndarray, current: np.ndarray) -> np.ndarray:
     return mat_to_rotvec(target @ current.T)
 
 
+def yaw_of(mat: np.ndarray) -> float:
+    """Heading of a body frame: the angle of its x axis in the world xy plane."""
+    return float(np.arctan2(mat[1, 0], mat[0, 0]))
+
+
+def tcp_yaw(mat: np.ndarray) -> float:
+    """Heading of the downward-pointing gripper (TCP) frame: its y axis is the reference, so
+    the home orientation has yaw 0."""
+    return float(np.arctan2(-mat[0, 0], mat[1, 0]))
+
+
 def rotz(angle: float) -> np.ndarray:
     c, s = np.cos(angle), np.sin(angle)
     return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
