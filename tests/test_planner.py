@@ -160,6 +160,31 @@ def test_base_policy_candidates_are_noised_once_per_step():
     np.testing.assert_allclose(result.policy_chunk, chunk.numpy())
 
 
+def test_std_scale_sets_the_unit_of_every_std_per_dimension():
+    """UR5e: stds in half action ranges. The first Gaussian candidates spread by init_std x
+    unit, the policy candidates by policy_noise_std x unit, and the std floor is min_std x
+    unit (a zero-reward model leaves the elites' own spread, so the floor shows)."""
+    unit = (0.05, 0.5)
+    model = QuadraticToyModel([0.0, 0.0], reward_weight=0.0, policy=torch.zeros(5, A))
+    planner = make(model, action_low=(-1.0,) * A, action_high=(1.0,) * A, num_samples=2000,
+                   mixture_coef=0.5, init_std=0.2, policy_noise_std=0.1, min_std=0.5, num_elites=8,
+                   iterations=1, std_scale=unit)
+    model.recorded = []
+    planner.plan(*inputs())
+    first = model.recorded[0]
+    torch.testing.assert_close(first[:2000].std(dim=(0, 1)), 0.2 * torch.tensor(unit), rtol=0.05, atol=0)
+    torch.testing.assert_close(first[2000:].std(dim=(0, 1)), 0.1 * torch.tensor(unit), rtol=0.05, atol=0)
+    # the elites spread less than the floor in both dimensions: the std is the floor itself
+    torch.testing.assert_close(planner._std, (0.5 * torch.tensor(unit)).expand(5, A))
+    ur5e = ur5e_planner_config([-0.05, -0.5, 0.0], [0.05, 0.5, 1.0])
+    assert ur5e.std_scale == pytest.approx((0.05, 0.5, 0.5))
+    assert go2_planner_config([-5.0] * 12, [5.0] * 12).std_scale == ()  # raw policy-action units
+    with pytest.raises(ValueError, match="std_scale"):
+        PlannerConfig(horizon=5, action_low=(-1.0,), action_high=(1.0,), std_scale=(1.0, 1.0))
+    with pytest.raises(ValueError, match="std_scale"):
+        PlannerConfig(horizon=5, action_low=(-1.0,), action_high=(1.0,), std_scale=(0.0,))
+
+
 def test_actions_respect_bounds():
     model = QuadraticToyModel([3.0, -3.0])  # optimum outside the box
     planner = make(model, action_low=(-1.0, -0.5), action_high=(0.8, 1.0))

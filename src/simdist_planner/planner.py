@@ -73,6 +73,10 @@ class PlannerConfig:
     delay: int = 1  # warm start: shift of the previous mean, in control steps
     seed: int = 42
     max_nonfinite_candidates: int = 0  # per step; more raises PlannerError (0 = any NaN raises)
+    # Per action dimension, the unit of init_std, min_std and policy_noise_std; () = raw action
+    # units (Go2: mppi.yaml is in raw policy-action units). UR5e: half the action range, so its
+    # settings act on actions normalised to [-1, 1] (ur5e_planner_config).
+    std_scale: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         problems = []
@@ -106,6 +110,10 @@ class PlannerConfig:
             problems.append(f"discount must be in (0, 1], got {self.discount}")
         if not 1 <= self.delay <= self.horizon:
             problems.append(f"delay must be in [1, horizon={self.horizon}], got {self.delay}")
+        if self.std_scale and (len(self.std_scale) != len(self.action_low)
+                               or not all(u > 0 for u in self.std_scale)):
+            problems.append(f"std_scale must be empty or {len(self.action_low)} positive values, "
+                            f"got {self.std_scale}")
         if self.max_nonfinite_candidates < 0:
             problems.append(f"max_nonfinite_candidates must be >= 0, got {self.max_nonfinite_candidates}")
         if problems:
@@ -145,9 +153,13 @@ def go2_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
 def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
     """UR5e MPPI: init std 1.0, policy noise 0.1, temperature 0.4, T = 5 (METHOD_NOTES).
 
-    The official release ships one MPPI file (Go2); the sample, elite and iteration counts
-    not fixed by the notes are taken from it unchanged (450 + 22 candidates, 64 elites, 8 iters).
+    The stds are in units of half the action range (`std_scale`): on the raw bounds (+-5 cm,
+    +-0.5 rad per step) a std of 1.0 would put nearly every sample on a bound and the policy
+    noise of 0.1 would drown pi's 1-2 cm steps. The official release ships one MPPI file (Go2);
+    the sample, elite and iteration counts not fixed by the notes are taken from it unchanged
+    (450 + 22 candidates, 64 elites, 8 iterations).
     """
+    half = tuple((hi - lo) / 2.0 for lo, hi in zip(action_low, action_high))
     return replace(
         PlannerConfig(
             horizon=5,
@@ -157,6 +169,7 @@ def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
             min_std=0.05,
             policy_noise_std=0.1,
             temperature=0.4,
+            std_scale=half,
         ),
         **overrides,
     )
@@ -215,6 +228,9 @@ class MPPIPlanner:
         self._discounts = c.discount ** torch.arange(T, dtype=torch.float32, device=dev)
         self._tail_discount = c.discount**T
         self._discounts_np = self._discounts.cpu().numpy()
+        unit = torch.tensor(c.std_scale or (1.0,) * A, dtype=torch.float32, device=dev)
+        self._init_std, self._min_std = c.init_std * unit, c.min_std * unit
+        self._policy_noise_scale = c.policy_noise_std * unit
         self._generator = torch.Generator(device=dev)
         # Buffers reused every step: the candidate chunks and their noise, mean/std state.
         self._actions = torch.empty(S + P, T, A, device=dev)
@@ -284,11 +300,11 @@ class MPPIPlanner:
         self._mean[: T - c.delay].copy_(self._prev_mean[c.delay :])
         self._mean[T - c.delay :].zero_()
         self._clamp(self._mean)
-        self._std.fill_(c.init_std)
+        self._std.copy_(self._init_std.expand(T, A))
         # Base-policy candidates: noised once per step, reused by every iteration.
         policy_part = self._actions[S:]
         torch.randn(self._policy_noise.shape, generator=self._generator, device=self.device, out=self._policy_noise)
-        torch.add(policy_chunk[0], self._policy_noise, alpha=c.policy_noise_std, out=policy_part)
+        torch.addcmul(policy_chunk[0], self._policy_noise, self._policy_noise_scale, out=policy_part)
         self._clamp(policy_part)
         self._sync()
         encoded = time.perf_counter()
@@ -400,7 +416,7 @@ class MPPIPlanner:
         new_mean = (weights * elites).sum(0)
         new_std = (weights * (elites - new_mean).square()).sum(0).sqrt()
         self._mean.mul_(c.momentum).add_(new_mean, alpha=1.0 - c.momentum)
-        torch.clamp(new_std, min=c.min_std, out=self._std)
+        torch.maximum(new_std, self._min_std, out=self._std)
 
     def _clamp(self, actions: torch.Tensor) -> None:
         torch.maximum(actions, self._low, out=actions)

@@ -46,7 +46,7 @@ from robot_drivers.interface import Command, CommandKind, Observation, RobotSpec
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.specs import robot_spec
 from simdist_planner.observation import ObservationError, ObservationHistory, observation_to_inputs
-from simdist_planner.planner import MPPIPlanner, PlannerConfig, PlannerError
+from simdist_planner.planner import MPPIPlanner, PlannerConfig, PlannerError, planner_config_for
 
 QOS = QoSProfile(
     depth=10,
@@ -68,12 +68,12 @@ PARAMS = (
     Param("lockstep", False, "plan once per new observation (MuJoCo lockstep on /clock) instead of on the timer"),
     Param("num_samples", 450, "MPPI Gaussian candidates per iteration", 1, 16384),
     Param("mixture_coef", 0.05, "base-policy candidates = num_samples x mixture_coef", 0.0, 1.0),
-    Param("policy_noise_std", 0.1, "std of the noise on base-policy candidates", 0.0, 10.0),
+    Param("policy_noise_std", 0.1, "std of the noise on base-policy candidates (UR5e: in half action ranges)", 0.0, 10.0),
     Param("iterations", 8, "MPPI iterations per control step", 1, 64),
     Param("num_elites", 64, "elite candidates refitting the mean and std", 1, 16384),
     Param("temperature", 0.4, "MPPI weight exp(temperature * (R - R_max))", 0.001, 100.0),
-    Param("init_std", 1.0, "sampling std at the start of every step", 0.001, 10.0),
-    Param("min_std", 0.05, "lower bound of the sampling std", 0.0001, 10.0),
+    Param("init_std", 1.0, "sampling std at the start of every step (UR5e: in half action ranges)", 0.001, 10.0),
+    Param("min_std", 0.05, "lower bound of the sampling std (UR5e: in half action ranges)", 0.0001, 10.0),
     Param("momentum", 0.0, "weight of the previous mean in each iteration's update", 0.0, 0.99),
     Param("discount", 0.99, "discount gamma of the planned return", 0.5, 1.0),
     Param("horizon", 5, "planning horizon T in control steps (must equal the model's T)", 1, 256),
@@ -249,11 +249,7 @@ class PlannerNode(Node):
         """The PlannerConfig these parameter values imply; ValueError says what is wrong."""
         if values["horizon"] != loaded.horizon:
             raise ValueError(f"horizon={values['horizon']} must equal the model's horizon T={loaded.horizon}")
-        return PlannerConfig(
-            action_low=tuple(spec.action_low),
-            action_high=tuple(spec.action_high),
-            **{f: values[f] for f in PLANNER_FIELDS},
-        )
+        return planner_config_for(spec, **{f: values[f] for f in PLANNER_FIELDS})
 
     def _apply_params(self) -> None:
         """Called at the start of a tick: accepted parameter changes take effect now."""
