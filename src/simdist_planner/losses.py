@@ -1,10 +1,11 @@
 """Eq. 2 (pretraining) and Eq. 3 (dynamics-only adaptation) on scaler-normalised targets.
 
 Eq. 2 per window: ||z^ - sg(E(o))||^2 + c1 (r^ - r)^2 + c2 (v^ - v)^2 + c3 1_e ||a^ - a||^2
-(+ optional terms: reconstruction for the Table I ablation, the privileged task state read
-from z_t, LossWeights.state) with the official weights latent 1 / reward 1 / value 1 / action 4 (config.loss) and the expert
+with the official weights latent 1 / reward 1 / value 1 / action 4 (config.loss) and the expert
 mask 1_e = cumulative product of the expert flags along the horizon: once a corrupted action
 enters the chunk, no later action is a target for pi. Each term is a mean over its elements.
+Optional terms outside the paper: reconstruction (the Table I ablation) and the privileged task
+state read from z_t (LossWeights.state).
 """
 from __future__ import annotations
 
