@@ -86,6 +86,40 @@ def test_corrupt_bag_is_skipped_and_nothing_else_lost(bags, tmp_path, caplog):
     assert any("skipping bag" in r.message for r in caplog.records)
 
 
+def test_simulation_demonstrations_join_d_real_without_their_task_state(bags, tmp_path):
+    """Demos are simulation-format shards; one that stores the privileged task state (which no
+    robot can record) is copied in without it, and one of another robot's layout is refused."""
+    import dataclasses
+
+    from simdist_planner.dataset import EpisodeRecord, ShardedDataset, ShardWriter, StepLayout, shard_name
+
+    layout = dataclasses.replace(StepLayout.from_spec(SPEC), state_terms=(("slip", 2),))
+    rng = np.random.default_rng(0)
+    rows = 9
+    steps = {"proprio": rng.normal(size=(rows, 35)).astype(np.float32),
+             "height_map": rng.normal(size=(rows, 21, 15)).astype(np.float32),
+             "command": np.full((rows, 3), 0.5, np.float32), "state": np.ones((rows, 2), np.float32),
+             "action": rng.normal(size=(rows, 12)).astype(np.float32),
+             "reward": np.zeros(rows, np.float32), "value": np.zeros(rows, np.float32),
+             "expert": np.ones(rows, np.uint8), "noised": np.zeros(rows, np.uint8)}
+    with ShardWriter(tmp_path / "demos" / shard_name(0), layout, {"task": "go2_slope", "config": "{}"}) as w:
+        w.append(EpisodeRecord(id=0, steps=steps, policy=0, seed=3, noise_scale=np.zeros(12),
+                               never_noised=True, success=True, terminated=True, truncated=False))
+    report = build_real_dataset(bags, tmp_path / "d_real", SPEC, demos=[tmp_path / "demos"])
+    assert (report.episodes, report.demo_episodes, report.transitions) == (6, 1, 6 * 23 + rows - 1)
+    d_real = ShardedDataset(tmp_path / "d_real")
+    demo = next(i for i in range(d_real.num_episodes) if d_real.episode_info(i)["id"] == 6)
+    assert d_real.layout == StepLayout.from_spec(SPEC) and "state" not in d_real.episode(demo)
+    np.testing.assert_array_equal(d_real.episode(demo)["proprio"], steps["proprio"])
+    other = dataclasses.replace(layout, command_dim=0)
+    steps.pop("command")
+    with ShardWriter(tmp_path / "other" / shard_name(0), other, {"task": "x", "config": "{}"}) as w:
+        w.append(EpisodeRecord(id=0, steps=steps, policy=0, seed=3, noise_scale=np.zeros(12),
+                               never_noised=True, success=True, terminated=True, truncated=False))
+    with pytest.raises(ValueError, match="layout"):
+        build_real_dataset(bags, tmp_path / "d_real2", SPEC, demos=[tmp_path / "other"])
+
+
 def test_finetune_changes_only_f_and_lowers_heldout_loss(bags, tmp_path):
     build_real_dataset(bags, tmp_path / "d_real", SPEC)
     model = small_model()
