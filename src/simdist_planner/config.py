@@ -297,7 +297,7 @@ def ur5e_small_config(**overrides) -> WorldModelConfig:
     and the auxiliary task-state loss in place of ImageNet features (LossWeights.state)."""
     base = ur5e_config(
         image=ImageEncoderConfig(cameras=UR5E_CAMERAS, height=64, width=64, backbone="small_cnn"),
-        loss=LossWeights(state=1.0),
+        loss=LossWeights(state=4.0),
     )
     return base.replace(**overrides)
 

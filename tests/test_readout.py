@@ -1,0 +1,56 @@
+"""simdist-readout: the state head's error on held-out windows tells a latent that holds the task
+state from a blind one."""
+import numpy as np
+import pytest
+import torch
+
+import toy_task
+from robot_drivers import tasks
+from simdist_planner import datagen
+from simdist_planner.checkpoint import load_checkpoint
+from simdist_planner.config import PretrainConfig
+from simdist_planner.dataset import ShardedDataset
+from simdist_planner.pretrain import pretrain
+from simdist_planner.readout import format_readout, main, state_readout
+
+
+@pytest.fixture(autouse=True)
+def toy(monkeypatch):
+    monkeypatch.setitem(tasks.TASKS, "toy", toy_task.ENTRY)
+    monkeypatch.setitem(datagen.ROBOT_DATA_CONFIGS, "toy", toy_task.robot_data_config)
+
+
+def _toy_data(path, seed):
+    cfg = datagen.GenerateConfig(task="toy", robot=toy_task.robot_data_config(None), episodes=10,
+                                 seed=seed, task_overrides={"cameras": ()})
+    datagen.generate(cfg, path, progress=False)
+    return ShardedDataset(path)
+
+
+def _pretrain(tmp_path, name, state_weight, steps):
+    cfg = PretrainConfig(model="go2", data=(str(tmp_path / "train"),), steps=steps, batch_size=32,
+                         warmup_steps=5, checkpoint_every=steps, workers=0, learning_rate=2e-3,
+                         end_learning_rate=1e-3,
+                         model_overrides={"latent_dim": 16, "history": 2, "horizon": 3,
+                                          "loss": {"state": state_weight}})
+    return load_checkpoint(pretrain(cfg, tmp_path / name, progress=False))
+
+
+def test_readout_tells_a_latent_that_holds_the_state_from_an_untrained_one(tmp_path, capsys):
+    _toy_data(tmp_path / "train", seed=0)
+    held_out = _toy_data(tmp_path / "held_out", seed=1)  # other goals and starts
+    trained = _pretrain(tmp_path, "trained", 4.0, 300)
+    untrained = _pretrain(tmp_path, "untrained", 4.0, 1)
+    (good,) = state_readout(trained, held_out, windows=256)
+    (bad,) = state_readout(untrained, held_out, windows=256)
+    assert good.term == bad.term == "goal_offset"  # the toy's state: goal minus position
+    # the blind error is the data's own spread about its mean: the same for both models
+    assert good.blind == pytest.approx(bad.blind) and good.blind > 0.1
+    assert good.error < 0.5 * good.blind and good.error_large < 0.5 * good.blind_large
+    assert bad.error > 0.8 * bad.blind
+    assert "goal_offset" in format_readout([good], "t")
+    with pytest.raises(ValueError, match="no state head"):
+        state_readout(_pretrain(tmp_path, "no_head", 0.0, 1), held_out)
+    assert main(["--checkpoint", str(tmp_path / "trained" / "model"), "--data", str(tmp_path / "held_out"),
+                 "--windows", "64"]) == 0
+    assert "goal_offset" in capsys.readouterr().out
