@@ -97,7 +97,7 @@ def model_config_for(cfg: PretrainConfig, layout=None) -> WorldModelConfig:
         except (ValueError, TypeError) as err:
             raise ValueError(f"model_overrides {cfg.model_overrides}: {err}") from err
     if base.loss.state > 0:  # the state head is sized by the task state the shards hold
-        state_dim = base.proprio_dim if layout is None else layout.state_dim  # synthetic: x itself
+        state_dim = base.proprio_dim if layout is None else layout.state_dim  # synthetic: a view of x
         if state_dim == 0:
             raise ValueError(
                 f"model {cfg.model!r} trains the auxiliary state loss (loss.state "

@@ -168,6 +168,8 @@ STATE_TERMS = (("tcp_to_grasp", 3), ("bottom_to_hole", 3), ("grasp_yaw_error", 1
 class UR5eInsertionTask(Task):
     """Backend + dense privileged reward in [0, 1] (1 on success) + success test."""
 
+    state_terms = STATE_TERMS
+
     def __init__(self, cfg: InsertionConfig, variant: str, backend: MujocoUR5eBackend,
                  objects: InsertionObjects, gap: RealGap | None):
         self.cfg, self.name, self.variant = cfg, cfg.name, variant
@@ -202,8 +204,6 @@ class UR5eInsertionTask(Task):
         c = self.cfg
         inserted = priv["depth"][0] >= c.success_depth and priv["xy_err"][0] <= c.success_xy
         return bool(inserted and priv["twist"][0] >= c.thread_turn)
-
-    state_terms = STATE_TERMS
 
     def privileged_state(self, obs: Observation) -> np.ndarray:
         p = obs.privileged
