@@ -196,6 +196,21 @@ def test_cli_prints_the_table(tmp_path, capsys):
     assert [line.split()[0] for line in out.strip().splitlines()[-2:]] == ["policy", "planner"]
 
 
+def test_cli_planner_overrides_reach_the_planner():
+    """--samples/--iterations/--elites/--temperature replace the robot's defaults, nothing else."""
+    from robot_drivers.tasks import make_task
+    from simdist_planner.evaluate import _planner_overrides, build_agents, parse_args
+
+    args = parse_args(["--samples", "24", "--elites", "6", "--temperature", "7.5"])
+    overrides = _planner_overrides(args)
+    assert overrides == {"num_samples": 24, "num_elites": 6, "temperature": 7.5}
+    task = make_task("go2_flat")
+    planner = build_agents(["planner"], task, _tiny_model("go2", task.spec), **overrides)["planner"].planner
+    task.close()
+    assert (planner.config.num_samples, planner.config.num_elites, planner.config.temperature) == (24, 6, 7.5)
+    assert planner.config.iterations == 8  # not overridden: the robot's default
+
+
 def test_cli_evaluates_the_hardware_stand_in(tmp_path, capsys):
     from robot_drivers.tasks import make_task
     from simdist_planner.checkpoint import save_checkpoint

@@ -235,6 +235,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=None, help="planner Gaussian samples (default: official)")
     p.add_argument("--iterations", type=int, default=None, help="planner iterations (default: official)")
     p.add_argument("--elites", type=int, default=None, help="planner elites (default: official)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="planner elite temperature (default: the robot's, docs/planner.md)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--ablation", action="store_true", help="run the Table I ablation harness instead")
     p.add_argument("--small", action="store_true", help="with --ablation: the ~15-minute small setting")
@@ -243,7 +245,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _planner_overrides(args) -> dict:
-    names = {"samples": "num_samples", "iterations": "iterations", "elites": "num_elites"}
+    names = {"samples": "num_samples", "iterations": "iterations", "elites": "num_elites",
+             "temperature": "temperature"}
     return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
 
 
