@@ -138,8 +138,69 @@ def test_cli_prints_a_row_per_model_and_writes_every_state(tmp_path, capsys):
         assert s["points"] == 4 and -1.0 <= s["rank_corr"] <= 1.0 and 0.0 <= s["pick_quantile"] <= 1.0
 
 
-def test_a_task_that_cannot_be_copied_is_refused_clearly():
+def test_a_task_that_cannot_be_copied_needs_a_twin():
     task = make_task("peg")  # holds an MjSpec, which MuJoCo cannot copy
-    with pytest.raises(ValueError, match="the probe copies the task to look ahead; peg cannot be copied"):
+    with pytest.raises(ValueError, match="peg cannot be copied: pass a twin task"):
         ChunkProbe(task, {"m": tiny_go2_model()}, **SMALL_PLANNER)
     task.close()
+
+
+def tiny_ur5e_model(spec):
+    from simdist_planner.config import ImageEncoderConfig, ur5e_small_config
+    from simdist_planner.model import WorldModel
+
+    torch.manual_seed(0)
+    image = ImageEncoderConfig(spec.cameras, 32, 32, backbone="small_cnn", small_cnn_channels=(8, 8),
+                               small_cnn_features=16)
+    return WorldModel(ur5e_small_config(latent_dim=16, proprio_dim=spec.proprio_dim, history=3,
+                                        horizon=3, image=image)).eval()
+
+
+def test_the_twin_replays_the_episode_to_look_ahead_in_a_task_that_cannot_be_copied():
+    """UR5e peg: the truth of the expert's chunk is its real continuation, the driven episode
+    is the unprobed one, and noised pi chunks are in half action ranges (the planner's unit)."""
+    peg = make_task("peg")
+    model = tiny_ur5e_model(peg.spec)
+    peg.close()
+    overrides = task_overrides("peg", "wide", 12, model)
+    task, twin = make_task("peg", **overrides), make_task("peg", **overrides)
+    probe = ChunkProbe(task, {"m": model}, ProbeConfig(start=4, every=6, noise_stds=(0.1,), per_noise=2),
+                       twin=twin, **SMALL_PLANNER)
+    points = probe.run(seed=2, max_steps=9)
+    driven = task.backend.data.qpos.copy()
+    assert [p.step for p in points] == [4] and len(points[0].truth) == 4
+
+    ref = make_task("peg", **overrides)
+    expert, critic = expert_ladder(ref)[0], expert_value(ref)
+    obs = ref.reset(2)
+    for _ in range(4):
+        obs = ref.step(expert.act(obs)).obs
+    gamma, ret = probe.planners["m"].config.discount, 0.0
+    for i in range(3):
+        r = ref.step(np.asarray(expert.act(obs), np.float32))
+        obs, ret = r.obs, ret + gamma**i * r.reward
+    ret += gamma**3 * critic(obs)
+    assert points[0].truth[EXPERT] == pytest.approx(ret, rel=1e-6)
+    ref.close()
+    ref = make_task("peg", **overrides)  # the probed episode is the unprobed one
+    obs, expert = ref.reset(2), expert_ladder(ref)[0]
+    for _ in range(9):
+        obs = ref.step(np.asarray(expert.act(obs), np.float32)).obs
+    np.testing.assert_array_equal(driven, ref.backend.data.qpos)
+    assert probe._noise_unit[0] == pytest.approx(0.05)  # +-5 cm per step: half range 5 cm
+    for t in (task, twin, ref):
+        t.close()
+
+
+def test_a_twin_that_does_not_replay_the_episode_raises():
+    peg = make_task("peg")
+    model = tiny_ur5e_model(peg.spec)
+    peg.close()
+    overrides = task_overrides("peg", "wide", 12, model)
+    task = make_task("peg", **overrides)
+    twin = make_task("peg", **dict(overrides, region="narrow"))  # another start: not a twin
+    probe = ChunkProbe(task, {"m": model}, ProbeConfig(start=1, per_noise=0), twin=twin, **SMALL_PLANNER)
+    with pytest.raises(RuntimeError, match="did not reproduce the driver's observation"):
+        probe.run(seed=0, max_steps=3)
+    for t in (task, twin):
+        t.close()

@@ -15,7 +15,10 @@ three ways:
   keeps frozen).
 
 Candidates: the expert's own next T actions (a look-ahead in a copy of the task), the first
-model's pi chunk, and noised pi chunks. Simulation tasks only: the task is copied to look ahead.
+model's pi chunk, and noised pi chunks. Simulation tasks only. A look-ahead starts from a deep
+copy of the task; a task that cannot be copied (the UR5e's holds an MjSpec) needs a `twin` built
+the same way, which replays the episode's seed and actions (MuJoCo steps deterministically; a
+replay that does not reproduce the driver's observation raises).
 
     simdist-probe --task slippery_slope --variant real --checkpoint pre=PRETRAINED \\
         --checkpoint adapted=ADAPTED --driver expert --seeds 0,1,2,3 --max-steps 400
@@ -45,7 +48,7 @@ class ProbeConfig:
     driver: str = "expert"  # whose rollout visits the probe states
     every: int = 10  # control steps between probes
     start: int = 10  # first probe step (the history is filled with real steps by then)
-    noise_stds: tuple[float, ...] = (0.1, 0.3, 0.6)  # noised pi candidates, raw action units
+    noise_stds: tuple[float, ...] = (0.1, 0.3, 0.6)  # noised pi candidates, in the planner's std units
     per_noise: int = 5  # candidates per noise level
     seed: int = 0  # candidate noise
 
@@ -92,10 +95,9 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def open_loop(task: Task, obs: Observation, chunk: np.ndarray, critic,
+def open_loop(sim: Task, obs: Observation, chunk: np.ndarray, critic,
               discount: float) -> tuple[float, bool, list[Observation]]:
-    """Execute `chunk` in a copy of `task`, now at `obs`: (true return, failed, o_t..o_t+n)."""
-    sim = copy.deepcopy(task)
+    """Execute `chunk` in `sim`, a look-ahead task now at `obs`: (true return, failed, o_t..o_t+n)."""
     observations, ret = [obs], 0.0
     for i, action in enumerate(chunk):
         result = sim.step(action)
@@ -109,9 +111,10 @@ def open_loop(task: Task, obs: Observation, chunk: np.ndarray, critic,
     return ret, failed, observations
 
 
-def expert_chunk(task: Task, obs: Observation, expert, horizon: int) -> np.ndarray:
-    """The expert's next `horizon` actions from `obs`, letting copies of it drive a copy of the task."""
-    sim, policy = copy.deepcopy(task), copy.deepcopy(expert)
+def expert_chunk(sim: Task, obs: Observation, expert, horizon: int) -> np.ndarray:
+    """The expert's next `horizon` actions from `obs`, letting a copy of it drive `sim`, a
+    look-ahead task now at `obs`."""
+    policy = copy.deepcopy(expert)
     actions = []
     for _ in range(horizon):
         actions.append(np.asarray(policy.act(obs), np.float32))
@@ -123,30 +126,48 @@ def expert_chunk(task: Task, obs: Observation, expert, horizon: int) -> np.ndarr
     return np.stack(actions)
 
 
+def copyable(task: Task) -> bool:
+    try:
+        copy.deepcopy(task)
+    except Exception:  # noqa: BLE001 - any failure means no copy
+        return False
+    return True
+
+
+def _same_state(a: Observation, b: Observation) -> bool:
+    """Bit-equal proprioception and privileged simulator state."""
+    pa, pb = a.privileged or {}, b.privileged or {}
+    return (np.array_equal(a.proprio, b.proprio) and pa.keys() == pb.keys()
+            and all(np.array_equal(pa[k], pb[k]) for k in pa))
+
+
 class ChunkProbe:
     """Scores candidate chunks with each model and with the simulator, along one rollout."""
 
     def __init__(self, task: Task, models: dict[str, torch.nn.Module], config: ProbeConfig = ProbeConfig(),
-                 device="cpu", **planner_overrides):
+                 device="cpu", twin: Task | None = None, **planner_overrides):
         if not models:
             raise ValueError("the probe needs at least one model")
         shapes = {(m.config.history, m.config.horizon) for m in models.values()}
         if len(shapes) != 1:
             raise ValueError(f"the models must share history and horizon (one history buffer, one "
                              f"candidate set); got (history, horizon) {sorted(shapes)}")
-        try:
-            copy.deepcopy(task)
-        except Exception as e:  # noqa: BLE001 - any failure means no look-ahead
+        if twin is None and not copyable(task):
             raise ValueError(f"the probe copies the task to look ahead; {task.name} cannot be "
-                             f"copied ({type(e).__name__}: {e})") from e
-        self.task, self.config, self.device = task, config, torch.device(device)
+                             f"copied: pass a twin task, built the same way, to replay the episode in")
+        self.task, self.twin, self.config, self.device = task, twin, config, torch.device(device)
+        self._seed: int | None = None
+        self._actions: list[np.ndarray] = []  # the driver's actions this episode (for the twin)
         self.reference = next(iter(models.values()))
         self.horizon = self.reference.config.horizon
         self.planners = {
             name: MPPIPlanner(m, planner_config_for(task.spec, horizon=self.horizon, **planner_overrides), device)
             for name, m in models.items()
         }
-        self.discount = next(iter(self.planners.values())).config.discount
+        first = next(iter(self.planners.values())).config
+        self.discount = first.discount
+        # noise in the planner's std units (PlannerConfig.std_scale): half the range for the UR5e
+        self._noise_unit = np.asarray(first.std_scale or (1.0,) * first.action_dim, np.float32)
         self.expert, self.critic = expert_ladder(task)[0], expert_value(task)
         self._low, self._high = np.asarray(task.spec.action_low), np.asarray(task.spec.action_high)
         self._rng = np.random.default_rng(config.seed)
@@ -155,6 +176,7 @@ class ChunkProbe:
         """One driver episode from `task.reset(seed)`, probing along the way."""
         cfg, spec = self.config, self.task.spec
         obs = self.task.reset(seed)
+        self._seed, self._actions = seed, []
         self.expert.reset(seed)
         history = ObservationHistory(spec, self.reference.config.history)
         history.reset(obs)
@@ -172,6 +194,7 @@ class ChunkProbe:
             else:  # as the Agent runs pi: clipped into the action bounds
                 action = np.clip(pi[0], self._low, self._high).astype(np.float32)
             history.push(obs, action)
+            self._actions.append(action)
             result = self.task.step(action)
             obs = result.obs
             if result.terminated or result.truncated:
@@ -179,20 +202,33 @@ class ChunkProbe:
         return points
 
     def _candidates(self, obs: Observation, pi: np.ndarray) -> np.ndarray:
-        noised = [pi + self._rng.normal(0.0, std, pi.shape) for std in self.config.noise_stds
-                  for _ in range(self.config.per_noise)]
-        chunks = np.stack([expert_chunk(self.task, obs, self.expert, self.horizon), pi, *noised])
+        noised = [pi + self._rng.normal(0.0, std, pi.shape) * self._noise_unit
+                  for std in self.config.noise_stds for _ in range(self.config.per_noise)]
+        chunks = np.stack([expert_chunk(self._fork(obs), obs, self.expert, self.horizon), pi, *noised])
         return np.clip(chunks, self._low, self._high).astype(np.float32)
 
     def _probe(self, seed, step, obs, inputs, proprio, actions, pi) -> ProbePoint:
         chunks = self._candidates(obs, pi)
-        runs = [open_loop(self.task, obs, c, self.critic, self.discount) for c in chunks]
+        runs = [open_loop(self._fork(obs), obs, c, self.critic, self.discount) for c in chunks]
         point = ProbePoint(seed, step, [r[0] for r in runs], [bool(r[1]) for r in runs])
         chunk_t = torch.as_tensor(chunks, device=self.device)
         for name, planner in self.planners.items():
             point.model[name] = planner.score(inputs, proprio, actions, chunk_t).cpu().tolist()
             point.oracle[name] = self._oracle(planner, [r[2] for r in runs], chunk_t, inputs.get("command"))
         return point
+
+    def _fork(self, obs: Observation) -> Task:
+        """A task in the driver's current state `obs` to look ahead in."""
+        if self.twin is None:
+            return copy.deepcopy(self.task)
+        replayed = self.twin.reset(self._seed)
+        for action in self._actions:
+            replayed = self.twin.step(action).obs
+        if not _same_state(replayed, obs):
+            raise RuntimeError(f"replaying seed {self._seed} for {len(self._actions)} steps in the twin "
+                               f"did not reproduce the driver's observation: {self.task.name} does not "
+                               f"step deterministically, so the twin cannot stand in for a copy")
+        return self.twin
 
     def _oracle(self, planner: MPPIPlanner, observations, chunks, command) -> list[float]:
         """R and V over E(o_t..o_t+T) of what each chunk really produced (the last latent repeated
@@ -281,12 +317,16 @@ def main(argv=None) -> int:
         models[name or path] = load_checkpoint(path, device=args.device)
     seeds = [int(s) for s in args.seeds.split(",")]
     first = next(iter(models.values()))
-    task = make_task(args.task, args.variant, **task_overrides(args.task, args.region, args.max_steps, first))
+    overrides = task_overrides(args.task, args.region, args.max_steps, first)
+    task = make_task(args.task, args.variant, **overrides)
+    twin = None if copyable(task) else make_task(args.task, args.variant, **overrides)
     try:
-        probe = ChunkProbe(task, models, ProbeConfig(args.driver, args.every, args.start), args.device)
+        probe = ChunkProbe(task, models, ProbeConfig(args.driver, args.every, args.start), args.device, twin)
         points = [p for seed in seeds for p in probe.run(seed, args.max_steps)]
     finally:
         task.close()
+        if twin is not None:
+            twin.close()
     summaries = [summarize(name, points) for name in models]
     print(format_table(summaries, f"{args.task} {args.variant}: {len(points)} states along the {args.driver}'s "
                                   f"rollouts, seeds {args.seeds}; {len(points[0].truth) if points else 0} "
