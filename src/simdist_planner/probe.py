@@ -127,6 +127,7 @@ def expert_chunk(sim: Task, obs: Observation, expert, horizon: int) -> np.ndarra
 
 
 def copyable(task: Task) -> bool:
+    """Whether `copy.deepcopy(task)` works (else the probe needs a twin to replay in)."""
     try:
         copy.deepcopy(task)
     except Exception:  # noqa: BLE001 - any failure means no copy
