@@ -249,7 +249,8 @@ def test_same_seed_same_episode_and_paired_initial_states():
 
 def test_task_state_tracks_the_object_relative_to_hand_and_hole():
     """The privileged task state (stored for the state loss) follows the expert's episode:
-    the grasp point relative to the TCP, the yaw the hand must turn, then the grasp."""
+    the grasp point relative to the TCP, the peg's yaw to the hand (the hand keeps its yaw and
+    the closing pads turn the peg square), then the grasp."""
     from robot_drivers.experts.ur5e import CLOSE, DESCEND
     from robot_drivers.tasks.ur5e_tasks import STATE_TERMS, grasp_yaw_error
 
@@ -266,13 +267,16 @@ def test_task_state_tracks_the_object_relative_to_hand_and_hole():
     assert state[10] == 0.0  # not grasped
     expert = InsertionExpert(task)
     expert.reset(5)
+    yaw0 = state[6]
     while expert.phase < DESCEND:
         obs = task.step(expert.act(obs)).obs
     state = task.privileged_state(obs)
-    assert abs(state[6]) < 0.03 and np.linalg.norm(state[:2]) < 0.003  # aligned above the peg
+    assert np.linalg.norm(state[:2]) < 0.003  # above the peg
+    assert state[6] == pytest.approx(yaw0, abs=0.03)  # the hand did not turn to it
     while expert.phase <= CLOSE:
         obs = task.step(expert.act(obs)).obs
-    assert task.privileged_state(obs)[10] == 1.0  # held
+    state = task.privileged_state(obs)
+    assert state[10] == 1.0 and abs(state[6]) < 0.03  # held, square to the hand
     with pytest.raises(ValueError, match="privileged"):
         task.privileged_state(dataclasses.replace(obs, privileged=None))
     task.close()

@@ -1,11 +1,18 @@
 """Privileged scripted experts for the UR5e insertion tasks, their degraded ladder, and V^e.
 
 The expert reads `obs.privileged` (object and hole poses) and walks through phases:
-approach above the grasp point (yaw aligned for the square peg) -> descend -> close ->
-lift until the object's bottom is 3 cm above the hole -> carry, steering on the object's BOTTOM
-and keeping it vertical -> lower to 4 mm above the hole, gated on xy error -> insert (xy
-correction until the tip is inside, then push only) -> (table leg) thread: turn clockwise
-while pressing. A lost object sends it back to the approach.
+approach above the grasp point -> descend -> close (the square peg: until the pads have turned
+it square to the hand) -> lift until the object's bottom is 3 cm above the hole -> carry,
+steering on the object's BOTTOM and keeping it vertical -> lower to 4 mm above the hole, gated
+on xy error -> insert (xy correction until the tip is inside, then push only) -> (table leg)
+thread: turn clockwise while pressing. A lost object sends it back to the approach.
+
+The hand keeps its yaw. Turning it to the peg's yaw first (as the expert of UR5E_PEG_NOTES
+does) makes every approach action depend on a yaw that a 64 x 64 image cannot show, so a policy
+distilled from it cannot tell when to close (docs/planner.md). Instead the closing pads turn the
+standing peg square (up to 12 control steps at +-30 deg; the gripper's reading settles when it
+is square, which the policy sees in its proprio). Lifting a peg that is not square yet lets it
+slide 1-2 cm along the pads.
 """
 from __future__ import annotations
 
@@ -55,6 +62,7 @@ class InsertionExpert:
 
     COARSE, FINE, ROT_CAP = 0.03, 0.012, 0.25  # step caps: m, m, rad
     CARRY_HEIGHT, HOVER = 0.03, 0.004  # bottom above the hole top while carrying / before entry
+    SQUARE_TOL, MAX_CLOSE_STEPS = 0.02, 15  # rad; close until square for 2 steps, at most this
 
     def __init__(self, task: UR5eInsertionTask, degradation: Degradation = Degradation()):
         self.cfg = task.cfg
@@ -68,6 +76,7 @@ class InsertionExpert:
         self.phase = APPROACH
         self.phase_steps = 0
         self.grasp_yaw: float | None = None
+        self.square_steps = 0
         self._history: list[dict] = []
 
     # -- geometry helpers ----------------------------------------------------------------
@@ -139,10 +148,15 @@ class InsertionExpert:
             mat = rotz(self.grasp_yaw) @ TCP_HOME_MAT
             target = p["obj_grasp"]
             if np.linalg.norm(target - p["tcp_pos"]) < 0.002:
+                self.square_steps = 0
                 self._next(CLOSE)
             return self._move(p, target, mat, self.FINE, 0.0)
         if self.phase == CLOSE:
-            if self.phase_steps >= 2:  # re-grasped inside the hole: carry on from there
+            square = self.round_object or abs(grasp_yaw_error(p)) < self.SQUARE_TOL
+            self.square_steps = self.square_steps + 1 if square else 0
+            if self.phase_steps >= 2 and (self.square_steps >= 2
+                                          or self.phase_steps >= self.MAX_CLOSE_STEPS):
+                # re-grasped inside the hole: carry on from there
                 inside = p["depth"][0] > 0.002 and p["xy_err"][0] < c.success_xy
                 self._next(INSERT if inside else LIFT)
             return np.r_[np.zeros(6), 1.0]
@@ -177,9 +191,8 @@ class InsertionExpert:
         return np.r_[0.0, 0.0, dz, 0.0, 0.0, -self.ROT_CAP, 1.0]
 
     def _grasp_yaw(self, p: dict) -> float:
-        if self.round_object:
-            return tcp_yaw(p["tcp_mat"]) + self.deg.yaw_bias
-        return tcp_yaw(p["tcp_mat"]) + grasp_yaw_error(p) + self.deg.yaw_bias
+        """The hand's own yaw (see the module docstring), off by the rung's bias."""
+        return tcp_yaw(p["tcp_mat"]) + self.deg.yaw_bias
 
 
 def expert_ladder(task: UR5eInsertionTask) -> list[InsertionExpert]:
@@ -207,7 +220,7 @@ def rollout(task: UR5eInsertionTask, policy, seed: int) -> dict:
 
 # -- V^e: ridge regression on random Fourier features of the privileged state ---------------
 
-VALUE_VERSION = 2
+VALUE_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -153,8 +153,8 @@ class InsertionObjects:
 
 
 def grasp_yaw_error(priv: dict[str, np.ndarray]) -> float:
-    """How far the hand must turn about z to grip the square object face-on (rad, within
-    +-45 deg: a square looks the same every 90 deg)."""
+    """The square object's yaw to the hand: how far one must turn about z for a face-on grip
+    (rad, within +-45 deg: a square looks the same every 90 deg)."""
     hand = tcp_yaw(priv["tcp_mat"])
     return wrap_angle(yaw_of(priv["obj_mat"]) - hand, np.pi / 2)
 
