@@ -11,7 +11,7 @@ from geometry_msgs.msg import PoseStamped
 from rclpy.parameter import Parameter
 from rosgraph_msgs.msg import Clock as ClockMsg
 from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
@@ -27,6 +27,8 @@ from robot_drivers.mujoco_driver_node import CLOCK_START_NS, MujocoDriverNode, S
 from robot_drivers.tasks import make_task
 from robot_drivers.ur5e_rtde_driver_node import UR5eRtdeDriverNode
 from robot_ros_helpers import RosHarness, diagnostics_text
+from simdist_adapter.recorder_node import RecorderNode
+from simdist_planner.launch_description import RECORDER_READY_TOPIC
 
 
 # --- MuJoCo driver ---------------------------------------------------------------------------
@@ -105,6 +107,51 @@ def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
         assert ros.spin_until(lambda: json.loads(episodes[-1].data)["step"] == 2)
         last = json.loads(episodes[-1].data)
         assert last["truncated"] and last["done"] and last["episode"] == 1
+    finally:
+        ros.close()
+
+
+def _waiting_driver(ros, timeout_s: float) -> MujocoDriverNode:
+    return ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=[
+        Parameter("robot", value="go2"), Parameter("task", value="go2_flat"),
+        Parameter("wait_for_ready", value=RECORDER_READY_TOPIC), Parameter("ready_timeout_s", value=timeout_s)]))
+
+
+def test_lockstep_driver_starts_when_the_recorder_hears_every_ready_topic(ros_domain, tmp_path):
+    """The first tick waits for the recorder's latched ready, which waits for a matched publisher
+    on each ready topic (here the planner's /simdist/action, published by the probe)."""
+    ros = RosHarness(ros_domain)
+    try:
+        recorder = ros.add(RecorderNode(context=ros.context, parameter_overrides=[
+            Parameter("bag_dir", value=str(tmp_path)), Parameter("ready_topics", value=["/simdist/action"])]))
+        driver = _waiting_driver(ros, timeout_s=60.0)
+        clock = ros.collect(ClockMsg, "/clock")
+        ready = ros.collect(Bool, RECORDER_READY_TOPIC)
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        ros.spin_for(1.5)
+        assert not clock and not ready and driver.tick == 0
+        assert any("waiting for" in m for _, m in diagnostics_text(diags, "mujoco_driver"))
+        assert any("waiting for publishers on ['/simdist/action']" in m for _, m in diagnostics_text(diags, "recorder"))
+        ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
+        assert ros.spin_until(lambda: clock and ready, timeout_s=10.0)
+        assert ready[0].data and ros_msgs.stamp_ns(clock[0].clock) == CLOCK_START_NS
+        assert recorder._unmatched is None
+        with pytest.raises(ValueError, match="not among the recordable expected_topics"):
+            RecorderNode(context=ros.context, parameter_overrides=[
+                Parameter("bag_dir", value=str(tmp_path)), Parameter("ready_topics", value=["/not/recorded"])])
+    finally:
+        ros.close()
+
+
+def test_lockstep_driver_starts_anyway_when_no_ready_comes(ros_domain):
+    ros = RosHarness(ros_domain)
+    try:
+        _waiting_driver(ros, timeout_s=0.5)
+        clock = ros.collect(ClockMsg, "/clock")
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        assert ros.spin_until(lambda: clock, timeout_s=10.0)
+        assert ros_msgs.stamp_ns(clock[0].clock) == CLOCK_START_NS
+        assert ros.spin_until(lambda: any("started anyway" in m for _, m in diagnostics_text(diags, "mujoco_driver")))
     finally:
         ros.close()
 

@@ -32,6 +32,9 @@ def _params_file(tmp_path) -> pathlib.Path:
     data = yaml.safe_load((ROOT / "config" / "peg.yaml").read_text())
     data["planner"]["ros__parameters"].update(num_samples=64, num_elites=8, iterations=2)
     data["mujoco_driver"]["ros__parameters"].update(max_steps=EPISODE_STEPS)
+    # replayed at 4x, the 0.5 s staleness limits are 125 ms of wall time: a loaded machine's
+    # scheduling jitter, and ingestion then (rightly) withholds an observation the test compares
+    data["ingestion"]["ros__parameters"].update(proprio_timeout_s=2.0, camera_timeout_s=2.0)
     data["replay"]["ros__parameters"].update(
         topics=DRIVER_TOPICS, rate=4.0,
         wait_for_subscribers=["/simdist/robot/proprio@ingestion", "/camera/side/image_raw@ingestion",

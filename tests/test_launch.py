@@ -38,6 +38,7 @@ def test_sim_graph_command_lines(tmp_path):
     driver = next(n for n in graph.nodes if n.name == "mujoco_driver")
     assert driver.overrides["task"] == "peg" and driver.overrides["variant"] == "real"
     assert driver.overrides["seed"] == 0 and driver.overrides["lockstep"] is True
+    assert driver.overrides["wait_for_ready"] == desc.RECORDER_READY_TOPIC  # recording: tick 0 waits for the recorder
 
 
 def test_real_and_replay_graphs_swap_the_robot_side():
@@ -54,6 +55,7 @@ def test_real_and_replay_graphs_swap_the_robot_side():
     # the sim task depends on the variant: Go2 slope trains on go2_slope, runs on slippery_slope
     sim = desc.resolve("go2_slope", {"checkpoint": "/ck", "variant": "sim"})
     assert sim.nodes[0].overrides["task"] == "go2_slope"
+    assert "wait_for_ready" not in sim.nodes[0].overrides  # nothing records: no reason to wait
 
 
 def test_override_strings_round_trip_through_yaml_types():

@@ -7,6 +7,8 @@ command on `/simdist/safe_command` stamped with tick k arrives, so a CPU-bound g
 newest command (HOLD when none is fresh); stamps are then wall-clock time.
 `~/reset` starts an episode with the `seed` parameter; `/simdist/episode` reports reward and
 success every tick for the recorder. Topics and packing: docs/observation_topics.md.
+With `wait_for_ready` (set by the launch description when recording in lockstep) the first tick
+waits until the recorder says every topic of the loop is matched, so the bag misses no tick.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from rclpy.task import Future
 from rclpy.node import Node
 from rosgraph_msgs.msg import Clock as ClockMsg
 from sensor_msgs.msg import Image, Imu, JointState
-from std_msgs.msg import String
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
@@ -113,6 +116,10 @@ PARAMS = (
     Param("realtime_factor", 1.0, "real-time mode: sim seconds per wall second", 0.05, 20.0, read_only=True),
     Param("command_timeout_s", 0.5, "real-time mode: HOLD when no command arrived within this (wall s)", 0.01, 10.0),
     Param("lockstep_republish_s", 1.0, "lockstep: republish the waiting tick this often (late joiners)", 0.05, 60.0),
+    Param("wait_for_ready", "", "lockstep: latched std_msgs/Bool topic that must say true before the first tick; "
+          "'' = start at once", read_only=True),
+    Param("ready_timeout_s", 60.0, "longest wait for wait_for_ready (wall s); then start with a warning", 0.0, 600.0,
+          read_only=True),
 )
 
 
@@ -143,12 +150,21 @@ class MujocoDriverNode(Node):
         self.diag = Diagnostics(self, hardware_id=f"mujoco:{p['task']}:{p['variant']}")
         self._make_io()
         steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self._ready_deadline = None  # wall time the first tick starts at the latest, while waiting
+        self._stamp = -1  # stamp of the published tick; none yet
         if self.lockstep:
             self._last_publish = time.monotonic()
             self.create_timer(0.05, self.republish_if_waiting, clock=steady)
         else:
             self.create_timer(self.period_ns * 1e-9 / p["realtime_factor"], self.realtime_tick, clock=steady)
-        self.publish_tick()
+        if self.lockstep and p["wait_for_ready"]:
+            latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                                 durability=DurabilityPolicy.TRANSIENT_LOCAL)
+            self.create_subscription(Bool, p["wait_for_ready"], self.on_ready, latched)
+            self._ready_deadline = time.monotonic() + p["ready_timeout_s"]
+            self.diag.set("start", Level.WARN, f"waiting for {p['wait_for_ready']} before the first tick")
+        else:
+            self.publish_tick()
 
     def _make_io(self) -> None:
         self.pub_clock = self.create_publisher(ClockMsg, "/clock", 10)
@@ -175,6 +191,7 @@ class MujocoDriverNode(Node):
     def publish_tick(self) -> None:
         t = self.stamp_ns()
         self._stamp = t
+        self._ready_deadline = None  # a published tick has started the run
         obs = self.last.obs
         if self.lockstep:
             self.pub_clock.publish(ClockMsg(clock=ros_msgs.stamp_msg(t)))
@@ -200,7 +217,18 @@ class MujocoDriverNode(Node):
             info=self.last.info))
         self.pub_proprio.publish(ros_msgs.proprio_to_msg(obs, self.spec, t))  # last: completes the tick
 
+    def on_ready(self, msg: Bool) -> None:
+        if msg.data and self._ready_deadline is not None:
+            self.diag.set("start", Level.OK, f"{self.params['wait_for_ready']} is ready: first tick")
+            self.publish_tick()
+
     def republish_if_waiting(self) -> None:
+        if self._ready_deadline is not None:  # not started yet
+            if time.monotonic() >= self._ready_deadline:
+                self.diag.set("start", Level.WARN, f"no ready on {self.params['wait_for_ready']} within "
+                              f"ready_timeout_s={self.params['ready_timeout_s']} s; started anyway")
+                self.publish_tick()
+            return
         if time.monotonic() - self._last_publish >= self.params["lockstep_republish_s"]:
             self.publish_tick()
 

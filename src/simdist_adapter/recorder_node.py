@@ -5,6 +5,9 @@ untouched). With `split_episodes` (the MuJoCo robot publishes `/simdist/episode`
 bag opens when a new episode id appears and is finalised, with task, seed and success in its
 metadata, shortly after the next episode starts or when the recorder stops; otherwise one bag
 covers the whole run. SIGINT and SIGTERM finalise the open bag before the process exits (only SIGKILL cannot).
+Once every `ready_topics` subscription has matched a publisher, `/simdist/recorder/ready` (latched)
+says so: a lockstep simulator waits for it before its first tick (DDS discovery under load can
+take seconds, and the first ticks' actions would otherwise go unrecorded).
 """
 from __future__ import annotations
 
@@ -22,10 +25,12 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
 from rosbags.interfaces import Nodetype
+from std_msgs.msg import Bool
 
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
 from simdist_adapter.bags import TYPESTORE, BagError, EpisodeBagWriter, EpisodeMeta, ros_type_name
+from simdist_planner.launch_description import RECORDER_READY_TOPIC
 
 # Deep, reliable queues: a recorder that falls behind must buffer, not drop.
 RECORD_QOS = QoSProfile(
@@ -55,6 +60,12 @@ PARAMS = (
             "/joint_states sensor_msgs/msg/JointState",
         ],
         "'<topic> <type>' subscribed at start-up, before any publisher exists, so their first messages are kept",
+        read_only=True,
+    ),
+    Param(
+        "ready_topics",
+        [""],
+        "expected topics whose publishers must be matched before /simdist/recorder/ready says true",
         read_only=True,
     ),
     Param("discovery_period_s", 0.2, "how often new topics are looked for", 0.01, 10.0),
@@ -93,6 +104,7 @@ class RecorderNode(Node):
         self.params = NodeParams(self, PARAMS)
         self.diag = Diagnostics(self, hardware_id="recorder")
         self._subscribed: dict[str, str] = {}  # topic -> type ("" = not recordable)
+        self._subscriptions_of: dict[str, object] = {}  # topic -> its raw subscription
         self._bags: list[EpisodeBagWriter] = []  # open bags, oldest first; the last is current
         self._starts: dict[int, int] = {}  # id(bag) -> first tick stamp of its episode
         self._closing: dict[int, float] = {}  # id(bag) -> wall time it is finalised at
@@ -102,6 +114,12 @@ class RecorderNode(Node):
         self.finished: list[pathlib.Path] = []
         self._dropped = 0
         self._expect_topics()
+        self._unmatched = [t for t in self.params["ready_topics"] if t]  # ready when empty
+        unknown = sorted(set(self._unmatched) - set(self._subscriptions_of))
+        if unknown:
+            raise ValueError(f"ready_topics {unknown} are not among the recordable expected_topics")
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        self._pub_ready = self.create_publisher(Bool, RECORDER_READY_TOPIC, latched)
         steady = Clock(clock_type=ClockType.STEADY_TIME)  # sim time may stand still (lockstep, replay)
         self.create_timer(self.params["discovery_period_s"], self._discover, clock=steady)
         self.create_timer(0.1, self._housekeeping, clock=steady)
@@ -134,7 +152,9 @@ class RecorderNode(Node):
             self.diag.set("topics", Level.WARN, f"not recording {topic} [{msgtype}]: {exc}")
             self._subscribed[topic] = ""
             return
-        self.create_subscription(cls, topic, lambda data, t=topic: self._on_message(t, data), RECORD_QOS, raw=True)
+        self._subscriptions_of[topic] = self.create_subscription(
+            cls, topic, lambda data, t=topic: self._on_message(t, data), RECORD_QOS, raw=True
+        )
         self._subscribed[topic] = msgtype
         self.get_logger().info(f"recording {topic} [{msgtype}]")
 
@@ -219,9 +239,21 @@ class RecorderNode(Node):
         self.diag.set("recording", Level.OK, f"recording episode {meta.episode} to {path}", bag=str(path))
 
     def _housekeeping(self) -> None:
+        if self._unmatched is not None:
+            self._announce_ready()
         now = time.monotonic()
         for bag in [b for b in self._bags if self._closing.get(id(b), float("inf")) <= now]:
             self._finalise(bag)
+
+    def _announce_ready(self) -> None:
+        """Publish ready (once) when every ready topic has a matched publisher."""
+        self._unmatched = [t for t in self._unmatched if self._subscriptions_of[t].get_publisher_count() == 0]
+        if self._unmatched:
+            self.diag.set("ready", Level.OK, f"waiting for publishers on {self._unmatched}")
+            return
+        self._pub_ready.publish(Bool(data=True))
+        self.diag.set("ready", Level.OK, "every ready topic has its publisher")
+        self._unmatched = None
 
     def _finalise(self, bag: EpisodeBagWriter) -> None:
         self._bags.remove(bag)

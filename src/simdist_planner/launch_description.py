@@ -72,6 +72,7 @@ class ResolvedGraph:
 ACTION_TOPIC = "/simdist/action"
 PLAN_TOPIC = "/simdist/plan"
 VALUES_TOPIC = "/simdist/values"
+RECORDER_READY_TOPIC = "/simdist/recorder/ready"  # latched std_msgs/Bool: the recorder hears the whole loop
 
 COMMON_ARGS: tuple[LaunchArg, ...] = (
     LaunchArg(
@@ -276,6 +277,8 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
             overrides["lockstep"] = sim_time  # plan once per observation when the simulator waits
         if node.name == "mujoco_driver":
             overrides["task"] = task
+            if args["record"] == "true" and sim_time:  # lockstep: the first tick waits until every tick is recorded
+                overrides["wait_for_ready"] = RECORDER_READY_TOPIC
         if node.name == "recorder":
             overrides["task"] = task if args["robot"] == "sim" else graph
             # only simulation announces episodes (/simdist/episode); hardware records one bag per run
