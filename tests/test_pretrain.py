@@ -87,7 +87,8 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     source = WindowSource(cfg, 0, 1)
     torch.testing.assert_close(source.proprio_noise(), torch.tensor([0.5, 0.5, 0.5, 0.0]))
     batch = source[0]
-    aug = augment(batch, cfg, source.proprio_noise(), 0.0, 2, torch.Generator().manual_seed(0))
+    mc = source.model_config
+    aug = augment(batch, cfg, source.proprio_noise(), 0.0, mc, torch.Generator().manual_seed(0))
     h = 2
     assert not torch.equal(aug["proprio"][:, :h + 1, :3], batch["proprio"][:, :h + 1, :3])
     assert torch.equal(aug["proprio"][:, :, 3], batch["proprio"][:, :, 3])  # gripper noise 0
@@ -96,13 +97,18 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
 
     # photometric change on o_t only; one shift per (window, camera) on o_t and the targets alike
     clean = batch["images"].float() / 255
-    photometric = augment(batch, dataclasses.replace(cfg, image_shift=0), source.proprio_noise(), 0.0, h,
+    photometric = augment(batch, dataclasses.replace(cfg, image_shift=0), source.proprio_noise(), 0.0, mc,
                           torch.Generator().manual_seed(0))["images"]
     assert not torch.allclose(photometric[:, h], clean[:, h])
     torch.testing.assert_close(photometric[:, h + 1:], clean[:, h + 1:])
     s = 2
-    shifted = augment(batch, dataclasses.replace(cfg, image_shift=s, image_brightness=0.0, image_contrast=0.0),
-                      source.proprio_noise(), 0.0, h, torch.Generator().manual_seed(0))["images"]
+    geometric = dataclasses.replace(cfg, image_shift=s, image_brightness=0.0, image_contrast=0.0)
+    # the wrist camera is fixed by default (its view of the hand is the mount's): never shifted
+    assert mc.image.cameras == ("wrist",) and cfg.fixed_cameras == ("wrist",)
+    fixed = augment(batch, geometric, source.proprio_noise(), 0.0, mc, torch.Generator().manual_seed(0))["images"]
+    torch.testing.assert_close(fixed, clean)
+    shifted = augment(batch, dataclasses.replace(geometric, fixed_cameras=()), source.proprio_noise(), 0.0, mc,
+                      torch.Generator().manual_seed(0))["images"]
     torch.testing.assert_close(shifted[:, :h], clean[:, :h])
     padded = torch.nn.functional.pad(clean.flatten(0, 2), (s, s, s, s), mode="replicate").view(
         *clean.shape[:4], clean.shape[4] + 2 * s, clean.shape[5] + 2 * s)

@@ -174,7 +174,7 @@ class AugmentedWindows(torch.utils.data.Dataset):
         batch = src[step]
         if src.cfg.augment:
             g = torch.Generator().manual_seed(_seed(src.cfg.seed, src.rank, step, 1))
-            batch = augment(batch, src.cfg, self.proprio_noise, self.hm_noise, src.model_config.history, g)
+            batch = augment(batch, src.cfg, self.proprio_noise, self.hm_noise, src.model_config, g)
         return batch
 
 
@@ -209,9 +209,10 @@ def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> 
 
 
 def augment(batch: dict, cfg: PretrainConfig, proprio_noise: torch.Tensor, hm_noise: float,
-            history: int, generator: torch.Generator) -> dict:
+            model_config, generator: torch.Generator) -> dict:
     """Noise on the inputs o_{t-H..t} (targets stay clean, as in the official dataset)."""
     out = dict(batch)
+    history = model_config.history
     n_in = history + 1
     p = batch["proprio"].clone()
     p[:, :n_in] += torch.randn(p[:, :n_in].shape, generator=generator) * proprio_noise
@@ -221,12 +222,15 @@ def augment(batch: dict, cfg: PretrainConfig, proprio_noise: torch.Tensor, hm_no
         hm[:, :n_in] += torch.randn(hm[:, :n_in].shape, generator=generator) * hm_noise
         out["height_map"] = hm
     if "images" in batch:
-        out["images"] = _augment_images(batch["images"], cfg, history, generator)
+        cameras = model_config.image.cameras
+        shifted = torch.tensor([c not in cfg.fixed_cameras for c in cameras])
+        out["images"] = _augment_images(batch["images"], cfg, history, generator, shifted)
     return out
 
 
-def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: torch.Generator) -> torch.Tensor:
-    """Image augmentation per (window, camera).
+def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: torch.Generator,
+                    shifted: torch.Tensor) -> torch.Tensor:
+    """Image augmentation per (window, camera); `shifted` (n_cam,) bool: which cameras may move.
 
     Brightness and contrast change only the current image o_t: the latent target sg(E(o_{t+i}))
     stays clean, which teaches E to ignore appearance. The random shift (a camera that moved) moves
@@ -247,8 +251,9 @@ def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: 
         n = frames.shape[2]
         padded = F.pad(frames.flatten(0, 2), (s, s, s, s), mode="replicate")
         padded = padded.view(b * n_cam, n, 3, h + 2 * s, w + 2 * s)
-        dx = torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g)
-        dy = torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g)
+        moves = shifted.repeat(b)  # (B * n_cam,), camera-minor like the frames
+        dx = torch.where(moves, torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g), s)
+        dy = torch.where(moves, torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g), s)
         shifted = torch.stack([padded[i, :, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b * n_cam)])
         x[:, history:] = shifted.view(b, n_cam, n, 3, h, w).transpose(1, 2)
     return x
@@ -495,6 +500,8 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
         if ftype in ("bool", bool):
             parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
                                 metavar="true|false")
+        elif str(ftype) == "tuple[str, ...]":
+            parser.add_argument(flag, nargs="*", default=None)
         else:
             conv = {"int": int, "float": float, "str": str}[str(ftype)]
             parser.add_argument(flag, type=conv, default=None)
@@ -505,7 +512,7 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
     for name in fields:
         v = getattr(args, name, None)
         if v is not None:
-            values[name] = tuple(v) if name == "data" else v
+            values[name] = tuple(v) if isinstance(v, list) else v
     try:
         return PretrainConfig(**values), args
     except ValueError as err:
