@@ -223,14 +223,14 @@ def augment(batch: dict, cfg: PretrainConfig, proprio_noise: torch.Tensor, hm_no
         out["height_map"] = hm
     if "images" in batch:
         cameras = model_config.image.cameras
-        shifted = torch.tensor([c not in cfg.fixed_cameras for c in cameras])
-        out["images"] = _augment_images(batch["images"], cfg, history, generator, shifted)
+        movable = torch.tensor([c not in cfg.fixed_cameras for c in cameras])
+        out["images"] = _augment_images(batch["images"], cfg, history, generator, movable)
     return out
 
 
 def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: torch.Generator,
-                    shifted: torch.Tensor) -> torch.Tensor:
-    """Image augmentation per (window, camera); `shifted` (n_cam,) bool: which cameras may move.
+                    movable: torch.Tensor) -> torch.Tensor:
+    """Image augmentation per (window, camera); `movable` (n_cam,) bool: the cameras a shift may move.
 
     Brightness and contrast change only the current image o_t: the latent target sg(E(o_{t+i}))
     stays clean, which teaches E to ignore appearance. The random shift (a camera that moved) moves
@@ -251,7 +251,7 @@ def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: 
         n = frames.shape[2]
         padded = F.pad(frames.flatten(0, 2), (s, s, s, s), mode="replicate")
         padded = padded.view(b * n_cam, n, 3, h + 2 * s, w + 2 * s)
-        moves = shifted.repeat(b)  # (B * n_cam,), camera-minor like the frames
+        moves = movable.repeat(b)  # (B * n_cam,), camera-minor like the frames
         dx = torch.where(moves, torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g), s)
         dy = torch.where(moves, torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g), s)
         shifted = torch.stack([padded[i, :, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b * n_cam)])
