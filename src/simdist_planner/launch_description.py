@@ -68,11 +68,9 @@ class ResolvedGraph:
     nodes: tuple[ResolvedNode, ...]
 
 
-# Topics the nodes agree on; remapped here, never hard-coded twice.
-ACTION_TOPIC = "/simdist/action"
-PLAN_TOPIC = "/simdist/plan"
-VALUES_TOPIC = "/simdist/values"
-RECORDER_READY_TOPIC = "/simdist/recorder/ready"  # latched std_msgs/Bool: the recorder hears the whole loop
+# Latched std_msgs/Bool: the recorder hears the whole loop. Set on the driver here, published by
+# the recorder (which imports it), so the name is written once.
+RECORDER_READY_TOPIC = "/simdist/recorder/ready"
 
 COMMON_ARGS: tuple[LaunchArg, ...] = (
     LaunchArg(
