@@ -186,6 +186,34 @@ def test_real_gap_success_rates(name):
     assert real[0] < sim[0] or real[1] > 1.2 * sim[1]
 
 
+def test_expert_lifts_when_the_gripper_reads_the_peg_square():
+    """The expert lifts on the step it finds the peg square with the gripper reading its width,
+    and on no other: while the pads are still turning the peg the reading is off that band, so
+    the policy can see in its proprio when to lift (experts/ur5e.py)."""
+    from robot_drivers.experts.ur5e import CLOSE, LIFT
+
+    task = make_task("peg", cameras=())
+    lift_readings, turning_readings = [], []
+    for seed in (0, 4, 16):  # pegs that need 3 to 13 closing steps
+        expert = InsertionExpert(task)
+        obs = task.reset(seed)
+        expert.reset(seed)
+        while True:  # the reading each closing decision was taken on
+            before, reading = expert.phase, obs.proprio[-1]
+            action = expert.act(obs)
+            if before == CLOSE and expert.phase == LIFT:
+                lift_readings.append(reading)
+                assert abs(task.privileged_state(obs)[6]) < InsertionExpert.SQUARE_TOL
+                break
+            if before == CLOSE and expert.phase_steps >= 3:  # could have lifted, closed on
+                turning_readings.append(reading)
+            obs = task.step(action).obs
+    task.close()
+    assert len(turning_readings) >= 8
+    assert all(0.819 < g < 0.826 for g in lift_readings), lift_readings
+    assert not any(0.8215 < g < 0.8245 for g in turning_readings), turning_readings
+
+
 # -- TorchScript -----------------------------------------------------------------------------
 
 class _TinyPolicy(torch.nn.Module):

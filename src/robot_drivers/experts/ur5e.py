@@ -10,9 +10,11 @@ thread: turn clockwise while pressing. A lost object sends it back to the approa
 The hand keeps its yaw. Turning it to the peg's yaw first (as the expert of UR5E_PEG_NOTES
 does) makes every approach action depend on a yaw that a 64 x 64 image cannot show, so a policy
 distilled from it cannot tell when to close (docs/planner.md). Instead the closing pads turn the
-standing peg square (up to 12 control steps at +-30 deg; the gripper's reading settles when it
-is square, which the policy sees in its proprio). Lifting a peg that is not square yet lets it
-slide 1-2 cm along the pads.
+standing peg square (up to 12 control steps at +-30 deg), and it lifts on the first step it
+finds the peg square AND the gripper reading the peg's width (both pads flat: 0.821-0.825 for
+the 16 mm peg; a half-turned peg reads 0.77-0.81 or, caught on its edges, 0.826-0.833), so the
+policy can see in its proprio when the expert lifts. Lifting a peg that is not square yet lets
+it slide 1-2 cm along the pads, and tilts it.
 """
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ class InsertionExpert:
 
     COARSE, FINE, ROT_CAP = 0.03, 0.012, 0.25  # step caps: m, m, rad
     CARRY_HEIGHT, HOVER = 0.03, 0.004  # bottom above the hole top while carrying / before entry
-    SQUARE_TOL, MAX_CLOSE_STEPS = 0.02, 15  # rad; close until square for 2 steps, at most this
+    SQUARE_TOL, MAX_CLOSE_STEPS = 0.03, 15  # rad; close until square, at most this many steps
+    FLAT_READING = (0.8205, 0.8255)  # the gripper's reading with both pads flat on the 16 mm peg
 
     def __init__(self, task: UR5eInsertionTask, degradation: Degradation = Degradation()):
         self.cfg = task.cfg
@@ -76,7 +79,6 @@ class InsertionExpert:
         self.phase = APPROACH
         self.phase_steps = 0
         self.grasp_yaw: float | None = None
-        self.square_steps = 0
         self._history: list[dict] = []
 
     # -- geometry helpers ----------------------------------------------------------------
@@ -148,18 +150,18 @@ class InsertionExpert:
             mat = rotz(self.grasp_yaw) @ TCP_HOME_MAT
             target = p["obj_grasp"]
             if np.linalg.norm(target - p["tcp_pos"]) < 0.002:
-                self.square_steps = 0
                 self._next(CLOSE)
             return self._move(p, target, mat, self.FINE, 0.0)
         if self.phase == CLOSE:
-            square = self.round_object or abs(grasp_yaw_error(p)) < self.SQUARE_TOL
-            self.square_steps = self.square_steps + 1 if square else 0
-            if self.phase_steps >= 2 and (self.square_steps >= 2
-                                          or self.phase_steps >= self.MAX_CLOSE_STEPS):
-                # re-grasped inside the hole: carry on from there
-                inside = p["depth"][0] > 0.002 and p["xy_err"][0] < c.success_xy
-                self._next(INSERT if inside else LIFT)
-            return np.r_[np.zeros(6), 1.0]
+            lo, hi = self.FLAT_READING
+            square = self.round_object or (abs(grasp_yaw_error(p)) < self.SQUARE_TOL
+                                           and lo < p["gripper"][0] < hi)
+            if self.phase_steps < 2 or not (square or self.phase_steps >= self.MAX_CLOSE_STEPS):
+                return np.r_[np.zeros(6), 1.0]
+            # lift on this very step (the reading it sees is the one it lifts on); re-grasped
+            # inside the hole: carry on from there
+            inside = p["depth"][0] > 0.002 and p["xy_err"][0] < c.success_xy
+            self._next(INSERT if inside else LIFT)
         if self.phase == LIFT:
             bottom_des = np.r_[p["obj_bottom"][:2], hole[2] + self.CARRY_HEIGHT]
             if p["obj_bottom"][2] > hole[2] + self.CARRY_HEIGHT - 0.005:
@@ -220,7 +222,7 @@ def rollout(task: UR5eInsertionTask, policy, seed: int) -> dict:
 
 # -- V^e: ridge regression on random Fourier features of the privileged state ---------------
 
-VALUE_VERSION = 3
+VALUE_VERSION = 4
 
 
 @dataclass(frozen=True)
