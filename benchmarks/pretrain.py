@@ -2,9 +2,12 @@
 synthetic windows so no dataset is needed, with the dropout layers as in training.
 
     python benchmarks/pretrain.py [--device cuda] [--threads 2] [--steps 10] [--models go2,ur5e_small]
+    python benchmarks/pretrain.py --data SHARD_DIR [--preset ur5e_peg]    # + the loader's batch
 
 Prints steps/s and windows/s per model and batch; `--no-dropout` gives the same step with every
 dropout probability 0, the bound that the cost of drawing the masks is measured against.
+`--data` also times what a loader worker does per step on real shards (read the windows of one
+batch, augment them), once per preload mode: on two cores that work competes with the step.
 """
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ import time
 
 import torch
 
-from simdist_planner.config import CONFIG_FACTORIES, PRETRAIN_PRESETS
+from robot_drivers.tasks.ur5e_tasks import STATE_TERMS
+from simdist_planner.config import CONFIG_FACTORIES, PRETRAIN_PRESETS, PretrainConfig
 from simdist_planner.losses import world_model_loss
 from simdist_planner.model import WorldModel
+from simdist_planner.pretrain import AugmentedWindows, WindowSource
 from simdist_planner.synthetic import synthetic_windows
 
 PRESET_OF_MODEL = {preset["model"]: name for name, preset in PRETRAIN_PRESETS.items()}
@@ -31,6 +36,8 @@ def time_steps(model_name: str, batch: int, steps: int, device: torch.device, dr
     """Seconds per training step (2 warm-up steps first)."""
     overrides = {} if dropout else {"dropout_mlp": 0.0, "dropout_attention": 0.0}
     config = CONFIG_FACTORIES[model_name](**overrides)
+    if config.loss.state > 0 and not config.state_dim:  # pretraining sizes it from the shards' task state
+        config = config.replace(state_dim=sum(dim for _, dim in STATE_TERMS))
     model = WorldModel(config).to(device).train()
     window = {k: v.to(device) for k, v in synthetic_windows(config, batch, seed=0).items()}
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-4)
@@ -52,6 +59,19 @@ def time_steps(model_name: str, batch: int, steps: int, device: torch.device, dr
     return times
 
 
+def time_loader(data: str, preset: str, preload: str, batches: int) -> list[float]:
+    """Seconds per batch of the loader's work (read + augment), after one batch that fills caches."""
+    cfg = PretrainConfig(**{**PRETRAIN_PRESETS[preset], "data": (data,), "preload": preload})
+    batches_of = AugmentedWindows(WindowSource(cfg, rank=0, world_size=1))
+    batches_of[0]
+    times = []
+    for step in range(1, batches + 1):
+        start = time.perf_counter()
+        batches_of[step]
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -60,6 +80,8 @@ def main(argv=None) -> None:
     parser.add_argument("--models", default="go2,ur5e_small")
     parser.add_argument("--batch", type=int, default=None, help="default: each model's preset batch")
     parser.add_argument("--no-dropout", action="store_true", help="also time the step without dropout")
+    parser.add_argument("--data", default=None, help="shard directory: also time the loader's batches")
+    parser.add_argument("--preset", default="ur5e_peg", choices=sorted(PRETRAIN_PRESETS))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -74,6 +96,13 @@ def main(argv=None) -> None:
             med = statistics.median(ts)
             print(f"{name:12} {batch:5d} {'on' if with_dropout else 'off':>8} "
                   f"{med * 1e3:8.1f} / {min(ts) * 1e3:6.1f} {1 / med:8.2f} {batch / med:10.0f}", flush=True)
+    if args.data:
+        print(f"loader batch (read + augment, 1 thread) of preset {args.preset} on {args.data}:")
+        torch.set_num_threads(1)  # as in a loader worker
+        for preload in ("vectors", "all"):
+            ts = time_loader(args.data, args.preset, preload, args.steps)
+            print(f"  preload {preload:8} {statistics.median(ts) * 1e3:8.1f} / {min(ts) * 1e3:6.1f} ms per batch",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -93,35 +93,39 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     assert not torch.equal(aug["proprio"][:, :h + 1, :3], batch["proprio"][:, :h + 1, :3])
     assert torch.equal(aug["proprio"][:, :, 3], batch["proprio"][:, :, 3])  # gripper noise 0
     assert torch.equal(aug["proprio"][:, h + 1:], batch["proprio"][:, h + 1:])  # targets clean
-    assert not torch.allclose(aug["images"][:, h], batch["images"][:, h].float() / 255)
+    clean = batch["images"]
+    assert clean.dtype == torch.uint8 and aug["images"].dtype == torch.uint8  # camera frames stay bytes
+    assert not torch.equal(aug["images"][:, h], clean[:, h])
 
     # photometric change on o_t only; one shift per (window, camera) on o_t and the targets alike
-    clean = batch["images"].float() / 255
     photometric = augment(batch, dataclasses.replace(cfg, image_shift=0), source.proprio_noise(), 0.0, mc,
                           torch.Generator().manual_seed(0))["images"]
-    assert not torch.allclose(photometric[:, h], clean[:, h])
-    torch.testing.assert_close(photometric[:, h + 1:], clean[:, h + 1:])
+    assert not torch.equal(photometric[:, h], clean[:, h])
+    assert torch.equal(photometric[:, h + 1:], clean[:, h + 1:])
+    assert torch.equal(photometric[:, :h], clean[:, :h])  # history frames: E never reads them
     s = 2
     geometric = dataclasses.replace(cfg, image_shift=s, image_brightness=0.0, image_contrast=0.0)
     # the wrist camera is fixed by default (its view of the hand is the mount's): never shifted
     assert mc.image.cameras == ("wrist",) and cfg.fixed_cameras == ("wrist",)
     fixed = augment(batch, geometric, source.proprio_noise(), 0.0, mc, torch.Generator().manual_seed(0))["images"]
-    torch.testing.assert_close(fixed, clean)
+    assert torch.equal(fixed, clean)
     shifted = augment(batch, dataclasses.replace(geometric, fixed_cameras=()), source.proprio_noise(), 0.0, mc,
                       torch.Generator().manual_seed(0))["images"]
-    torch.testing.assert_close(shifted[:, :h], clean[:, :h])
-    padded = torch.nn.functional.pad(clean.flatten(0, 2), (s, s, s, s), mode="replicate").view(
-        *clean.shape[:4], clean.shape[4] + 2 * s, clean.shape[5] + 2 * s)
-    hh, ww = clean.shape[-2:]
+    assert torch.equal(shifted[:, :h], clean[:, :h])
+    # the reference: replicate padding by s pixels, then a crop at one of (2 s + 1)^2 offsets
+    ref = clean.float()
+    padded = torch.nn.functional.pad(ref.flatten(0, 2), (s, s, s, s), mode="replicate").view(
+        *ref.shape[:4], ref.shape[4] + 2 * s, ref.shape[5] + 2 * s)
+    hh, ww = ref.shape[-2:]
     offsets = set()
-    for b in range(clean.shape[0]):
-        for c in range(clean.shape[2]):
+    for b in range(ref.shape[0]):
+        for c in range(ref.shape[2]):
             crops = {(dy, dx): padded[b, h:, c, :, dy:dy + hh, dx:dx + ww]
                      for dy in range(2 * s + 1) for dx in range(2 * s + 1)}
-            match = [k for k, crop in crops.items() if torch.allclose(crop[0], shifted[b, h, c])]
+            match = [k for k, crop in crops.items() if torch.equal(crop[0], shifted[b, h, c].float())]
             assert match, "o_t is not a shifted crop"
             # the same offset moved every target frame of this window and camera
-            assert any(torch.allclose(crops[k], shifted[b, h:, c]) for k in match)
+            assert any(torch.equal(crops[k], shifted[b, h:, c].float()) for k in match)
             offsets.add(match[0])
     assert len(offsets) > 1  # the shift is random
 

@@ -34,7 +34,6 @@ import uuid
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from simdist_planner.checkpoint import load_checkpoint, replace_dir, save_checkpoint
@@ -46,7 +45,7 @@ from simdist_planner.synthetic import synthetic_windows
 
 STATE_FORMAT_VERSION = 1
 # Settings a resumed run may change; everything else must equal the interrupted run's.
-RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every", "workers", "threads",
+RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every", "workers", "threads", "preload",
                      "time_limit_s"}
 
 
@@ -120,7 +119,7 @@ class WindowSource(torch.utils.data.Dataset):
             from simdist_planner.dataset import ShardedDataset, WindowDataset
 
             selection = self.selection(cfg)
-            data = ShardedDataset(cfg.data, **selection, rank=rank, world_size=world_size)
+            data = ShardedDataset(cfg.data, **selection, rank=rank, world_size=world_size, preload=cfg.preload)
             self.layout = data.layout
             self.model_config = model_config_for(cfg, self.layout)
             self.windows = WindowDataset(data, self.model_config.history, self.model_config.horizon)
@@ -236,26 +235,32 @@ def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: 
     stays clean, which teaches E to ignore appearance. The random shift (a camera that moved) moves
     o_t AND the target frames o_{t+1..t+T} alike: shifting the input alone would make every
     position-dependent feature of E unpredictable, and the latent loss would then teach E to
-    drop where objects are in the image.
+    drop where objects are in the image. The history frames are left as they are (E reads only
+    the latest image). Images keep their dtype: uint8 frames stay uint8 (what a camera gives), so
+    the loader ships a quarter of the bytes and the model converts only the frames it reads.
     """
-    x = images.float() / 255.0 if images.dtype == torch.uint8 else images.float().clone()
+    x = images.clone()
     b, _, n_cam, _, h, w = x.shape
-    cur = x[:, history]  # (B, n_cam, 3, h, w)
+    top = 255.0 if x.dtype == torch.uint8 else 1.0
+    cur = x[:, history].float()  # (B, n_cam, 3, h, w)
     bright = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * cfg.image_brightness
     contrast = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * cfg.image_contrast
     mean = cur.mean(dim=(2, 3, 4), keepdim=True)
-    x[:, history] = (((cur - mean) * contrast + mean) * bright).clamp(0, 1)
+    cur = (((cur - mean) * contrast + mean) * bright).clamp(0, top)
+    x[:, history] = cur.round().to(x.dtype) if x.dtype == torch.uint8 else cur
     s = cfg.image_shift
     if s > 0:
-        frames = x[:, history:].transpose(1, 2)  # (B, n_cam, T + 1, 3, h, w)
-        n = frames.shape[2]
-        padded = F.pad(frames.flatten(0, 2), (s, s, s, s), mode="replicate")
-        padded = padded.view(b * n_cam, n, 3, h + 2 * s, w + 2 * s)
-        moves = movable.repeat(b)  # (B * n_cam,), camera-minor like the frames
-        dx = torch.where(moves, torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g), s)
-        dy = torch.where(moves, torch.randint(0, 2 * s + 1, (b * n_cam,), generator=g), s)
-        shifted = torch.stack([padded[i, :, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(b * n_cam)])
-        x[:, history:] = shifted.view(b, n_cam, n, 3, h, w).transpose(1, 2)
+        # A shift by (dy, dx) in [-s, s] with the border pixels repeated: the source rows / cols
+        # of every output pixel, per (window, camera).
+        moves = movable.repeat(b)  # (B * n_cam,), camera-minor like x[:, t]
+        dy = torch.randint(-s, s + 1, (b * n_cam,), generator=g)
+        dx = torch.randint(-s, s + 1, (b * n_cam,), generator=g)
+        rows = (torch.arange(h) + dy[:, None]).clamp(0, h - 1)  # (B * n_cam, h)
+        cols = (torch.arange(w) + dx[:, None]).clamp(0, w - 1)
+        for i in torch.nonzero(moves).flatten().tolist():
+            k, c = divmod(i, n_cam)
+            frames = x[k, history:, c]  # (T + 1, 3, h, w)
+            x[k, history:, c] = frames.index_select(2, rows[i]).index_select(3, cols[i])
     return x
 
 
