@@ -113,20 +113,18 @@ class WindowSource(torch.utils.data.Dataset):
     def __init__(self, cfg: PretrainConfig, rank: int, world_size: int):
         self.cfg, self.rank = cfg, rank
         self.windows = None
-        self.layout = None
-        self.obs_noise: dict = {}
         if not cfg.synthetic:
             from simdist_planner.dataset import ShardedDataset, WindowDataset
 
             selection = self.selection(cfg)
             data = ShardedDataset(cfg.data, **selection, rank=rank, world_size=world_size, preload=cfg.preload)
-            self.layout = data.layout
-            self.model_config = model_config_for(cfg, self.layout)
+            self.model_config = model_config_for(cfg, data.layout)
             self.windows = WindowDataset(data, self.model_config.history, self.model_config.horizon)
-            self.obs_noise = data.config.get("robot", {}).get("obs_noise", {})
+            self.obs_noise = data.obs_noise_std()
         else:
             self.model_config = model_config_for(cfg)
-            self.obs_noise = {"proprio": 0.01, "height_map": 0.01}
+            self.obs_noise = {"proprio": np.full(self.model_config.proprio_dim, 0.01, np.float32),
+                              "height_map": 0.01}
 
     @staticmethod
     def selection(cfg: PretrainConfig) -> dict:
@@ -148,11 +146,8 @@ class WindowSource(torch.utils.data.Dataset):
         return batch
 
     def proprio_noise(self) -> torch.Tensor:
-        """Per-dimension noise std of the proprio vector, from the per-term stds."""
-        if self.layout is None:
-            return torch.full((self.model_config.proprio_dim,), float(self.obs_noise["proprio"]))
-        return torch.tensor([float(self.obs_noise.get(name, 0.0)) for name, dim in self.layout.proprio_terms
-                             for _ in range(dim)])
+        """Per-dimension noise std of the proprio vector (ShardedDataset.obs_noise_std)."""
+        return torch.as_tensor(self.obs_noise["proprio"], dtype=torch.float32)
 
 
 class AugmentedWindows(torch.utils.data.Dataset):
@@ -163,7 +158,7 @@ class AugmentedWindows(torch.utils.data.Dataset):
     def __init__(self, source: WindowSource):
         self.source = source
         self.proprio_noise = source.proprio_noise()
-        self.hm_noise = float(source.obs_noise.get("height_map", 0.0))
+        self.hm_noise = float(source.obs_noise["height_map"])
 
     def __len__(self) -> int:
         return len(self.source)
