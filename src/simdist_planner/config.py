@@ -18,6 +18,7 @@ DYNAMICS_KINDS = ("chunked", "autoregressive")
 HEAD_KINDS = ("transformer", "mlp")
 IMAGE_BACKBONES = ("resnet18", "small_cnn", "keypoint_cnn")
 SMALL_BACKBONES = ("small_cnn", "keypoint_cnn")  # trained from scratch at the rendered size
+PRELOAD_MODES = ("none", "vectors", "all")  # what ShardedDataset holds in memory
 
 
 @dataclass(frozen=True)
@@ -365,7 +366,7 @@ class PretrainConfig:
         for name in ("warmup_steps", "decay_steps", "workers", "max_data_steps", "image_shift", "time_limit_s"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         need(self.learning_rate > 0 and self.end_learning_rate >= 0, "learning rates must be positive")
-        need(self.preload in ("none", "vectors", "all"), f"preload must be none, vectors or all, got {self.preload!r}")
+        need(self.preload in PRELOAD_MODES, f"preload must be one of {PRELOAD_MODES}, got {self.preload!r}")
         need(self.precision in ("auto", "bf16", "fp32"), f"precision must be auto, bf16 or fp32, got {self.precision!r}")
 
     def replace(self, **changes) -> "PretrainConfig":

@@ -21,6 +21,8 @@ import h5py
 import numpy as np
 import torch
 
+from simdist_planner.config import PRELOAD_MODES
+
 FORMAT = "simdist-sim-dataset"
 SCHEMA_VERSION = 1
 SHARD_GLOB = "shard-*.h5"
@@ -541,8 +543,8 @@ class ShardedDataset:
     ):
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        if preload not in ("none", "vectors", "all"):
-            raise ValueError(f"preload must be 'none', 'vectors' or 'all', got {preload!r}")
+        if preload not in PRELOAD_MODES:
+            raise ValueError(f"preload must be one of {PRELOAD_MODES}, got {preload!r}")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
         self.shards = [_Shard(p, preload) for p in shard_paths(paths_or_dir)]
