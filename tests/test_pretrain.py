@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from simdist_planner.checkpoint import load_checkpoint
-from simdist_planner.config import PretrainConfig
-from simdist_planner.pretrain import WindowSource, augment, lr_at, pretrain, weights_sha256
+from simdist_planner.config import PRETRAIN_PRESETS, PretrainConfig
+from simdist_planner.pretrain import WindowSource, augment, lr_at, parse_args, pretrain, weights_sha256
 
 TINY = {"latent_dim": 16, "history": 3, "horizon": 4}
 
@@ -42,12 +42,14 @@ def test_learning_rate_schedule():
     assert lr_at(cfg, 5000) == pytest.approx(1e-4)
 
 
-def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),)):
+def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),), action=None, task="peg"):
+    """Three 12-row episodes of random rows; `action` (12, A) replaces the random 2-d actions."""
     from simdist_planner.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
 
-    layout = StepLayout(proprio_terms=(("joint_pos", 3), ("gripper", 1)), action_dim=2,
+    layout = StepLayout(proprio_terms=(("joint_pos", 3), ("gripper", 1)),
+                        action_dim=2 if action is None else action.shape[1],
                         cameras=("wrist",), image_shape=(16, 16), state_terms=state_terms)
-    attrs = {"task": "peg", "config": json.dumps({"robot": {"obs_noise": {"joint_pos": 0.5, "gripper": 0.0}}})}
+    attrs = {"task": task, "config": json.dumps({"robot": {"obs_noise": {"joint_pos": 0.5, "gripper": 0.0}}})}
     rng = np.random.default_rng(0)
     with ShardWriter(path / shard_name(0), layout, attrs) as w:
         for ep in range(3):
@@ -55,7 +57,7 @@ def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),)):
             steps = {
                 "proprio": rng.normal(size=(rows, 4)).astype(np.float32),
                 "images/wrist": rng.integers(0, 255, (rows, 16, 16, 3), dtype=np.uint8),
-                "action": rng.normal(size=(rows, 2)).astype(np.float32),
+                "action": rng.normal(size=(rows, 2)).astype(np.float32) if action is None else action,
                 "reward": rng.normal(size=rows).astype(np.float32),
                 "value": rng.normal(size=rows).astype(np.float32),
                 "expert": (rng.random(rows) > 0.3).astype(np.uint8),
@@ -63,7 +65,7 @@ def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),)):
             }
             if state_terms:
                 steps["state"] = rng.normal(size=(rows, layout.state_dim)).astype(np.float32)
-            w.append(EpisodeRecord(id=ep, steps=steps, policy=0, seed=ep, noise_scale=np.zeros(2),
+            w.append(EpisodeRecord(id=ep, steps=steps, policy=0, seed=ep, noise_scale=np.zeros(layout.action_dim),
                                    never_noised=False, success=False, terminated=False, truncated=True))
 
 
@@ -139,6 +141,47 @@ def test_a_dataset_without_the_task_state_is_refused_unless_the_state_loss_is_of
     off = dataclasses.replace(cfg, model_overrides={**cfg.model_overrides, "loss": {"state": 0.0}})
     model = load_checkpoint(pretrain(off, tmp_path / "run_off", progress=False))
     assert model.config.state_dim == 0 and model.state_head is None
+
+
+def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
+    # every episode: open for rows 0-5, closes at 6, holds at 7-8, lifts at 9, carries at 10-11
+    action = np.zeros((12, 7), np.float32)
+    action[6:, 6] = 1.0
+    action[9:, 2] = 0.02
+    _write_ur5e_like_shard(tmp_path / "data", action=action)
+    # H = 2, T = 3: windows t = 0..8 per episode, of which t = 6, 7, 8 are closing (a_t closed)
+    cfg = PretrainConfig(model="ur5e_small", data=(str(tmp_path / "data"),), steps=200, batch_size=4,
+                         workers=0, model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+
+    def closing_share(c: PretrainConfig) -> float:
+        source = WindowSource(c, 0, 1)
+        closed = torch.cat([source[step]["actions"][:, 2, 6] for step in range(c.steps)])
+        return float((closed > 0.5).float().mean())
+
+    assert closing_share(cfg) == pytest.approx(3 / 9, abs=0.06)  # uniform over windows
+    weighted = cfg.replace(phase_weights={"closing": 4})
+    assert closing_share(weighted) == pytest.approx(12 / 18, abs=0.06)  # 3 x 4 against 6 x 1
+    assert WindowSource(weighted, 0, 1).weighting == "9 of 27 windows in the phases {'closing': 4}, 66.7% of draws"
+    assert closing_share(cfg.replace(phase_weights={"closing": 0.25})) == pytest.approx(0.75 / 6.75, abs=0.06)
+
+    with pytest.raises(ValueError, match=r"names \['lift'\], but task 'peg' defines the phases \['closing'\]"):
+        WindowSource(cfg.replace(phase_weights={"lift": 2}), 0, 1)
+    for bad in (0, -1, float("nan"), True, "2"):
+        with pytest.raises(ValueError, match="must be a positive number"):
+            cfg.replace(phase_weights={"closing": bad})
+    with pytest.raises(ValueError, match="need a dataset"):
+        synthetic_cfg(phase_weights={"closing": 2})
+    args_cfg, _ = parse_args(["--preset", "ur5e_peg", "--data", "d", "--out", "o", "--phase-weights", '{"closing": 3}'])
+    assert args_cfg.phase_weights == {"closing": 3} and args_cfg.steps == PRETRAIN_PRESETS["ur5e_peg"]["steps"]
+
+    _write_ur5e_like_shard(tmp_path / "go2", action=action, task="go2_flat")
+    with pytest.raises(ValueError, match="task 'go2_flat' defines the phases none"):
+        WindowSource(weighted.replace(data=(str(tmp_path / "go2"),)), 0, 1)
+    never = action.copy()
+    never[:, 6] = 0.0  # no grasp at all: nothing to weight
+    _write_ur5e_like_shard(tmp_path / "open", action=never)
+    with pytest.raises(ValueError, match=r"no window of the selection lies in the phases \['closing'\]"):
+        WindowSource(weighted.replace(data=(str(tmp_path / "open"),)), 0, 1)
 
 
 def test_two_cpu_ranks_end_with_identical_weights(tmp_path):

@@ -9,8 +9,8 @@ import torch
 from robot_drivers.experts.torchscript import load_torchscript_policy
 from robot_drivers.experts.ur5e import (
     LADDER, InsertionExpert, ValueFitConfig, discounted_returns, expert_value, rollout)
-from robot_drivers.tasks import expert_ladder, make_task
-from robot_drivers.tasks.ur5e_tasks import GAMMA, REGIONS, RealGap, real_gap
+from robot_drivers.tasks import expert_ladder, make_task, step_phases
+from robot_drivers.tasks.ur5e_tasks import GAMMA, LIFT_DZ, REGIONS, RealGap, real_gap
 
 TASKS = ("peg", "table_leg")
 
@@ -229,6 +229,23 @@ class _TinyPolicy(torch.nn.Module):
 
 def _obs_fn(obs):
     return obs.proprio[:4]
+
+
+def test_closing_phase_runs_from_each_close_through_its_lift():
+    # open, open, close, hold, lift, carry, open, close-and-lift, carry, open, close, hold (end)
+    gripper = np.array([0, 0, 1, 1, 1, 1, 0, 1, 1, 0, 1, 1], float)
+    dz = np.zeros(len(gripper))
+    dz[[4, 7]] = LIFT_DZ + 0.01  # the two lifts
+    dz[5] = dz[8] = 0.02  # carrying up after the lift is not closing
+    dz[3] = LIFT_DZ  # a hold that creeps up by exactly the threshold is not a lift
+    action = np.zeros((len(gripper), 7), np.float32)
+    action[:, 2], action[:, 6] = dz, gripper
+    for name in TASKS:
+        phases = step_phases(name, {"action": action})
+        assert phases["closing"].tolist() == [0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 1, 1]
+    assert step_phases("go2_flat", {"action": np.zeros((3, 12), np.float32)}) == {}
+    with pytest.raises(ValueError, match="unknown task"):
+        step_phases("pegg", {"action": action})
 
 
 def test_torchscript_policy_roundtrip(tmp_path):

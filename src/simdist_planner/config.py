@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 
@@ -326,6 +327,10 @@ class PretrainConfig:
     # (gzip chunks); "all" holds the selection's images in memory too (37 KB per UR5e row at
     # 3 x 64 x 64: 2.3 GB for the ur5e_peg preset's 64 k rows) and makes a window a memory copy.
     preload: str = "vectors"
+    # {phase: weight}: windows whose step t lies in a phase the dataset's task names
+    # (robot_drivers.tasks.step_phases) are drawn `weight` times as often as the rest, so a rare
+    # decision is not averaged away (docs/world_model.md); {} = every window alike.
+    phase_weights: dict = field(default_factory=dict)
     steps: int = 2000
     batch_size: int = 32  # per rank
     learning_rate: float = 2e-4  # official: Adam 2e-4, cosine to 1e-4, linear warm-up
@@ -366,6 +371,10 @@ class PretrainConfig:
         for name in ("warmup_steps", "decay_steps", "workers", "max_data_steps", "image_shift", "time_limit_s"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         need(self.learning_rate > 0 and self.end_learning_rate >= 0, "learning rates must be positive")
+        need(not (self.synthetic and self.phase_weights), "phase_weights need a dataset, not synthetic windows")
+        for phase, weight in self.phase_weights.items():
+            need(isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0,
+                 f"phase_weights[{phase!r}] must be a positive number, got {weight!r}")
         need(self.preload in PRELOAD_MODES, f"preload must be one of {PRELOAD_MODES}, got {self.preload!r}")
         need(self.precision in ("auto", "bf16", "fp32"), f"precision must be auto, bf16 or fp32, got {self.precision!r}")
 

@@ -646,8 +646,9 @@ class ShardedDataset:
         return info
 
     # -- data
-    def read(self, i: int, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Rows [start, stop) of selected episode i, every /steps dataset (images HWC uint8)."""
+    def read(self, i: int, start: int, stop: int, names=None) -> dict[str, np.ndarray]:
+        """Rows [start, stop) of selected episode i: the /steps datasets `names` (default every
+        one; images HWC uint8)."""
         length = int(self.lengths[i])
         if not 0 <= start <= stop <= length:
             raise IndexError(f"rows [{start}, {stop}) outside episode {i} of {length} rows")
@@ -655,7 +656,8 @@ class ShardedDataset:
         s = self.shards[si]
         base = int(s.episodes["start"][li])
         return {
-            name: s.read(name, base + start, base + stop) for name in self.layout.step_shapes()
+            name: s.read(name, base + start, base + stop)
+            for name in (self.layout.step_shapes() if names is None else names)
         }
 
     def episode(self, i: int) -> dict[str, np.ndarray]:

@@ -113,6 +113,7 @@ class WindowSource(torch.utils.data.Dataset):
     def __init__(self, cfg: PretrainConfig, rank: int, world_size: int):
         self.cfg, self.rank = cfg, rank
         self.windows = None
+        self.cum_weights = None  # cumulative window weights when cfg.phase_weights is set
         if not cfg.synthetic:
             from simdist_planner.dataset import ShardedDataset, WindowDataset
 
@@ -121,6 +122,11 @@ class WindowSource(torch.utils.data.Dataset):
             self.model_config = model_config_for(cfg, data.layout)
             self.windows = WindowDataset(data, self.model_config.history, self.model_config.horizon)
             self.obs_noise = data.obs_noise_std()
+            if cfg.phase_weights:
+                weights, inside = window_weights(self.windows, cfg.phase_weights)
+                self.cum_weights = np.cumsum(weights)
+                self.weighting = (f"{int(inside.sum())} of {len(weights)} windows in the phases "
+                                  f"{cfg.phase_weights}, {weights[inside].sum() / weights.sum():.1%} of draws")
         else:
             self.model_config = model_config_for(cfg)
             self.obs_noise = {"proprio": np.full(self.model_config.proprio_dim, 0.01, np.float32),
@@ -140,7 +146,11 @@ class WindowSource(torch.utils.data.Dataset):
             return synthetic_windows(self.model_config, b, seed=_seed(self.cfg.seed, self.rank, step),
                                      system_seed=self.cfg.seed)
         rng = np.random.default_rng(_seed(self.cfg.seed, self.rank, step, 0))
-        items = [self.windows[int(i)] for i in rng.integers(0, len(self.windows), b)]
+        if self.cum_weights is None:
+            picks = rng.integers(0, len(self.windows), b)
+        else:
+            picks = np.searchsorted(self.cum_weights, rng.random(b) * self.cum_weights[-1], side="right")
+        items = [self.windows[int(i)] for i in picks]
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0] if k != "obs"}
         batch.update({k: torch.stack([it["obs"][k] for it in items]) for k in items[0]["obs"]})
         return batch
@@ -148,6 +158,34 @@ class WindowSource(torch.utils.data.Dataset):
     def proprio_noise(self) -> torch.Tensor:
         """Per-dimension noise std of the proprio vector (ShardedDataset.obs_noise_std)."""
         return torch.as_tensor(self.obs_noise["proprio"], dtype=torch.float32)
+
+
+def window_weights(windows, phase_weights: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(len(windows),) sampling weight of each window: the largest weight among the phases its
+    step t lies in (robot_drivers.tasks.step_phases of the dataset's task), 1 outside them;
+    and the (len(windows),) mask of the windows inside a weighted phase."""
+    from robot_drivers.tasks import step_phases
+
+    data = windows.dataset
+    task = str(data.attrs.get("task", ""))
+    weights = np.zeros(len(windows))  # 0 = in no weighted phase
+    hits = dict.fromkeys(phase_weights, 0)
+    for i in range(data.num_episodes):
+        phases = step_phases(task, data.read(i, 0, int(data.lengths[i]), names=("action",)))
+        unknown = set(phase_weights) - set(phases)
+        if unknown:
+            raise ValueError(f"phase_weights names {sorted(unknown)}, but task {task!r} defines "
+                             f"the phases {sorted(phases) or 'none'}")
+        sel = np.nonzero(windows.episode_index == i)[0]
+        for phase, weight in phase_weights.items():
+            inside = sel[phases[phase][windows.t_index[sel]]]
+            weights[inside] = np.maximum(weights[inside], weight)
+            hits[phase] += len(inside)
+    empty = [p for p, n in hits.items() if n == 0]
+    if empty:
+        raise ValueError(f"no window of the selection lies in the phases {empty}: nothing to weight")
+    inside = weights > 0
+    return np.where(inside, weights, 1.0), inside
 
 
 class AugmentedWindows(torch.utils.data.Dataset):
@@ -350,6 +388,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
         dev = torch.device("cuda", local_rank)
     torch.set_num_threads(cfg.threads)
     source = WindowSource(cfg, rank, world)
+    if rank == 0 and source.cum_weights is not None:
+        print(f"pretrain: rank 0 draws {source.weighting}")
     torch.manual_seed(cfg.seed)
     model = WorldModel(source.model_config)
     fit_scaler(model, cfg, source)
@@ -493,7 +533,7 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
     parser.add_argument("--no-progress", action="store_true")
     fields = PretrainConfig.__dataclass_fields__
     for name in fields:
-        if name in ("data", "model_overrides"):
+        if name in ("data", "model_overrides", "phase_weights"):
             continue
         flag = "--" + name.replace("_", "-")
         ftype = fields[name].type
@@ -507,6 +547,8 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
             parser.add_argument(flag, type=conv, default=None)
     parser.add_argument("--model-overrides", type=json.loads, default=None,
                         help='JSON merged into the model config, e.g. \'{"head_kind": "mlp"}\'')
+    parser.add_argument("--phase-weights", type=json.loads, default=None,
+                        help='JSON {phase: weight} of the task\'s step phases, e.g. \'{"closing": 10}\'')
     args = parser.parse_args(argv)
     values = dict(PRETRAIN_PRESETS[args.preset]) if args.preset else {}
     for name in fields:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 
+import numpy as np
+
 from robot_drivers.tasks.base import Policy, StepResult, Task
 
 # name -> "module:factory"; each factory takes (name, variant, **overrides) and returns a Task.
@@ -44,4 +46,12 @@ def expert_value(task: Task):
     return module.expert_value(task)
 
 
-__all__ = ["TASKS", "Policy", "StepResult", "Task", "make_task", "expert_ladder", "expert_value"]
+def step_phases(name: str, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The named phases of task `name` in one logged episode's rows ({} when it names none)."""
+    _factory(name)  # an unknown task name fails here, with the list of known ones
+    module = importlib.import_module(TASKS[name].split(":")[0])
+    phases = getattr(module, "step_phases", None)
+    return phases(rows) if phases else {}
+
+
+__all__ = ["TASKS", "Policy", "StepResult", "Task", "make_task", "expert_ladder", "expert_value", "step_phases"]

@@ -298,3 +298,34 @@ def expert_value(task: UR5eInsertionTask):
     """V^e: Observation -> float, fitted to the expert's discounted returns (cached)."""
     from robot_drivers.experts.ur5e import expert_value as value
     return value(task)
+
+
+LIFT_DZ = 0.005  # m per step: an action that raises the TCP more than this while closed lifts
+
+
+def step_phases(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Named phases of one logged episode, a (rows,) bool mask each, read off its actions
+    (EE_DELTA [dx dy dz rx ry rz gripper]); pretraining can draw them more often
+    (PretrainConfig.phase_weights).
+
+    "closing": every step from a close command through the first lift of that grasp (or the
+    grasp's end). There the expert decides, from a few tenths of a millimetre of pad travel,
+    whether the grasp is good enough to lift; about 2 % of the rows, which a uniform draw
+    leaves to be averaged away (docs/planner.md).
+    """
+    action = rows["action"]
+    closed = action[:, 6] > 0.5
+    closing = np.zeros(len(action), bool)
+    t = 0
+    while t < len(action):
+        if not closed[t]:
+            t += 1
+            continue
+        while t < len(action) and closed[t]:
+            closing[t] = True
+            t += 1
+            if action[t - 1, 2] > LIFT_DZ:
+                break
+        while t < len(action) and closed[t]:  # the rest of this grasp: carried, not closing
+            t += 1
+    return {"closing": closing}
