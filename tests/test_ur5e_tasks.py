@@ -231,18 +231,24 @@ def _obs_fn(obs):
     return obs.proprio[:4]
 
 
-def test_closing_phase_runs_from_each_close_through_its_lift():
-    # open, open, close, hold, lift, carry, open, close-and-lift, carry, open, close, hold (end)
-    gripper = np.array([0, 0, 1, 1, 1, 1, 0, 1, 1, 0, 1, 1], float)
+def test_closing_phase_runs_from_the_first_close_through_its_lift():
+    # open, open, close, hold, hold, lift, carry, open (dropped), re-grasp, hold, lift, carry
+    gripper = np.array([0, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1], float)
     dz = np.zeros(len(gripper))
-    dz[[4, 7]] = LIFT_DZ + 0.01  # the two lifts
-    dz[5] = dz[8] = 0.02  # carrying up after the lift is not closing
-    dz[3] = LIFT_DZ  # a hold that creeps up by exactly the threshold is not a lift
+    dz[[5, 10]] = LIFT_DZ + 0.01  # the two lifts
+    dz[6] = dz[11] = 0.02  # carrying up after the lift is not closing
+    dz[4] = LIFT_DZ  # a hold that creeps up by exactly the threshold is not a lift
     action = np.zeros((len(gripper), 7), np.float32)
     action[:, 2], action[:, 6] = dz, gripper
     for name in TASKS:
         phases = step_phases(name, {"action": action})
-        assert phases["closing"].tolist() == [0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 1, 1]
+        assert phases["closing"].tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]  # the re-grasp is not
+    held = action.copy()
+    held[:, 2] = 0.0  # closed to the end without a lift: the whole grasp
+    assert step_phases("peg", {"action": held})["closing"].tolist() == [0, 0] + [1] * 5 + [0] * 5
+    never = action.copy()
+    never[:, 6] = 0.0
+    assert not step_phases("peg", {"action": never})["closing"].any()
     assert step_phases("go2_flat", {"action": np.zeros((3, 12), np.float32)}) == {}
     with pytest.raises(ValueError, match="unknown task"):
         step_phases("pegg", {"action": action})
