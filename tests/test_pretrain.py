@@ -169,6 +169,10 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
     for bad in (0, -1, float("nan"), True, "2"):
         with pytest.raises(ValueError, match="must be a positive number"):
             cfg.replace(phase_weights={"closing": bad})
+    with pytest.raises(ValueError, match="must map phase names to weights"):
+        cfg.replace(phase_weights=[4])
+    with pytest.raises(SystemExit):  # the CLI reports it as a usage error
+        parse_args(["--data", "d", "--out", "o", "--phase-weights", "[4]"])
     with pytest.raises(ValueError, match="need a dataset"):
         synthetic_cfg(phase_weights={"closing": 2})
     args_cfg, _ = parse_args(["--preset", "ur5e_peg", "--data", "d", "--out", "o", "--phase-weights", '{"closing": 3}'])

@@ -371,6 +371,8 @@ class PretrainConfig:
         for name in ("warmup_steps", "decay_steps", "workers", "max_data_steps", "image_shift", "time_limit_s"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         need(self.learning_rate > 0 and self.end_learning_rate >= 0, "learning rates must be positive")
+        need(isinstance(self.phase_weights, dict) and all(isinstance(k, str) for k in self.phase_weights),
+             f"phase_weights must map phase names to weights, got {self.phase_weights!r}")
         need(not (self.synthetic and self.phase_weights), "phase_weights need a dataset, not synthetic windows")
         for phase, weight in self.phase_weights.items():
             need(isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0,
