@@ -168,20 +168,21 @@ def window_weights(windows, phase_weights: dict[str, float]) -> tuple[np.ndarray
 
     data = windows.dataset
     task = str(data.attrs.get("task", ""))
+    per_episode = [step_phases(task, data.read(i, 0, int(data.lengths[i]), names=("action",)))
+                   for i in range(data.num_episodes)]
+    offered = set(per_episode[0])
+    unknown = set(phase_weights) - offered
+    if unknown:
+        raise ValueError(f"phase_weights names {sorted(unknown)}, but task {task!r} defines "
+                         f"the phases {sorted(offered) or 'none'}")
+    row = np.concatenate([[0], np.cumsum(data.lengths)[:-1]])[windows.episode_index] + windows.t_index
     weights = np.zeros(len(windows))  # 0 = in no weighted phase
-    hits = dict.fromkeys(phase_weights, 0)
-    for i in range(data.num_episodes):
-        phases = step_phases(task, data.read(i, 0, int(data.lengths[i]), names=("action",)))
-        unknown = set(phase_weights) - set(phases)
-        if unknown:
-            raise ValueError(f"phase_weights names {sorted(unknown)}, but task {task!r} defines "
-                             f"the phases {sorted(phases) or 'none'}")
-        sel = np.nonzero(windows.episode_index == i)[0]
-        for phase, weight in phase_weights.items():
-            inside = sel[phases[phase][windows.t_index[sel]]]
-            weights[inside] = np.maximum(weights[inside], weight)
-            hits[phase] += len(inside)
-    empty = [p for p, n in hits.items() if n == 0]
+    empty = []
+    for phase, weight in phase_weights.items():
+        inside = np.concatenate([p[phase] for p in per_episode])[row]
+        weights[inside] = np.maximum(weights[inside], weight)
+        if not inside.any():
+            empty.append(phase)
     if empty:
         raise ValueError(f"no window of the selection lies in the phases {empty}: nothing to weight")
     inside = weights > 0
