@@ -130,3 +130,20 @@ def test_state_only_backend_renders_the_same_mask(backend):
     assert b.observe().images == {}
     assert np.array_equal(b.render_robot_mask("overhead"), expected)
     b.close()
+
+
+def test_a_process_that_renders_can_then_build_an_optimiser():
+    """Mesa's EGL context makes a later first import of triton segfault; torch imports triton
+    lazily when an optimiser is built, so the camera rig loads it first (ur5e/render.py). In a
+    subprocess: a crash there must not take the test run with it."""
+    import subprocess
+    import sys
+
+    code = ("from robot_drivers.tasks import make_task\n"
+            "obs = make_task('peg', image_size=(32, 32)).reset(0)\n"
+            "assert obs.images['wrist'].shape == (32, 32, 3)\n"
+            "import torch\n"
+            "torch.optim.Adam([torch.zeros(1, requires_grad=True)])\n"
+            "print('trained after rendering')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "trained after rendering" in done.stdout, done.stderr[-2000:]

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch._dynamo  # noqa: F401 - before any MuJoCo rendering: a later first import crashes (docs/ur5e_sim.md)
 
 from robot_drivers.tasks import Task, make_task
 from simdist_adapter.adapter import adapt_on_dataset

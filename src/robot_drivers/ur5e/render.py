@@ -5,10 +5,22 @@ The GL backend comes from MUJOCO_GL: `egl` (Mesa software EGL here, a GPU's EGL 
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import mujoco
 import numpy as np
 
 from robot_drivers.ur5e.scene import robot_body_ids
+
+
+@functools.cache
+def _load_triton_first() -> None:
+    """Load triton (if installed) before the first GL context: a process that has created a Mesa
+    EGL context segfaults on a later first import of triton, which torch pulls in lazily (e.g.
+    when an optimiser is built), so a process that renders and then trains would crash."""
+    if importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401
 
 
 class CameraRig:
@@ -26,6 +38,7 @@ class CameraRig:
 
     def _get(self) -> mujoco.Renderer:
         if self._renderer is None:
+            _load_triton_first()
             try:
                 self._renderer = mujoco.Renderer(self.model, *self.size)
             except Exception as e:  # a missing GL library reports many exception types
