@@ -296,10 +296,15 @@ def ur5e_config(**overrides) -> WorldModelConfig:
 
 def ur5e_small_config(**overrides) -> WorldModelConfig:
     """CPU-sized UR5e model: the official transformer sizes, a small CNN at 64x64 per camera,
-    and the auxiliary task-state loss in place of ImageNet features (LossWeights.state)."""
+    and the auxiliary task-state loss in place of ImageNet features (LossWeights.state).
+
+    H = 14, not 5: the data's expert holds still and closed for 11 steps before it lifts
+    (InsertionExpert.CLOSE_STEPS), and only a history longer than that shows when to lift.
+    """
     base = ur5e_config(
         image=ImageEncoderConfig(cameras=UR5E_CAMERAS, height=64, width=64, backbone="small_cnn"),
         loss=LossWeights(state=4.0),
+        history=14,
     )
     return base.replace(**overrides)
 

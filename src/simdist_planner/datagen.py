@@ -136,9 +136,8 @@ def go2_data_config() -> RobotDataConfig:
 UR5E_SIGMA_FRACTION = (0.05, 0.5)
 # Training-time proprio noise per term (our choice; the paper randomises but gives no values):
 # encoder-level noise on joints, a few mm on the TCP. The gripper gets the Robotiq's 8-bit
-# position resolution (1/255 of the range: a uniform error of std 0.0011): its reading is how
-# the policy sees that the peg has turned square (InsertionExpert.FLAT_READING, a band 0.005
-# wide), which a std of 0.02 would drown.
+# position resolution (1/255 of the range: a uniform error of std 0.0011): its reading tells a
+# grip flat on the peg from one caught on its edges by 0.005, which a std of 0.02 would drown.
 UR5E_OBS_NOISE = {
     "joint_pos": 0.01,  # rad
     "joint_vel": 0.05,  # rad/s
