@@ -199,14 +199,16 @@ def test_expert_holds_the_close_a_fixed_count_then_lifts():
         expert = InsertionExpert(task)
         obs = task.reset(seed)
         expert.reset(seed)
-        actions = []
+        actions, first = [], None
         for _ in range(task.max_steps):
             actions.append(expert.act(obs))
             obs = task.step(actions[-1]).obs
-            closes = [i for i, a in enumerate(actions) if a[6] > 0.5]
-            if closes and len(actions) == closes[0] + k + 1:
+            if first is None and actions[-1][6] > 0.5:
+                first = len(actions) - 1
+            if first is not None and len(actions) == first + k + 1:
                 break
-        first = closes[0]
+        else:
+            pytest.fail(f"seed {seed}: the expert never held and lifted")
         hold, lift = np.array(actions[first:first + k]), actions[first + k]
         assert np.all(hold[:, :6] == 0.0) and np.all(hold[:, 6] == 1.0), seed
         assert lift[2] > 0.01 and lift[6] == 1.0, (seed, lift)

@@ -1,11 +1,11 @@
 """Privileged scripted experts for the UR5e insertion tasks, their degraded ladder, and V^e.
 
-The expert reads `obs.privileged` (object and hole poses) and walks through phases:
-approach above the grasp point -> descend -> close (held a fixed count of steps, in which the
-pads turn the square peg square to the hand) -> lift until the object's bottom is 3 cm above the hole -> carry,
-steering on the object's BOTTOM and keeping it vertical -> lower to 4 mm above the hole, gated
-on xy error -> insert (xy correction until the tip is inside, then push only) -> (table leg)
-thread: turn clockwise while pressing. A lost object sends it back to the approach.
+The expert reads `obs.privileged` (object and hole poses) and walks through phases: approach
+above the grasp point -> descend -> close (held a fixed count of steps, in which the pads turn
+the square peg square to the hand) -> lift until the object's bottom is 3 cm above the hole ->
+carry, steering on the object's BOTTOM and keeping it vertical -> lower to 4 mm above the hole,
+gated on xy error -> insert (xy correction until the tip is inside, then push only) -> (table
+leg) thread: turn clockwise while pressing. A lost object sends it back to the approach.
 
 The hand keeps its yaw. Turning it to the peg's yaw first (as the expert of UR5E_PEG_NOTES does)
 makes every approach action depend on a yaw that a 64 x 64 image cannot show, so a policy
