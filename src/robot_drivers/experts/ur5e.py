@@ -16,7 +16,9 @@ privileged state showed the peg square (with a gripper reading in a band 0.005 w
 lift depend on a reading the learned latent did not keep, and the distilled policy lifted at
 every reading alike; a fixed count is in the action history that a policy with H > CLOSE_STEPS
 sees (`ur5e_small_config`). Lifting a peg that is not square yet lets it slide 1-2 cm along the
-pads, and tilts it.
+pads, and tilts it. For the same reason it closes on the step that finds the hand at the grasp
+point: one more still step with the gripper open made the open and the closing state alike, and
+the distilled policy hovered there at a closing command of 0.4.
 """
 from __future__ import annotations
 
@@ -152,11 +154,11 @@ class InsertionExpert:
         if self.phase == DESCEND:
             mat = rotz(self.grasp_yaw) @ TCP_HOME_MAT
             target = p["obj_grasp"]
-            if np.linalg.norm(target - p["tcp_pos"]) < 0.002:
-                self._next(CLOSE)
-            return self._move(p, target, mat, self.FINE, 0.0)
+            if np.linalg.norm(target - p["tcp_pos"]) >= 0.002:
+                return self._move(p, target, mat, self.FINE, 0.0)
+            self._next(CLOSE)  # close on the step that finds the hand there (see the docstring)
         if self.phase == CLOSE:
-            if self.phase_steps <= (self.CLOSE_STEPS_ROUND if self.round_object else self.CLOSE_STEPS):
+            if self.phase_steps < (self.CLOSE_STEPS_ROUND if self.round_object else self.CLOSE_STEPS):
                 return np.r_[np.zeros(6), 1.0]
             # re-grasped inside the hole: carry on from there
             inside = p["depth"][0] > 0.002 and p["xy_err"][0] < c.success_xy
