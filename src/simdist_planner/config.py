@@ -396,11 +396,11 @@ class PretrainConfig:
         return _from_plain(cls, data, "pretrain config")
 
 
-# Small defaults that train on this 2-core CPU in well under an hour (see docs/world_model.md).
+# Small defaults that train on this 2-core CPU in under an hour (see docs/world_model.md).
 PRETRAIN_PRESETS = {
-    # 4500 x 32 on 400 peg + 600 start-phase episodes (64 k rows): 28 min on both cores
-    # (docs/world_model.md; 3000 steps took 29-36 min before the images stayed uint8)
-    "ur5e_peg": dict(model="ur5e_small", steps=4500, batch_size=32, warmup_steps=60, threads=2, preload="all"),
+    # 9000 x 32 on 400 peg + 600 start-phase episodes (64 k rows): 43.5 min on both cores. Half
+    # as many steps (24 min) left a base policy that rarely grasped (docs/world_model.md)
+    "ur5e_peg": dict(model="ur5e_small", steps=9000, batch_size=32, warmup_steps=60, threads=2, preload="all"),
     # 2000 optimiser steps of 128 windows: on fixed-friction data its base policy crossed the sim
     # slope 10 / 10 (2100 x 256: 1 / 5); on friction-randomised data 0 / 10 (docs/world_model.md)
     "go2": dict(model="go2", steps=2000, batch_size=128, warmup_steps=100, threads=2),
