@@ -373,3 +373,75 @@ def test_peg_generates_camera_windows(tmp_path):
     w = WindowDataset(ds, 5, 5)[0]
     assert w["obs"]["images"].shape[:3] == (11, 3, 3) and w["actions"].shape == (10, 7)
     assert w["state"].shape == (13,)  # the task state of o_t
+
+
+def _learner_checkpoint(tmp_path):
+    """A world model for the camera-less toy robot, pretrained for a few steps."""
+    from simdist_planner.config import PretrainConfig
+    from simdist_planner.pretrain import pretrain
+
+    datagen.generate(config(episodes=6, task_overrides={"cameras": ()}), tmp_path / "d", progress=False)
+    cfg = PretrainConfig(model="go2", data=(str(tmp_path / "d"),), steps=3, batch_size=8,
+                         warmup_steps=1, checkpoint_every=3, workers=0,
+                         model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+    return pretrain(cfg, tmp_path / "run", progress=False)
+
+
+def test_learner_driven_episodes_label_pi_states_with_expert_stretches(tmp_path):
+    """DAgger-style data: pi (fed the executed actions) drives, the expert takes over in
+    stretches of the configured lengths, and only its actions are flagged as expert targets."""
+    import torch
+
+    from simdist_planner.checkpoint import load_checkpoint
+    from simdist_planner.evaluate import policy_chunk
+
+    ckpt = _learner_checkpoint(tmp_path)
+    learner = datagen.LearnerConfig(str(ckpt), learner_steps=(2, 4), expert_steps=(3, 5))
+    cfg = config(episodes=4, seed=3, task_overrides={"cameras": (), "terminate_on_success": False},
+                 learner=learner)
+    datagen.generate(cfg, tmp_path / "dag", workers=2, progress=False)
+    ds = ShardedDataset(tmp_path / "dag")
+    assert json.loads(ds.attrs["policy_names"])[-1] == "learner"
+    model = load_checkpoint(ckpt).eval()
+    h = model.config.history
+    for i in range(ds.num_episodes):
+        assert ds.episode_info(i)["policy_name"] == "learner"
+        ep = ds.episode(i)
+        flags = ep["expert"][:-1]
+        assert not ep["noised"].any() and len(flags) == 30
+        stretches = runs(flags)
+        assert stretches[0][0] == 0  # the learner starts
+        for value, n in stretches[:-1]:  # the last stretch may be cut by the episode's end
+            assert (3 <= n <= 5) if value else (2 <= n <= 4)
+        proprio, actions, goal_offset = ep["proprio"], ep["action"], ep["state"]
+        for k in range(len(flags)):
+            if flags[k]:  # the toy expert: PD toward the goal (tests/toy_task.py)
+                want = np.clip(8.0 * goal_offset[k] - 2.0 * proprio[k, 2:], -1, 1)
+            else:  # pi on the executed history (o_0 repeated with zero actions at the start)
+                idx = np.arange(k - h, k)
+                hp = np.where(idx[:, None] >= 0, proprio[np.maximum(idx, 0)], proprio[0])
+                ha = np.where(idx[:, None] >= 0, actions[np.maximum(idx, 0)], 0.0)
+                inputs = {"proprio": torch.from_numpy(proprio[k][None]),
+                          "height_map": torch.from_numpy(ep["height_map"][k][None]),
+                          "command": torch.from_numpy(ep["command"][k][None])}
+                want = np.clip(policy_chunk(model, inputs, torch.from_numpy(hp[None].astype(np.float32)),
+                                            torch.from_numpy(ha[None].astype(np.float32)))[0], -1, 1)
+            np.testing.assert_allclose(actions[k], want, atol=1e-5, err_msg=f"episode {i} step {k}")
+    # deterministic: the same episodes again, in one worker
+    datagen.generate(cfg, tmp_path / "again", workers=1, progress=False)
+    again = ShardedDataset(tmp_path / "again")
+    for i in range(ds.num_episodes):
+        np.testing.assert_array_equal(ds.episode(i)["action"], again.episode(i)["action"])
+
+
+def test_learner_config_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="learner_steps"):
+        datagen.LearnerConfig("ckpt", learner_steps=(0, 3))
+    ckpt = _learner_checkpoint(tmp_path)
+    cli = datagen.build_config(datagen.parse_args(
+        ["--task", "toy", "--out", "o", "--learner", str(ckpt), "--expert-steps", "4", "6"]))
+    assert cli.learner == datagen.LearnerConfig(str(ckpt.resolve()), (3, 12), (4, 6), "cpu")
+    # a camera-less model cannot drive the toy with a camera
+    cfg = config(episodes=1, learner=datagen.LearnerConfig(str(ckpt)))
+    with pytest.raises(ValueError, match="does not fit robot toy"):
+        datagen.generate(cfg, tmp_path / "x", progress=False)

@@ -11,6 +11,11 @@ Observations are recorded clean; their randomisation (per-term noise, image appe
 applied at training time as augmentation, with the per-term noise stds stored in the shard
 (`config.robot.obs_noise`), as the official code does.
 
+With a `learner` (a world-model checkpoint), every episode is driven by the learner's base policy
+pi instead, and the expert takes over in stretches (DAgger, Ross et al. 2011): the expert
+labels, by acting, the states pi itself leads to, such as a peg lowered a centimetre short of
+the hole. Learner steps have expert flag 0, so only the expert's stretches are targets for pi.
+
 Every episode has its own random stream seeded by (seed, episode id), so its content does not
 depend on the number of workers or on interruptions; worker k of W writes the episodes with
 id % W == k to `shard-{k:05d}.h5`.
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simdist_planner.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
+from simdist_planner.observation import ObservationHistory, observation_to_inputs
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,25 @@ class RobotDataConfig:
 
 
 @dataclass(frozen=True)
+class LearnerConfig:
+    """Learner-driven episodes: pi of `checkpoint` drives, the expert takes over in stretches.
+
+    Expert stretches of at least the model's horizon make whole action chunks targets for pi
+    (the expert mask is a cumulative product along the chunk)."""
+
+    checkpoint: str
+    learner_steps: tuple[int, int] = (3, 12)  # inclusive range per learner stretch
+    expert_steps: tuple[int, int] = (5, 10)
+    device: str = "cpu"
+
+    def __post_init__(self):
+        for name in ("learner_steps", "expert_steps"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{name} must be an inclusive range 1 <= lo <= hi, got {(lo, hi)}")
+
+
+@dataclass(frozen=True)
 class GenerateConfig:
     task: str
     robot: RobotDataConfig
@@ -77,6 +102,7 @@ class GenerateConfig:
     expert_only: bool = False  # expert every episode, never noised (Table I "expert-only data")
     max_steps: int | None = None  # cap on transitions per episode; None: the task's max_steps
     task_overrides: dict = field(default_factory=dict)
+    learner: LearnerConfig | None = None  # DAgger-style episodes (module docstring)
 
     def __post_init__(self):
         if self.episodes < 1:
@@ -233,6 +259,52 @@ class _Bursts:
             self.timer = self._draw()
 
 
+class _Takeovers:
+    """The learner / expert alternation of one learner-driven episode; the learner starts."""
+
+    def __init__(self, cfg: LearnerConfig, rng: np.random.Generator):
+        self.cfg, self.rng = cfg, rng
+        self.learner_drives = True
+        self.timer = self._draw()
+
+    def _draw(self) -> int:
+        lo, hi = self.cfg.learner_steps if self.learner_drives else self.cfg.expert_steps
+        return int(self.rng.integers(lo, hi + 1))
+
+    def advance(self) -> None:
+        self.timer -= 1
+        if self.timer <= 0:
+            self.learner_drives = not self.learner_drives
+            self.timer = self._draw()
+
+
+class _Learner:
+    """pi of a world-model checkpoint, conditioned on the EXECUTED actions (its own or the
+    expert's), as the dataset windows it was trained on are."""
+
+    def __init__(self, cfg: LearnerConfig, spec):
+        from simdist_planner.checkpoint import load_checkpoint
+        from simdist_planner.evaluate import check_model_fits, policy_chunk
+
+        self._policy_chunk = policy_chunk
+        self.device = cfg.device
+        self.model = load_checkpoint(cfg.checkpoint, device=cfg.device).eval()
+        check_model_fits(self.model, spec)
+        self.spec = spec
+        self.history = ObservationHistory(spec, self.model.config.history)
+
+    def reset(self, obs) -> None:
+        self.history.reset(obs)
+
+    def act(self, obs) -> np.ndarray:
+        proprio, actions = self.history.tensors(self.device)
+        inputs = observation_to_inputs(obs, self.spec, self.device)
+        return self._policy_chunk(self.model, inputs, proprio, actions)[0]
+
+    def push(self, obs, action: np.ndarray) -> None:
+        self.history.push(obs, action)
+
+
 # --------------------------------------------------------------------------------- episodes
 class EpisodeGenerator:
     """Builds one task, its expert ladder and value once; then generates episodes by id."""
@@ -258,25 +330,34 @@ class EpisodeGenerator:
         self.low = np.asarray(self.spec.action_low, np.float32) if bounded else None
         self.high = np.asarray(self.spec.action_high, np.float32) if bounded else None
         self.max_steps = cfg.max_steps or self.task.max_steps
+        self.learner = _Learner(cfg.learner, self.spec) if cfg.learner is not None else None
 
     def policy_names(self) -> list[str]:
-        return [getattr(p, "name", f"{type(p).__name__}_{i}") for i, p in enumerate(self.ladder)]
+        names = [getattr(p, "name", f"{type(p).__name__}_{i}") for i, p in enumerate(self.ladder)]
+        return names + (["learner"] if self.learner is not None else [])
 
     def episode(self, episode_id: int) -> EpisodeRecord:
         cfg, nz = self.cfg, self.cfg.robot.noise
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, episode_id]))
         seed = int(rng.integers(2**31 - 1))
-        if cfg.expert_only or len(self.ladder) == 1 or rng.random() < cfg.expert_prob:
+        takeovers = None
+        if self.learner is not None:  # the expert (index 0) labels by acting in its stretches
+            takeovers = _Takeovers(cfg.learner, rng)
+            policy_idx = 0
+        elif cfg.expert_only or len(self.ladder) == 1 or rng.random() < cfg.expert_prob:
             policy_idx = 0
         else:
             policy_idx = 1 + int(rng.integers(len(self.ladder) - 1))
         sigma = rng.uniform(nz.sigma_min, nz.sigma_max).astype(np.float32)
-        bursts = _Bursts(nz, rng, enabled=not cfg.expert_only)
+        bursts = _Bursts(nz, rng, enabled=not cfg.expert_only and takeovers is None)
         policy = self.ladder[policy_idx]
         policy.reset(seed)
         obs = self.task.reset(seed)
+        if takeovers is not None:
+            self.learner.reset(obs)
         rows: dict[str, list] = {k: [] for k in self.layout.step_shapes() if k not in ("episode", "t")}
         for _ in range(self.max_steps):
+            # the expert acts every step, also while the learner drives, so its phases follow
             clean = np.asarray(policy.act(obs), np.float32)
             if clean.shape != (self.spec.action_dim,) or not np.all(np.isfinite(clean)):
                 raise RuntimeError(
@@ -284,11 +365,18 @@ class EpisodeGenerator:
                     f"{clean!r}; expected {self.spec.action_dim} finite values"
                 )
             action = clean
-            if bursts.noised:
+            learner_drives = takeovers is not None and takeovers.learner_drives
+            if learner_drives:
+                action = self.learner.act(obs)
+            elif bursts.noised:
                 action = clean + sigma * rng.standard_normal(clean.shape).astype(np.float32)
             if self.low is not None:
                 action = np.clip(action, self.low, self.high)
-            self._record(rows, obs, action, policy_idx == 0 and not bursts.noised, bursts.noised)
+            expert = policy_idx == 0 and not bursts.noised and not learner_drives
+            self._record(rows, obs, action, expert, bursts.noised)
+            if takeovers is not None:
+                self.learner.push(obs, action)
+                takeovers.advance()
             result = self.task.step(action)
             rows["reward"].append(float(result.reward))
             obs = result.obs
@@ -302,14 +390,14 @@ class EpisodeGenerator:
         return EpisodeRecord(
             id=episode_id,
             steps=steps,
-            policy=policy_idx,
+            policy=policy_idx if takeovers is None else len(self.ladder),
             seed=seed,
             noise_scale=sigma,
             never_noised=bursts.never,
             success=bool(result.success),
             terminated=bool(result.terminated),
             truncated=not result.terminated,  # the task's time limit or our max_steps cap
-            meta={"policy_name": self.policy_names()[policy_idx]},
+            meta={"policy_name": "learner" if takeovers is not None else self.policy_names()[policy_idx]},
         )
 
     def _record(self, rows, obs, action, expert: bool, noised: bool) -> None:
@@ -493,6 +581,12 @@ def build_config(args: argparse.Namespace) -> GenerateConfig:
         expert_prob=args.expert_prob,
         expert_only=args.expert_only,
         max_steps=args.max_steps,
+        learner=None if not args.learner else LearnerConfig(
+            checkpoint=str(pathlib.Path(args.learner).resolve()),
+            learner_steps=tuple(args.learner_steps),
+            expert_steps=tuple(args.expert_steps),
+            device=args.device,
+        ),
     )
 
 
@@ -511,6 +605,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--expert-prob", type=float, default=0.5)
     p.add_argument("--expert-only", action="store_true", help="clean expert episodes only")
     p.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode")
+    p.add_argument("--learner", default="", metavar="CKPT",
+                   help="world-model checkpoint whose pi drives, the expert taking over in "
+                        "stretches (DAgger-style data for pi's own mistakes)")
+    p.add_argument("--learner-steps", type=int, nargs=2, default=(3, 12), metavar=("LO", "HI"))
+    p.add_argument("--expert-steps", type=int, nargs=2, default=(5, 10), metavar=("LO", "HI"))
+    p.add_argument("--device", default="cpu", help="torch device of the learner")
     p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
     p.add_argument("--no-progress", action="store_true")

@@ -36,19 +36,8 @@ class Agent:
     """
 
     def __init__(self, model, spec: RobotSpec, planner: MPPIPlanner | None = None, device="cpu"):
+        check_model_fits(model, spec)
         cfg = model.config
-        mismatch = [
-            f"{name} {mine} != robot {theirs}"
-            for name, mine, theirs in (
-                ("proprio_dim", cfg.proprio_dim, spec.proprio_dim),
-                ("action_dim", cfg.action_dim, spec.action_dim),
-                ("command_dim", cfg.command_dim, spec.command_dim),
-                ("cameras", tuple(cfg.image.cameras) if cfg.image else (), tuple(spec.cameras)),
-            )
-            if mine != theirs
-        ]
-        if mismatch:
-            raise ValueError(f"model ({cfg.robot}) does not fit robot {spec.name}: " + "; ".join(mismatch))
         self.model, self.spec, self.planner = model, spec, planner
         self.device = torch.device(device)
         self.history = ObservationHistory(spec, cfg.history)
@@ -79,6 +68,23 @@ class Agent:
 
     def _policy_action(self, inputs, proprio, actions) -> np.ndarray:
         return policy_chunk(self.model, inputs, proprio, actions)[0]
+
+
+def check_model_fits(model, spec: RobotSpec) -> None:
+    """Raise ValueError unless the world model's inputs and outputs are this robot's."""
+    cfg = model.config
+    mismatch = [
+        f"{name} {mine} != robot {theirs}"
+        for name, mine, theirs in (
+            ("proprio_dim", cfg.proprio_dim, spec.proprio_dim),
+            ("action_dim", cfg.action_dim, spec.action_dim),
+            ("command_dim", cfg.command_dim, spec.command_dim),
+            ("cameras", tuple(cfg.image.cameras) if cfg.image else (), tuple(spec.cameras)),
+        )
+        if mine != theirs
+    ]
+    if mismatch:
+        raise ValueError(f"model ({cfg.robot}) does not fit robot {spec.name}: " + "; ".join(mismatch))
 
 
 def policy_chunk(model, inputs, proprio, actions) -> np.ndarray:
