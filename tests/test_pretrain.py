@@ -42,8 +42,9 @@ def test_learning_rate_schedule():
     assert lr_at(cfg, 5000) == pytest.approx(1e-4)
 
 
-def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),), action=None, task="peg"):
-    """Three 12-row episodes of random rows; `action` (12, A) replaces the random 2-d actions."""
+def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),), action=None, task="peg", state=None):
+    """Three 12-row episodes of random rows; `action` (12, A) replaces the random 2-d actions,
+    `state` (12, S) the random task state."""
     from simdist_planner.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
 
     layout = StepLayout(proprio_terms=(("joint_pos", 3), ("gripper", 1)),
@@ -64,7 +65,8 @@ def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),), action=None
                 "noised": np.zeros(rows, np.uint8),
             }
             if state_terms:
-                steps["state"] = rng.normal(size=(rows, layout.state_dim)).astype(np.float32)
+                steps["state"] = (rng.normal(size=(rows, layout.state_dim)).astype(np.float32)
+                                  if state is None else state)
             w.append(EpisodeRecord(id=ep, steps=steps, policy=0, seed=ep, noise_scale=np.zeros(layout.action_dim),
                                    never_noised=False, success=False, terminated=False, truncated=True))
 
@@ -175,6 +177,16 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
         parse_args(["--data", "d", "--out", "o", "--phase-weights", "[4]"])
     with pytest.raises(ValueError, match="need a dataset"):
         synthetic_cfg(phase_weights={"closing": 2})
+    # with the peg's own task state logged, the last centimetre above the hole can be weighted too
+    from robot_drivers.tasks.ur5e_tasks import STATE_SLICES, STATE_TERMS
+
+    state = np.zeros((12, sum(n for _, n in STATE_TERMS)), np.float32)
+    state[:, STATE_SLICES["bottom_to_hole"]] = [0.0, 0.0, 0.1]
+    state[:, STATE_SLICES["grasped"]] = 1.0
+    state[2:5, STATE_SLICES["bottom_to_hole"]] = [0.005, 0.0, 0.004]  # windows t = 2, 3, 4
+    _write_ur5e_like_shard(tmp_path / "with_state", state_terms=STATE_TERMS, action=action, state=state)
+    at_hole = cfg.replace(data=(str(tmp_path / "with_state"),), phase_weights={"at_hole": 2})
+    assert WindowSource(at_hole, 0, 1).weighting == "9 of 27 windows in the phases {'at_hole': 2}, 50.0% of draws"
     args_cfg, _ = parse_args(["--preset", "ur5e_peg", "--data", "d", "--out", "o", "--phase-weights", '{"closing": 3}'])
     assert args_cfg.phase_weights == {"closing": 3} and args_cfg.steps == PRETRAIN_PRESETS["ur5e_peg"]["steps"]
 

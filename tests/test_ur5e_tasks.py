@@ -258,6 +258,23 @@ def test_closing_phase_runs_from_the_first_close_through_its_lift():
         step_phases("pegg", {"action": action})
 
 
+def test_at_hole_phase_is_a_held_object_close_above_the_hole():
+    from robot_drivers.tasks.ur5e_tasks import STATE_SLICES, STATE_TERMS
+
+    b2h = np.array([[0.0, 0.0, 0.010], [0.02, -0.01, 0.0], [0.02, 0.02, 0.0], [0.0, 0.0, 0.02],
+                    [0.0, 0.0, -0.01], [0.0, 0.0, 0.0]])  # bottom minus hole (m)
+    state = np.zeros((len(b2h), sum(n for _, n in STATE_TERMS)), np.float32)
+    state[:, STATE_SLICES["bottom_to_hole"]] = b2h
+    state[:, STATE_SLICES["grasped"]] = 1.0
+    state[-1, STATE_SLICES["grasped"]] = 0.0  # lying there, not held
+    action = np.zeros((len(b2h), 7), np.float32)
+    phases = step_phases("peg", {"action": action, "state": state})
+    # 28 mm off in xy, 20 mm above the top, and not held are outside; inside the hole is inside
+    assert phases["at_hole"].tolist() == [1, 1, 0, 0, 1, 0]
+    assert "at_hole" not in step_phases("peg", {"action": action})  # no state logged
+    assert "at_hole" not in step_phases("peg", {"action": action, "state": state[:, :3]})  # another layout
+
+
 def test_torchscript_policy_roundtrip(tmp_path):
     path = tmp_path / "policy.pt"
     torch.jit.script(_TinyPolicy()).save(str(path))

@@ -168,7 +168,8 @@ def window_weights(windows, phase_weights: dict[str, float]) -> tuple[np.ndarray
 
     data = windows.dataset
     task = str(data.attrs.get("task", ""))
-    per_episode = [step_phases(task, data.read(i, 0, int(data.lengths[i]), names=("action",)))
+    names = ("action", "state") if data.layout.state_terms else ("action",)
+    per_episode = [step_phases(task, data.read(i, 0, int(data.lengths[i]), names=names))
                    for i in range(data.num_episodes)]
     offered = set(per_episode[0])
     unknown = set(phase_weights) - offered

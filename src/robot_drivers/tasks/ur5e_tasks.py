@@ -165,6 +165,17 @@ STATE_TERMS = (("tcp_to_grasp", 3), ("bottom_to_hole", 3), ("grasp_yaw_error", 1
                ("depth", 1), ("gripper", 1), ("grasped", 1), ("seated", 1), ("twist", 1))
 
 
+def _term_slices(terms) -> dict[str, slice]:
+    out, start = {}, 0
+    for name, dim in terms:
+        out[name] = slice(start, start + dim)
+        start += dim
+    return out
+
+
+STATE_SLICES = _term_slices(STATE_TERMS)  # term name -> its columns in the task state
+
+
 class UR5eInsertionTask(Task):
     """Backend + dense privileged reward in [0, 1] (1 on success) + success test."""
 
@@ -301,12 +312,13 @@ def expert_value(task: UR5eInsertionTask):
 
 
 LIFT_DZ = 0.005  # m per step: an action that raises the TCP more than this while closed lifts
+AT_HOLE_XY, AT_HOLE_Z = 0.025, 0.015  # m: the "at_hole" phase's box about the hole top
 
 
 def step_phases(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Named phases of one logged episode, a (rows,) bool mask each, read off its actions
-    (EE_DELTA [dx dy dz rx ry rz gripper]); pretraining can draw them more often
-    (PretrainConfig.phase_weights).
+    (EE_DELTA [dx dy dz rx ry rz gripper]) and, where logged, its privileged task state;
+    pretraining can draw them more often (PretrainConfig.phase_weights).
 
     "closing": from the episode's first close command through the lift of that grasp (or the
     grasp's end). There the expert decides, from a few tenths of a millimetre of pad travel,
@@ -315,8 +327,23 @@ def step_phases(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     expert's lift follows the reading less (34 of 45 clean lifts off the flat band, against 8 of
     64 in first grasps), and a fine-tuning that drew them as often as first grasps did not teach
     pi to hold on a half-turned peg, where one drawing first grasps only did (docs/planner.md).
+
+    "at_hole" (only with this task's privileged state, STATE_TERMS, in `rows["state"]`): held
+    with its bottom within AT_HOLE_XY of the hole in xy and at most AT_HOLE_Z above its top:
+    the last centimetre, where the expert corrects by millimetres before it pushes in. Few
+    windows of expert data lie there, and pi shrank its corrections there to a fifth of the
+    expert's (docs/planner.md).
     """
-    action = rows["action"]
+    phases = {"closing": _closing_phase(rows["action"])}
+    state = rows.get("state")
+    if state is not None and state.shape[1:] == (STATE_SLICES["twist"].stop,):
+        b2h, held = state[:, STATE_SLICES["bottom_to_hole"]], state[:, STATE_SLICES["grasped"]][:, 0]
+        phases["at_hole"] = ((held > 0.5) & (np.linalg.norm(b2h[:, :2], axis=1) < AT_HOLE_XY)
+                             & (b2h[:, 2] < AT_HOLE_Z))
+    return phases
+
+
+def _closing_phase(action: np.ndarray) -> np.ndarray:
     closed = np.nonzero(action[:, 6] > 0.5)[0]
     closing = np.zeros(len(action), bool)
     t = int(closed[0]) if len(closed) else len(action)
@@ -325,4 +352,4 @@ def step_phases(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if action[t, 2] > LIFT_DZ:
             break
         t += 1
-    return {"closing": closing}
+    return closing
