@@ -105,6 +105,28 @@ def test_ladder_policies_are_valid():
     task.close()
 
 
+def test_the_spiral_search_finds_a_hole_the_estimate_misses(monkeypatch):
+    """With its hole estimate 2 mm off (per axis), the expert lands on the fixture beside the
+    1 mm-clearance hole; the spiral finds it where pressing on alone does not."""
+    from robot_drivers.experts.ur5e import Degradation
+
+    task = make_task("peg", cameras=())
+    expert = InsertionExpert(task, Degradation(hole_error=0.002))
+
+    def successes() -> int:
+        return sum(rollout(task, expert, 9000 + i)["success"] for i in range(8))
+
+    search = successes()
+    monkeypatch.setattr(InsertionExpert, "STALL_STEPS", 10**6)  # never searches
+    press = successes()
+    assert search >= 7 and press <= 4, (search, press)
+    radii = [np.linalg.norm(expert._spiral(k)) for k in range(0, 40)]
+    turn = round(2 * np.pi / InsertionExpert.SPIRAL_RATE)  # steps per turn, about 7.85
+    assert radii[0] == 0.0 and np.all(np.diff(radii) > 0)
+    assert radii[turn] == pytest.approx(1.2 * 0.001, rel=0.05)  # one pitch per turn: 1.2 x clearance
+    task.close()
+
+
 def test_discounted_returns_make_success_absorbing():
     r = np.array([0.5, 0.5, 1.0])
     g = discounted_returns(r, success=True)
