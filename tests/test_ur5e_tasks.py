@@ -17,7 +17,7 @@ TASKS = ("peg", "table_leg")
 
 def success_rate(name, variant, episodes, seed0, rung=0, region="wide"):
     task = make_task(name, variant, cameras=(), region=region)
-    expert = InsertionExpert(task, LADDER[rung])
+    expert = expert_ladder(task)[rung]
     runs = [rollout(task, expert, seed0 + i) for i in range(episodes)]
     task.close()
     return sum(r["success"] for r in runs), float(np.mean([r["steps"] for r in runs]))

@@ -24,6 +24,7 @@ the distilled policy hovered there at a closing command of 0.4.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -84,7 +85,7 @@ class InsertionExpert:
     # top (a deeper press drags a half-entered peg out again; UR5E_PEG_NOTES).
     ENTERED, STALL_STEPS, SPIRAL_RATE, SEARCH_PRESS, MIN_PITCH = 0.0004, 3, 0.8, 0.001, 0.0005
 
-    def __init__(self, task: UR5eInsertionTask, degradation: Degradation = LADDER[0]):
+    def __init__(self, task: UR5eInsertionTask, degradation: Degradation = Degradation()):
         self.cfg = task.cfg
         self.deg = degradation
         self.name = degradation.name
@@ -224,8 +225,14 @@ class InsertionExpert:
 
 
 def expert_ladder(task: UR5eInsertionTask) -> list[InsertionExpert]:
-    """The expert and K=4 degraded checkpoints, best to worst (see LADDER)."""
-    return [InsertionExpert(task, d) for d in LADDER]
+    """The expert and K=4 degraded checkpoints, best to worst (see LADDER).
+
+    The round table leg's expert keeps the exact hole: entering off-centre, its threading
+    failed 6 of 50 Wide episodes with a 1.5 mm estimate error (docs/ur5e_sim.md)."""
+    rungs = list(LADDER)
+    if task.cfg.obj.shape == "cylinder":
+        rungs[0] = dataclasses.replace(rungs[0], hole_error=0.0)
+    return [InsertionExpert(task, d) for d in rungs]
 
 
 def rollout(task: UR5eInsertionTask, policy, seed: int) -> dict:
