@@ -111,6 +111,15 @@ class RobotBackend(abc.ABC):
         """Release connections; hardware backends leave the robot in its safe state."""
 
 
+def term_slices(terms) -> dict[str, slice]:
+    """(name, size) terms laid end to end -> name: its columns in the flat vector."""
+    out, start = {}, 0
+    for name, size in terms:
+        out[name] = slice(start, start + size)
+        start += size
+    return out
+
+
 def validate_command(spec: RobotSpec, command: Command) -> None:
     """Raise ValueError for a command a backend must never execute (wrong size, NaN/Inf)."""
     if command.kind in (CommandKind.HOLD, CommandKind.DAMP):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from robot_drivers.go2.config import DEFAULT_POSE_UNITREE
+from robot_drivers.interface import term_slices
 
 # (name, dim) in the order the policy and critic read them.
 EXPERT_OBS_TERMS: tuple[tuple[str, int], ...] = (
@@ -33,15 +34,7 @@ EXPERT_OBS_TERMS: tuple[tuple[str, int], ...] = (
 )
 
 
-def _slices(terms) -> dict[str, slice]:
-    out, i = {}, 0
-    for name, dim in terms:
-        out[name] = slice(i, i + dim)
-        i += dim
-    return out
-
-
-EXPERT_OBS_SLICES: dict[str, slice] = _slices(EXPERT_OBS_TERMS)
+EXPERT_OBS_SLICES: dict[str, slice] = term_slices(EXPERT_OBS_TERMS)
 EXPERT_OBS_DIM = sum(d for _, d in EXPERT_OBS_TERMS)  # 433
 
 # The planner's proprioception (system_go2.yaml proprio_obs), in this order.
@@ -54,7 +47,7 @@ PROPRIO_TERMS: tuple[tuple[str, int], ...] = (
     ("cos_sin_phase", 2),
 )
 PROPRIO_DIM = sum(d for _, d in PROPRIO_TERMS)  # 35
-PROPRIO_SLICES: dict[str, slice] = _slices(PROPRIO_TERMS)
+PROPRIO_SLICES: dict[str, slice] = term_slices(PROPRIO_TERMS)
 
 # Official privileged-term scalings (go2.py): stiffness / damping as deviation from nominal over a
 # 10 % band, friction over [0, 0.05] mapped to [-1, 1], foot wrench x 0.1.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import mujoco
 import numpy as np
 
-from robot_drivers.interface import Command, CommandKind, Observation
+from robot_drivers.interface import Command, CommandKind, Observation, term_slices
 from robot_drivers.tasks.base import StepResult, Task
 from robot_drivers.ur5e.backend import MujocoUR5eBackend
 from robot_drivers.ur5e.config import Appearance, ControllerConfig, SceneConfig
@@ -165,15 +165,7 @@ STATE_TERMS = (("tcp_to_grasp", 3), ("bottom_to_hole", 3), ("grasp_yaw_error", 1
                ("depth", 1), ("gripper", 1), ("grasped", 1), ("seated", 1), ("twist", 1))
 
 
-def _term_slices(terms) -> dict[str, slice]:
-    out, start = {}, 0
-    for name, dim in terms:
-        out[name] = slice(start, start + dim)
-        start += dim
-    return out
-
-
-STATE_SLICES = _term_slices(STATE_TERMS)  # term name -> its columns in the task state
+STATE_SLICES = term_slices(STATE_TERMS)  # term name -> its columns in the task state
 
 
 class UR5eInsertionTask(Task):
