@@ -240,6 +240,28 @@ def test_resume_after_a_real_kill_equals_uninterrupted(tmp_path):
     assert_same(contents(tmp_path / "full"), contents(tmp_path / "part"))
 
 
+def test_workers_stop_when_the_generator_is_killed(tmp_path):
+    script = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import toy_task, simdist_planner.datagen as d\n"
+        "toy_task.register()\n"
+        "sys.exit(d.main(sys.argv[1:]))\n"
+    ) % str(ROOT / "tests")
+    out = tmp_path / "d"
+    proc = subprocess.Popen([sys.executable, "-c", script, "--task", "toy", "--episodes", "1000000",
+                             "--workers", "2", "--out", str(out), "--no-progress"])
+    shards = [out / shard_name(k) for k in range(2)]
+    deadline = time.time() + 120
+    while time.time() < deadline and not all(p.exists() and p.stat().st_size > 50_000 for p in shards):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(3.0)  # the workers notice within a second
+    sizes = [p.stat().st_size for p in shards]
+    time.sleep(2.0)
+    assert [p.stat().st_size for p in shards] == sizes  # nobody writes any more
+
+
 def test_expert_only_mode_is_all_clean_expert(tmp_path):
     datagen.generate(config(5, seed=1, expert_only=True), tmp_path, progress=False)
     ds = ShardedDataset(tmp_path, expert_only=True)

@@ -30,6 +30,7 @@ import os
 import pathlib
 import queue as queue_mod
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -481,7 +482,20 @@ def _warm_up(cfg: GenerateConfig) -> None:
         task.close()
 
 
-def _worker(cfg, out, shard, num_shards, resume, task_entry, queue) -> None:
+def _exit_with(parent: int) -> None:
+    """End this worker once `parent` is gone: killed, the parent cannot stop its workers, which
+    would go on writing episodes nobody waits for (a --resume finishes the shard)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _worker(cfg, out, shard, num_shards, resume, task_entry, queue, parent) -> None:
+    _exit_with(parent)
     try:
         run_shard(cfg, out, shard, num_shards, resume, lambda n: queue.put(("ep", n)), task_entry)
         queue.put(("done", shard))
@@ -531,7 +545,7 @@ def generate(
         queue = ctx.Queue()
         entry = tasks.TASKS.get(cfg.task)
         procs = [
-            ctx.Process(target=_worker, args=(cfg, out, s, num_shards, resume, entry, queue))
+            ctx.Process(target=_worker, args=(cfg, out, s, num_shards, resume, entry, queue, os.getpid()))
             for s in shards
         ]
         for p in procs:
