@@ -217,15 +217,18 @@ def test_resume_sets_an_unreadable_shard_aside_and_starts_it_again(tmp_path):
     assert_same(contents(tmp_path / "full"), contents(part))
 
 
+# simdist-generate in a child process, with the toy task registered
+TOY_CLI = (
+    "import sys; sys.path.insert(0, %r)\n"
+    "import toy_task, simdist_planner.datagen as d\n"
+    "toy_task.register()\n"
+    "sys.exit(d.main(sys.argv[1:]))\n"
+) % str(ROOT / "tests")
+
+
 @pytest.mark.slow
 def test_resume_after_a_real_kill_equals_uninterrupted(tmp_path):
-    script = (
-        "import sys; sys.path.insert(0, %r)\n"
-        "import toy_task, simdist_planner.datagen as d\n"
-        "toy_task.register()\n"
-        "sys.exit(d.main(sys.argv[1:]))\n"
-    ) % str(ROOT / "tests")
-    base = [sys.executable, "-c", script, "--task", "toy", "--episodes", "300", "--seed", "3",
+    base = [sys.executable, "-c", TOY_CLI, "--task", "toy", "--episodes", "300", "--seed", "3",
             "--max-steps", "60", "--no-progress"]
     env = dict(os.environ)
     subprocess.run(base + ["--out", str(tmp_path / "full")], check=True, env=env)
@@ -241,14 +244,8 @@ def test_resume_after_a_real_kill_equals_uninterrupted(tmp_path):
 
 
 def test_workers_stop_when_the_generator_is_killed(tmp_path):
-    script = (
-        "import sys; sys.path.insert(0, %r)\n"
-        "import toy_task, simdist_planner.datagen as d\n"
-        "toy_task.register()\n"
-        "sys.exit(d.main(sys.argv[1:]))\n"
-    ) % str(ROOT / "tests")
     out = tmp_path / "d"
-    proc = subprocess.Popen([sys.executable, "-c", script, "--task", "toy", "--episodes", "1000000",
+    proc = subprocess.Popen([sys.executable, "-c", TOY_CLI, "--task", "toy", "--episodes", "1000000",
                              "--workers", "2", "--out", str(out), "--no-progress"])
     shards = [out / shard_name(k) for k in range(2)]
     deadline = time.time() + 120
