@@ -163,12 +163,10 @@ def go2_data_config() -> RobotDataConfig:
 UR5E_SIGMA_FRACTION = (0.05, 0.5)
 # Training-time proprio noise per term (our choice; the paper randomises but gives no values).
 # The peg's hole has 1 mm of clearance per side, so the noise stays well under a millimetre at
-# the TCP, as a UR5e's own readings do (joints to ~1e-5 rad, TCP repeatability 0.03 mm). Before
-# 2026-12-03: 0.01 rad on the joints (8 mm at the TCP at full reach) and 2 mm on the TCP; the
-# lower noise alone gave pi no successes (docs/planner.md, session 18). The gripper gets the
-# Robotiq's 8-bit position resolution (1/255 of the range: a uniform error of std 0.0011): its
-# reading tells a grip flat on the peg from one caught on its edges by 0.005, which a std of
-# 0.02 would drown.
+# the TCP, as a UR5e's own readings do (joints to ~1e-5 rad, TCP repeatability 0.03 mm); the
+# earlier, larger values are in docs/dataset.md. The gripper gets the Robotiq's 8-bit position
+# resolution (1/255 of the range: a uniform error of std 0.0011): its reading tells a grip flat
+# on the peg from one caught on its edges by 0.005, which a std of 0.02 would drown.
 UR5E_OBS_NOISE = {
     "joint_pos": 0.0003,  # rad: 0.25 mm at the TCP at full reach
     "joint_vel": 0.01,  # rad/s
