@@ -247,6 +247,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="planner base-policy candidates per Gaussian sample (default: official 0.05)")
     p.add_argument("--policy-noise", type=float, default=None,
                    help="std of the noise on the base-policy candidates (default: the robot's)")
+    p.add_argument("--init-std", type=float, default=None,
+                   help="std of the Gaussian candidates at the start of each step (default: the robot's)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--ablation", action="store_true", help="run the Table I ablation harness instead")
     p.add_argument("--small", action="store_true", help="with --ablation: the ~15-minute small setting")
@@ -256,7 +258,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _planner_overrides(args) -> dict:
     names = {"samples": "num_samples", "iterations": "iterations", "elites": "num_elites",
-             "temperature": "temperature", "mixture_coef": "mixture_coef", "policy_noise": "policy_noise_std"}
+             "temperature": "temperature", "mixture_coef": "mixture_coef", "policy_noise": "policy_noise_std",
+             "init_std": "init_std"}
     return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
 
 
