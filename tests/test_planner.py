@@ -146,6 +146,19 @@ def test_warm_start_shifts_previous_mean_by_delay():
     torch.testing.assert_close(first_candidates.mean(0), expected, atol=1e-5, rtol=0)
 
 
+def test_policy_warm_start_starts_every_step_at_pi_chunk():
+    chunk = torch.linspace(-0.5, 0.5, 6 * A).view(6, A)
+    model = QuadraticToyModel([0.0, 0.0], policy=chunk)
+    planner = make(model, horizon=6, mixture_coef=0.0, init_std=1e-6, min_std=1e-6, num_elites=8,
+                   warm_start="policy")
+    planner._mean.copy_(torch.full((6, A), 0.9))  # a previous plan the policy start ignores
+    model.recorded = []
+    planner.plan(*inputs())
+    torch.testing.assert_close(model.recorded[0].mean(0), chunk, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="warm_start"):
+        PlannerConfig(horizon=6, action_low=(-1.0,) * A, action_high=(1.0,) * A, warm_start="previous")
+
+
 def test_base_policy_candidates_are_noised_once_per_step():
     chunk = torch.full((5, A), 0.4)
     model = QuadraticToyModel([0.0, 0.0], policy=chunk)

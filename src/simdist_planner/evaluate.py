@@ -22,7 +22,7 @@ import torch
 from robot_drivers.interface import Observation, RobotSpec
 from robot_drivers.tasks import Policy, Task, expert_ladder, make_task
 from simdist_planner.observation import ObservationError, ObservationHistory, observation_to_inputs
-from simdist_planner.planner import MPPIPlanner, PlannerError, planner_config_for
+from simdist_planner.planner import WARM_STARTS, MPPIPlanner, PlannerError, planner_config_for
 
 AGENTS = ("expert", "policy", "planner")
 UR5E_TASKS = ("peg", "table_leg")
@@ -249,6 +249,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="std of the noise on the base-policy candidates (default: the robot's)")
     p.add_argument("--init-std", type=float, default=None,
                    help="std of the Gaussian candidates at the start of each step (default: the robot's)")
+    p.add_argument("--warm-start", choices=WARM_STARTS, default=None,
+                   help="where each step's planner mean starts: the shifted previous mean or pi's chunk")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--ablation", action="store_true", help="run the Table I ablation harness instead")
     p.add_argument("--small", action="store_true", help="with --ablation: the ~15-minute small setting")
@@ -259,7 +261,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _planner_overrides(args) -> dict:
     names = {"samples": "num_samples", "iterations": "iterations", "elites": "num_elites",
              "temperature": "temperature", "mixture_coef": "mixture_coef", "policy_noise": "policy_noise_std",
-             "init_std": "init_std"}
+             "init_std": "init_std", "warm_start": "warm_start"}
     return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
 
 

@@ -53,6 +53,9 @@ class WorldModelLike(Protocol):
     ) -> torch.Tensor: ...  # (B, T, A)
 
 
+WARM_STARTS = ("shift", "policy")
+
+
 @dataclass(frozen=True)
 class PlannerConfig:
     """MPPI settings. Field defaults are the official Go2 values (simdist config/control/mppi.yaml)."""
@@ -71,6 +74,10 @@ class PlannerConfig:
     momentum: float = 0.0  # weight of the previous mean in the per-iteration update
     discount: float = 0.99
     delay: int = 1  # warm start: shift of the previous mean, in control steps
+    # Where each step's Gaussian mean starts: "shift" (TD-MPC, official) the previous mean shifted
+    # by `delay`; "policy" pi's chunk, so that a drift the objective prefers cannot build up over
+    # steps (it did on the peg, docs/planner.md).
+    warm_start: str = "shift"
     seed: int = 42
     max_nonfinite_candidates: int = 0  # per step; more raises PlannerError (0 = any NaN raises)
     # Per action dimension, the unit of init_std, min_std and policy_noise_std; () = raw action
@@ -110,6 +117,8 @@ class PlannerConfig:
             problems.append(f"discount must be in (0, 1], got {self.discount}")
         if not 1 <= self.delay <= self.horizon:
             problems.append(f"delay must be in [1, horizon={self.horizon}], got {self.delay}")
+        if self.warm_start not in WARM_STARTS:
+            problems.append(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
         if self.std_scale and (len(self.std_scale) != len(self.action_low)
                                or not all(u > 0 for u in self.std_scale)):
             problems.append(f"std_scale must be empty or {len(self.action_low)} positive values, "
@@ -295,10 +304,14 @@ class MPPIPlanner:
         z_all, history_all = z.expand(N, -1), history.expand(N, -1, -1)
         command_all = None if command is None else command.expand(N, -1)
 
-        # Warm start: shift by the delay, zero tail (clamped into bounds); std restarts wide.
-        self._prev_mean.copy_(self._mean)
-        self._mean[: T - c.delay].copy_(self._prev_mean[c.delay :])
-        self._mean[T - c.delay :].zero_()
+        # Warm start: shift by the delay, zero tail (clamped into bounds), or pi's chunk; std
+        # restarts wide.
+        if c.warm_start == "shift":
+            self._prev_mean.copy_(self._mean)
+            self._mean[: T - c.delay].copy_(self._prev_mean[c.delay :])
+            self._mean[T - c.delay :].zero_()
+        else:
+            self._mean.copy_(policy_chunk[0])
         self._clamp(self._mean)
         self._std.copy_(self._init_std.expand(T, A))
         # Base-policy candidates: noised once per step, reused by every iteration.
