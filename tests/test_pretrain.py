@@ -266,16 +266,6 @@ def test_init_from_starts_from_the_checkpoint_weights(tmp_path):
     cold = load_checkpoint(pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7), tmp_path / "cold",
                                     progress=False)).state_dict()
     assert not all(torch.equal(a[k], cold[k]) for k in a)
-    # a zero-initialised addition (WARM_START_ADDITIONS) may be switched on, never off
-    skip = {**TINY, "proprio_skip": True}
-    grown = load_checkpoint(pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7, init_from=str(first),
-                                                   model_overrides=skip), tmp_path / "grown", progress=False))
-    g = grown.state_dict()
-    assert all(torch.equal(a[k], g[k]) for k in a)
-    assert not grown.encoder.proprio_skip.weight.any() and not grown.encoder.proprio_skip.bias.any()
-    with pytest.raises(ValueError, match="proprio_skip"):
-        pretrain(synthetic_cfg(steps=1, init_from=str(tmp_path / "grown" / "model")), tmp_path / "shrunk",
-                 progress=False)
     other = {**TINY, "latent_dim": 8}
     with pytest.raises(ValueError, match="latent_dim"):
         pretrain(synthetic_cfg(steps=1, init_from=str(first), model_overrides=other), tmp_path / "bad",

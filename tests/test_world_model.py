@@ -121,28 +121,6 @@ def test_dynamics_is_causal_in_actions(kind):
         assert (out[:, k:] - base[:, k:]).abs().amax(dim=-1).min() > 1e-4
 
 
-def test_proprio_skip_starts_at_zero_and_adds_a_linear_path():
-    """proprio_skip adds a zero-initialised Linear(P, D) beside E's proprio MLP: with the other
-    weights copied the model computes what the model without it does, until the path is trained."""
-    plain = WorldModel(tiny_go2()).eval()
-    cfg = tiny_go2(proprio_skip=True)
-    model = WorldModel(cfg).eval()
-    missing, unexpected = model.load_state_dict(plain.state_dict(), strict=False)
-    assert sorted(missing) == ["encoder.proprio_skip.bias", "encoder.proprio_skip.weight"] and not unexpected
-    assert sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in plain.parameters()) \
-        == cfg.proprio_dim * cfg.latent_dim + cfg.latent_dim
-    w = synthetic_windows(cfg, 2)
-    h = cfg.history
-    obs = current_obs(w, h)
-    hist_args = (w["proprio"][:, :h], w["actions"][:, :h])
-    torch.testing.assert_close(model.encode(obs), plain.encode(obs), atol=0, rtol=0)
-    torch.testing.assert_close(model.encode_history(*hist_args), plain.encode_history(*hist_args), atol=0, rtol=0)
-    with torch.no_grad():
-        model.encoder.proprio_skip.weight.normal_()
-    assert not torch.allclose(model.encode(obs), plain.encode(obs))
-    assert not torch.allclose(model.encode_history(*hist_args), plain.encode_history(*hist_args))
-
-
 @pytest.mark.parametrize("kind,calls", [("chunked", 1), ("autoregressive", 6)])
 def test_chunked_dynamics_is_one_forward_pass(kind, calls):
     cfg = tiny_go2(dynamics_kind=kind)

@@ -95,10 +95,6 @@ class WorldModelConfig:
     # UR5e image encoder's latents grew to norm ~50 (predictions ~8) within 250 steps and the
     # latent loss rose tenfold. Not in the official model (checkpoints without the key: False).
     normalize_latent: bool = True
-    # A zero-initialised linear path beside E's proprio MLP (C's proprio tokens and z's fusion):
-    # the MLP alone passed the UR5e TCP position on to 19 mm (x, linear readout), the peg's hole
-    # needs 1 mm. Not in the official model (checkpoints without the key: False).
-    proprio_skip: bool = False
     image: ImageEncoderConfig | None = None
     height_map: HeightMapEncoderConfig | None = None
     dynamics: AttentionConfig = AttentionConfig(2, 8)
@@ -190,7 +186,7 @@ class WorldModelConfig:
 
 # Keys added after format version 1 ("a.b" = key b of the object at a) and the behaviour a
 # config written without them had.
-LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0, "proprio_skip": False}
+LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0}
 
 
 def _to_plain(obj):

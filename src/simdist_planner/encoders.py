@@ -169,11 +169,6 @@ class ObservationEncoder(nn.Module):
         super().__init__()
         d, hidden = cfg.latent_dim, cfg.latent_dim * cfg.encoder_hidden_factor
         self.proprio = MLP(cfg.proprio_dim, [hidden] * cfg.proprio_layers, d)
-        self.proprio_skip = None
-        if cfg.proprio_skip:  # zero: a warm start from a model without it begins as that model
-            self.proprio_skip = nn.Linear(cfg.proprio_dim, d)
-            nn.init.zeros_(self.proprio_skip.weight)
-            nn.init.zeros_(self.proprio_skip.bias)
         fused = d
         self.height_map = None
         if cfg.height_map is not None:
@@ -186,15 +181,10 @@ class ObservationEncoder(nn.Module):
         self.latent = MLP(fused, [hidden] * cfg.latent_layers, d)
         self.latent_norm = nn.LayerNorm(d) if cfg.normalize_latent else nn.Identity()
 
-    def proprio_token(self, proprio: torch.Tensor) -> torch.Tensor:
-        """Normalised proprio (..., P) -> (..., D): E's proprio features, also C's proprio tokens."""
-        token = self.proprio(proprio)
-        return token if self.proprio_skip is None else token + self.proprio_skip(proprio)
-
     def forward(self, proprio: torch.Tensor, height_map: torch.Tensor | None,
                 images: torch.Tensor | None) -> torch.Tensor:
         """Normalised proprio (N, P), height map (N, h, w), raw images (N, n_cam, 3, h, w)."""
-        parts = [self.proprio_token(proprio)]
+        parts = [self.proprio(proprio)]
         if self.height_map is not None:
             parts.append(self.height_map(height_map))
         if self.images is not None:

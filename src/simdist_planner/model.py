@@ -128,7 +128,7 @@ class WorldModel(nn.Module):
 
     # ------------------------------------------------------------------ normalised internals
     def history_n(self, proprio_n: torch.Tensor, actions_n: torch.Tensor) -> torch.Tensor:
-        return self.history_encoder(self.encoder.proprio_token(proprio_n), actions_n)
+        return self.history_encoder(self.encoder.proprio(proprio_n), actions_n)
 
     def context(self, z: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
         return torch.cat((history, self.history_encoder.latent_token(z).unsqueeze(1)), dim=1)

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from simdist_planner.checkpoint import load_checkpoint, read_config, replace_dir, save_checkpoint
+from simdist_planner.checkpoint import load_checkpoint, replace_dir, save_checkpoint
 from simdist_planner.config import (CONFIG_FACTORIES, PRETRAIN_PRESETS, SMALL_BACKBONES, PretrainConfig,
                                     WorldModelConfig)
 from simdist_planner.losses import TERMS, world_model_loss
@@ -47,9 +47,6 @@ STATE_FORMAT_VERSION = 1
 # Settings a resumed run may change; everything else must equal the interrupted run's.
 RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every", "workers", "threads", "preload",
                      "time_limit_s"}
-# Zero-initialised model additions a warm start (`init_from`) may switch on, and their weights:
-# the run then begins as the loaded model.
-WARM_START_ADDITIONS = {"proprio_skip": ("encoder.proprio_skip.",)}
 
 
 def lr_at(cfg: PretrainConfig, step: int) -> float:
@@ -384,18 +381,6 @@ def _distributed(device: str) -> tuple[int, int, int]:
     return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def warm_start(model: WorldModel, path) -> None:
-    """Load the checkpoint at `path` into `model`. Their configs must be equal, except that
-    `model` may have WARM_START_ADDITIONS the checkpoint lacks (left at their zero init)."""
-    old = read_config(path)
-    added = [k for k in WARM_START_ADDITIONS if getattr(model.config, k) and not getattr(old, k)]
-    state = load_checkpoint(path, expect=model.config.replace(**{k: False for k in added})).state_dict()
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    prefixes = tuple(p for k in added for p in WARM_START_ADDITIONS[k])
-    if unexpected or not all(name.startswith(prefixes) for name in missing):
-        raise ValueError(f"warm start from {path}: weights missing {missing[:5]}, unexpected {unexpected[:5]}")
-
-
 def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = True) -> pathlib.Path:
     """Train (or resume) the run in `out`; returns the final checkpoint directory `out/model`."""
     out = pathlib.Path(out)
@@ -411,7 +396,7 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     model = WorldModel(source.model_config)
     fit_scaler(model, cfg, source)
     if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
-        warm_start(model, cfg.init_from)
+        model.load_state_dict(load_checkpoint(cfg.init_from, expect=model.config).state_dict())
     model.to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr_at(cfg, 0))
 
