@@ -176,12 +176,17 @@ def test_set_parameters_applied_or_rejected_with_reason_and_used_next_tick(tmp_p
     assert not bad_combo.successful and "num_elites" in bad_combo.reason
     (bad_horizon,) = ing.set(horizon=7)
     assert not bad_horizon.successful and "must equal the model's horizon T=5" in bad_horizon.reason
+    (bad_start,) = ing.set(warm_start="previous")
+    assert not bad_start.successful and "warm_start must be one of" in bad_start.reason
+    (ok_start,) = ing.set(warm_start="policy")
+    assert ok_start.successful
 
     mark = len(ing.diags)
     assert ing.tick()
     assert ing.wait(lambda: ing.planning_status(mark)[1].get("last_stamp") == str(ing.stamp))
     _, values = ing.planning_status(mark)
     assert values["num_samples"] == "48"  # the tick after the set planned with the new value
+    assert values["warm_start"] == "policy"
     assert values["temperature"] == "0.4" and values["num_elites"] == "8"  # rejected sets changed nothing
 
 

@@ -46,7 +46,7 @@ from robot_drivers.interface import Command, CommandKind, Observation, RobotSpec
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.specs import robot_spec
 from simdist_planner.observation import ObservationError, ObservationHistory, observation_to_inputs
-from simdist_planner.planner import MPPIPlanner, PlannerConfig, PlannerError, planner_config_for
+from simdist_planner.planner import WARM_STARTS, MPPIPlanner, PlannerConfig, PlannerError, planner_config_for
 
 QOS = QoSProfile(
     depth=10,
@@ -58,7 +58,7 @@ QOS = QoSProfile(
 # PlannerConfig fields that are node parameters (same names, one source of truth for meaning).
 PLANNER_FIELDS = (
     "num_samples", "mixture_coef", "policy_noise_std", "iterations", "num_elites", "temperature",
-    "init_std", "min_std", "momentum", "discount", "horizon", "seed",
+    "init_std", "min_std", "momentum", "discount", "horizon", "seed", "warm_start",
 )  # fmt: skip
 
 PARAMS = (
@@ -78,6 +78,7 @@ PARAMS = (
     Param("discount", 0.99, "discount gamma of the planned return", 0.5, 1.0),
     Param("horizon", 5, "planning horizon T in control steps (must equal the model's T)", 1, 256),
     Param("seed", 42, "planner RNG seed (re-applied at every episode start)", 0, 2**31 - 1),
+    Param("warm_start", "shift", "where each step's mean starts: shift (the previous mean, official) or policy (pi's chunk)"),
     Param("deadline_fraction", 0.9, "share of the control period MPPI may use; predicted overrun -> base policy", 0.05, 1.0),
     Param("fallback_to_policy", True, "run the base policy pi when MPPI would miss the deadline"),
     Param("latency_ema", 0.2, "smoothing factor of the running latency estimate", 0.01, 1.0),
@@ -237,6 +238,8 @@ class PlannerNode(Node):
     def _check_param(self, name: str, value, values: dict) -> str | None:
         if name == "device":
             return parse_device(value)
+        if name == "warm_start" and value not in WARM_STARTS:
+            return f"warm_start must be one of {WARM_STARTS}, got {value!r}"
         if name in PLANNER_FIELDS and self._loaded is not None:
             try:
                 self._planner_config(values, self._loaded, self._spec)
