@@ -266,6 +266,12 @@ def test_init_from_starts_from_the_checkpoint_weights(tmp_path):
     cold = load_checkpoint(pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7), tmp_path / "cold",
                                     progress=False)).state_dict()
     assert not all(torch.equal(a[k], cold[k]) for k in a)
+    # a setting that leaves every weight's shape and role (WARM_START_FREE) may change
+    blind = load_checkpoint(pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7, init_from=str(first),
+                                                   model_overrides={**TINY, "policy_sees_history": False}),
+                                     tmp_path / "blind", progress=False))
+    assert not blind.config.policy_sees_history
+    assert all(torch.equal(a[k], v) for k, v in blind.state_dict().items())
     other = {**TINY, "latent_dim": 8}
     with pytest.raises(ValueError, match="latent_dim"):
         pretrain(synthetic_cfg(steps=1, init_from=str(first), model_overrides=other), tmp_path / "bad",

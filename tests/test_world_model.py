@@ -121,6 +121,25 @@ def test_dynamics_is_causal_in_actions(kind):
         assert (out[:, k:] - base[:, k:]).abs().amax(dim=-1).min() > 1e-4
 
 
+@pytest.mark.parametrize("sees", [True, False])
+def test_policy_sees_the_history_only_when_configured(sees):
+    """policy_sees_history=False: pi reads z_t alone; f still reads the history. Same weights."""
+    cfg = tiny_go2(policy_sees_history=sees)
+    model = WorldModel(cfg).eval()
+    assert set(model.state_dict()) == set(WorldModel(tiny_go2()).state_dict())
+    w = synthetic_windows(cfg, 2)
+    h = cfg.history
+    z = model.encode(current_obs(w, h))
+    cmd = w["command"][:, h]
+    hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
+    other = model.encode_history(w["proprio"][:, :h] + 1.0, w["actions"][:, :h] + 2.0)
+    pi = model.policy(z, hist, cmd)
+    assert torch.equal(model.policy(z, other, cmd), pi) != sees
+    assert not torch.allclose(model.policy(z + 1.0, hist, cmd), pi)
+    actions = w["actions"][:, h:]
+    assert not torch.allclose(model.dynamics(z, actions, other), model.dynamics(z, actions, hist))
+
+
 @pytest.mark.parametrize("kind,calls", [("chunked", 1), ("autoregressive", 6)])
 def test_chunked_dynamics_is_one_forward_pass(kind, calls):
     cfg = tiny_go2(dynamics_kind=kind)

@@ -101,6 +101,11 @@ class WorldModelConfig:
     reward: AttentionConfig = AttentionConfig(1, 4)
     value: AttentionConfig = AttentionConfig(1, 4)
     policy: AttentionConfig = AttentionConfig(4, 8)
+    # pi's context: C's history tokens and z_t (the paper's pi(z_t, h_t)), or z_t alone. Expert
+    # actions change slowly, so a pi that sees the history learns to continue it: the UR5e pi
+    # overshot the peg's hole by the carry's pace (docs/planner.md, session 19). f, R and V see
+    # the history either way, and the weights are the same.
+    policy_sees_history: bool = True
     dynamics_kind: str = "chunked"  # "chunked" (one pass for T steps) or "autoregressive"
     head_kind: str = "transformer"  # reward / value: "transformer" (seq2seq) or "mlp" (per step)
     mlp_head_hidden_factor: int = 4  # per-step MLP head width = factor x latent
@@ -186,7 +191,7 @@ class WorldModelConfig:
 
 # Keys added after format version 1 ("a.b" = key b of the object at a) and the behaviour a
 # config written without them had.
-LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0}
+LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0, "policy_sees_history": True}
 
 
 def _to_plain(obj):

@@ -145,6 +145,8 @@ class WorldModel(nn.Module):
         return self.value_head(torch.cat(x, dim=-1))
 
     def policy_n(self, z, history, commands_n, steps: int) -> torch.Tensor:
+        if not self.config.policy_sees_history:
+            history = history[:, :0]  # pi reads z_t alone
         return self.policy_head(self.context(z, history), commands_n, steps)
 
     # ------------------------------------------------------------------ public API, raw units

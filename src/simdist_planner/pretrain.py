@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from simdist_planner.checkpoint import load_checkpoint, replace_dir, save_checkpoint
+from simdist_planner.checkpoint import load_checkpoint, read_config, replace_dir, save_checkpoint
 from simdist_planner.config import (CONFIG_FACTORIES, PRETRAIN_PRESETS, SMALL_BACKBONES, PretrainConfig,
                                     WorldModelConfig)
 from simdist_planner.losses import TERMS, world_model_loss
@@ -47,6 +47,8 @@ STATE_FORMAT_VERSION = 1
 # Settings a resumed run may change; everything else must equal the interrupted run's.
 RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every", "workers", "threads", "preload",
                      "time_limit_s"}
+# Model settings a warm start (`init_from`) may change: they leave every weight's shape and role.
+WARM_START_FREE = ("policy_sees_history",)
 
 
 def lr_at(cfg: PretrainConfig, step: int) -> float:
@@ -396,7 +398,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     model = WorldModel(source.model_config)
     fit_scaler(model, cfg, source)
     if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
-        model.load_state_dict(load_checkpoint(cfg.init_from, expect=model.config).state_dict())
+        free = {k: getattr(read_config(cfg.init_from), k) for k in WARM_START_FREE}
+        model.load_state_dict(load_checkpoint(cfg.init_from, expect=model.config.replace(**free)).state_dict())
     model.to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr_at(cfg, 0))
 
