@@ -197,8 +197,8 @@ def test_cli_prints_the_table(tmp_path, capsys):
 
 
 def test_cli_planner_overrides_reach_the_planner():
-    """--samples/--elites/--temperature/--mixture-coef/--policy-noise/--init-std/--warm-start replace the robot's
-    defaults, nothing else."""
+    """--samples/--elites/--temperature/--mixture-coef/--policy-noise/--init-std/--warm-start
+    replace the robot's defaults, nothing else."""
     from robot_drivers.tasks import make_task
     from simdist_planner.evaluate import _planner_overrides, build_agents, parse_args
 

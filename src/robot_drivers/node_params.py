@@ -21,7 +21,7 @@ from rcl_interfaces.msg import (
 
 @dataclass(frozen=True)
 class Param:
-    """One tunable: default, human description, inclusive range for numbers."""
+    """One tunable: default, human description, inclusive range for numbers or choices for a string."""
 
     name: str
     default: object
@@ -29,9 +29,12 @@ class Param:
     low: float | None = None
     high: float | None = None
     read_only: bool = False  # structural settings (robot, cameras) fixed at start-up
+    choices: tuple = ()  # the allowed values of a string parameter (rqt shows them as constraints)
 
     def descriptor(self) -> ParameterDescriptor:
         d = ParameterDescriptor(description=self.description, read_only=self.read_only)
+        if self.choices:
+            d.additional_constraints = "one of: " + ", ".join(map(str, self.choices))
         if self.low is not None and isinstance(self.default, bool):
             raise TypeError(f"parameter {self.name}: a bool takes no range")
         if self.low is not None and isinstance(self.default, int):
@@ -80,6 +83,8 @@ class NodeParams:
             return f"{name} must hold finite numbers, got {list(value)}"
         if p.low is not None and not (p.low <= value <= p.high):
             return f"{name}={value} outside [{p.low}, {p.high}]"
+        if p.choices and value not in p.choices:
+            return f"{name} must be one of {p.choices}, got {value!r}"
         return self._check(name, value, values) if self._check else None
 
     def _on_set(self, parameters) -> SetParametersResult:

@@ -78,7 +78,8 @@ PARAMS = (
     Param("discount", 0.99, "discount gamma of the planned return", 0.5, 1.0),
     Param("horizon", 5, "planning horizon T in control steps (must equal the model's T)", 1, 256),
     Param("seed", 42, "planner RNG seed (re-applied at every episode start)", 0, 2**31 - 1),
-    Param("warm_start", "shift", "where each step's mean starts: shift (the previous mean, official) or policy (pi's chunk)"),
+    Param("warm_start", "shift", "where each step's mean starts: shift (the previous mean, official) or policy (pi's chunk)",
+          choices=WARM_STARTS),
     Param("deadline_fraction", 0.9, "share of the control period MPPI may use; predicted overrun -> base policy", 0.05, 1.0),
     Param("fallback_to_policy", True, "run the base policy pi when MPPI would miss the deadline"),
     Param("latency_ema", 0.2, "smoothing factor of the running latency estimate", 0.01, 1.0),
@@ -238,8 +239,6 @@ class PlannerNode(Node):
     def _check_param(self, name: str, value, values: dict) -> str | None:
         if name == "device":
             return parse_device(value)
-        if name == "warm_start" and value not in WARM_STARTS:
-            return f"warm_start must be one of {WARM_STARTS}, got {value!r}"
         if name in PLANNER_FIELDS and self._loaded is not None:
             try:
                 self._planner_config(values, self._loaded, self._spec)
