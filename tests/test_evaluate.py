@@ -197,22 +197,24 @@ def test_cli_prints_the_table(tmp_path, capsys):
 
 
 def test_cli_planner_overrides_reach_the_planner():
-    """--samples/--elites/--temperature/--mixture-coef/--policy-noise/--init-std/--warm-start
-    replace the robot's defaults, nothing else."""
+    """--samples/--elites/--temperature/--mixture-coef/--policy-noise/--init-std/--warm-start/
+    --policy-prior replace the robot's defaults, nothing else."""
     from robot_drivers.tasks import make_task
     from simdist_planner.evaluate import _planner_overrides, build_agents, parse_args
 
     args = parse_args(["--samples", "24", "--elites", "6", "--temperature", "7.5", "--mixture-coef", "0.25",
-                       "--policy-noise", "0.02", "--init-std", "0.3", "--warm-start", "policy"])
+                       "--policy-noise", "0.02", "--init-std", "0.3", "--warm-start", "policy",
+                       "--policy-prior", "20"])
     overrides = _planner_overrides(args)
     assert overrides == {"num_samples": 24, "num_elites": 6, "temperature": 7.5, "mixture_coef": 0.25,
-                         "policy_noise_std": 0.02, "init_std": 0.3, "warm_start": "policy"}
+                         "policy_noise_std": 0.02, "init_std": 0.3, "warm_start": "policy",
+                         "policy_prior": 20.0}
     task = make_task("go2_flat")
     planner = build_agents(["planner"], task, _tiny_model("go2", task.spec), **overrides)["planner"].planner
     task.close()
     c = planner.config
     assert (c.num_samples, c.num_elites, c.temperature, c.num_policy_samples, c.policy_noise_std) == (24, 6, 7.5, 6, 0.02)
-    assert (c.init_std, c.warm_start) == (0.3, "policy")
+    assert (c.init_std, c.warm_start, c.policy_prior) == (0.3, "policy", 20.0)
     assert planner.config.iterations == 8  # not overridden: the robot's default
 
 

@@ -159,6 +159,29 @@ def test_policy_warm_start_starts_every_step_at_pi_chunk():
         PlannerConfig(horizon=6, action_low=(-1.0,) * A, action_high=(1.0,) * A, warm_start="previous")
 
 
+def test_policy_prior_trades_the_objective_against_distance_from_pi():
+    # Per step: -||a - a*||^2 - (w / T) ||(a - c) / u||^2 (discount 1), so the optimum is
+    # (a* + k c) / (1 + k) with k = w / (T u^2); w = 0 is the official planner, which finds a*.
+    target, chunk = np.array([0.6, -0.4]), np.array([-0.2, 0.2])
+    T, unit = 5, 0.5
+    for w, k in ((0.0, 0.0), (5.0 * unit**2, 1.0), (15.0 * unit**2, 3.0)):
+        model = QuadraticToyModel(target, policy=torch.tensor(np.tile(chunk, (T, 1)), dtype=torch.float32))
+        planner = make(model, horizon=T, discount=1.0, policy_prior=w, std_scale=(unit,) * A,
+                       init_std=1.0, min_std=0.01, num_samples=1000, num_elites=64, temperature=10.0, iterations=40)
+        result = planner.plan(*inputs())
+        expected = (target + k * chunk) / (1 + k)
+        np.testing.assert_allclose(result.mean, np.tile(expected, (T, 1)), atol=0.01, err_msg=f"policy_prior={w}")
+        # the reported rewards are the model's own, without the prior's cost
+        np.testing.assert_allclose(result.rewards, -((result.mean - target) ** 2).sum(1), rtol=1e-5, atol=1e-6)
+    # the distance is in std units, summed over the action and averaged over the horizon
+    chunks = torch.zeros(2, T, A)
+    chunks[1, 0] = torch.tensor([0.5, 0.0])  # one step 0.5 (one unit) off in one dimension
+    d = planner.policy_distance(chunks, torch.zeros(T, A))
+    torch.testing.assert_close(d, torch.tensor([0.0, 1.0 / T]))
+    with pytest.raises(ValueError, match="policy_prior must be >= 0"):
+        PlannerConfig(horizon=T, action_low=(-1.0,) * A, action_high=(1.0,) * A, policy_prior=-1.0)
+
+
 def test_base_policy_candidates_are_noised_once_per_step():
     chunk = torch.full((5, A), 0.4)
     model = QuadraticToyModel([0.0, 0.0], policy=chunk)

@@ -180,13 +180,17 @@ def test_set_parameters_applied_or_rejected_with_reason_and_used_next_tick(tmp_p
     assert not bad_start.successful and "warm_start must be one of" in bad_start.reason
     (ok_start,) = ing.set(warm_start="policy")
     assert ok_start.successful
+    (bad_prior,) = ing.set(policy_prior=-1.0)
+    assert not bad_prior.successful and "policy_prior" in bad_prior.reason
+    (ok_prior,) = ing.set(policy_prior=20.0)
+    assert ok_prior.successful
 
     mark = len(ing.diags)
     assert ing.tick()
     assert ing.wait(lambda: ing.planning_status(mark)[1].get("last_stamp") == str(ing.stamp))
     _, values = ing.planning_status(mark)
     assert values["num_samples"] == "48"  # the tick after the set planned with the new value
-    assert values["warm_start"] == "policy"
+    assert values["warm_start"] == "policy" and values["policy_prior"] == "20.0"
     assert values["temperature"] == "0.4" and values["num_elites"] == "8"  # rejected sets changed nothing
 
 

@@ -251,6 +251,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="std of the Gaussian candidates at the start of each step (default: the robot's)")
     p.add_argument("--warm-start", choices=WARM_STARTS, default=None,
                    help="where each step's planner mean starts: the shifted previous mean or pi's chunk")
+    p.add_argument("--policy-prior", type=float, default=None,
+                   help="planner ranking cost of a candidate's squared distance from pi's chunk (default 0, official)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--ablation", action="store_true", help="run the Table I ablation harness instead")
     p.add_argument("--small", action="store_true", help="with --ablation: the ~15-minute small setting")
@@ -261,7 +263,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _planner_overrides(args) -> dict:
     names = {"samples": "num_samples", "iterations": "iterations", "elites": "num_elites",
              "temperature": "temperature", "mixture_coef": "mixture_coef", "policy_noise": "policy_noise_std",
-             "init_std": "init_std", "warm_start": "warm_start"}
+             "init_std": "init_std", "warm_start": "warm_start",
+             "policy_prior": "policy_prior"}
     return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
 
 

@@ -6,7 +6,10 @@ of the `iterations` then scores every candidate action chunk in one batched call
 (`expand`ed latents, no Python loop over candidates or horizon). Candidates are Gaussian samples
 around the running mean plus base-policy chunks noised once per step. The elites'
 exp(temperature * (R - R_max)) weights give the next mean and std; the mean's first action is
-executed and the mean is shifted by the delay to warm-start the next step.
+executed and the mean is shifted by the delay to warm-start the next step. With `policy_prior`
+> 0 (not official) a candidate is ranked by its return less a quadratic cost of its distance from
+pi's chunk: the model's objective then moves the plan off pi only where it gains by more than the
+cost, which bounds how far an objective that is flat or wrong off the data can pull it.
 
 Return of a chunk: sum_{s=0}^{T-1} gamma^s r^_{t+s} + gamma^T v^_{t+T} (METHOD_NOTES; the official
 JAX code uses gamma^(T+1) on the value, and its warm start rolls the mean the wrong way round; we
@@ -78,6 +81,11 @@ class PlannerConfig:
     # by `delay`; "policy" pi's chunk, so that a drift the objective prefers cannot build up over
     # steps (it did on the peg, docs/planner.md).
     warm_start: str = "shift"
+    # Ranking cost of a candidate's distance from pi's chunk: policy_prior x the squared
+    # deviation in std_scale units, summed over action dimensions, averaged over the horizon.
+    # 0 = official. Ours: on the peg the objective scored chunks that drifted off pi's path
+    # above pi's own and the plan followed them (docs/planner.md, session 20).
+    policy_prior: float = 0.0
     seed: int = 42
     max_nonfinite_candidates: int = 0  # per step; more raises PlannerError (0 = any NaN raises)
     # Per action dimension, the unit of init_std, min_std and policy_noise_std; () = raw action
@@ -109,8 +117,9 @@ class PlannerConfig:
         for name in ("temperature", "init_std", "min_std"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.policy_noise_std < 0:
-            problems.append(f"policy_noise_std must be >= 0, got {self.policy_noise_std}")
+        for name in ("policy_noise_std", "policy_prior"):
+            if not getattr(self, name) >= 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.momentum < 1.0:
             problems.append(f"momentum must be in [0, 1), got {self.momentum}")
         if not 0.0 < self.discount <= 1.0:
@@ -239,6 +248,7 @@ class MPPIPlanner:
         self._discounts_np = self._discounts.cpu().numpy()
         unit = torch.tensor(c.std_scale or (1.0,) * A, dtype=torch.float32, device=dev)
         self._init_std, self._min_std = c.init_std * unit, c.min_std * unit
+        self._prior_scale = 1.0 / unit
         self._policy_noise_scale = c.policy_noise_std * unit
         self._generator = torch.Generator(device=dev)
         # Buffers reused every step: the candidate chunks and their noise, mean/std state.
@@ -330,6 +340,8 @@ class MPPIPlanner:
             self._clamp(gaussian_part)
             returns, bad = self._evaluate(z_all, history_all, context, command_all, self._actions, latents)
             nonfinite += bad.sum()
+            if c.policy_prior:
+                returns = returns - c.policy_prior * self.policy_distance(self._actions, policy_chunk[0])
             self._update(torch.where(bad, -math.inf, returns))
         optimised = time.perf_counter()
 
@@ -400,6 +412,11 @@ class MPPIPlanner:
         if bool(bad.any()):
             raise PlannerError(f"non-finite objective for {int(bad.sum())} of {n} chunks")
         return returns
+
+    def policy_distance(self, chunks: torch.Tensor, policy_chunk: torch.Tensor) -> torch.Tensor:
+        """Chunks (N, T, A) -> their squared deviation from pi's chunk (T, A), in std_scale
+        units, summed over A and averaged over T (N,): what `policy_prior` weighs."""
+        return ((chunks - policy_chunk) * self._prior_scale).square().sum(-1).mean(-1)
 
     def objective(self, latents: torch.Tensor, actions: torch.Tensor, command=None) -> tuple[torch.Tensor, ...]:
         """Discounted returns (N,) of latent trajectories (N, T+1, D) under `actions` (N, T, A),

@@ -58,7 +58,7 @@ QOS = QoSProfile(
 # PlannerConfig fields that are node parameters (same names, one source of truth for meaning).
 PLANNER_FIELDS = (
     "num_samples", "mixture_coef", "policy_noise_std", "iterations", "num_elites", "temperature",
-    "init_std", "min_std", "momentum", "discount", "horizon", "seed", "warm_start",
+    "init_std", "min_std", "momentum", "discount", "horizon", "seed", "warm_start", "policy_prior",
 )  # fmt: skip
 
 PARAMS = (
@@ -80,6 +80,7 @@ PARAMS = (
     Param("seed", 42, "planner RNG seed (re-applied at every episode start)", 0, 2**31 - 1),
     Param("warm_start", "shift", "where each step's mean starts: shift (the previous mean, official) or policy (pi's chunk)",
           choices=WARM_STARTS),
+    Param("policy_prior", 0.0, "ranking cost of a candidate's squared distance from pi's chunk (std units); 0 = official", 0.0, 1000.0),
     Param("deadline_fraction", 0.9, "share of the control period MPPI may use; predicted overrun -> base policy", 0.05, 1.0),
     Param("fallback_to_policy", True, "run the base policy pi when MPPI would miss the deadline"),
     Param("latency_ema", 0.2, "smoothing factor of the running latency estimate", 0.01, 1.0),
