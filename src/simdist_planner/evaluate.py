@@ -263,8 +263,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _planner_overrides(args) -> dict:
     names = {"samples": "num_samples", "iterations": "iterations", "elites": "num_elites",
              "temperature": "temperature", "mixture_coef": "mixture_coef", "policy_noise": "policy_noise_std",
-             "init_std": "init_std", "warm_start": "warm_start",
-             "policy_prior": "policy_prior"}
+             "init_std": "init_std", "warm_start": "warm_start", "policy_prior": "policy_prior"}
     return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
 
 

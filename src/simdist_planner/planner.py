@@ -6,10 +6,10 @@ of the `iterations` then scores every candidate action chunk in one batched call
 (`expand`ed latents, no Python loop over candidates or horizon). Candidates are Gaussian samples
 around the running mean plus base-policy chunks noised once per step. The elites'
 exp(temperature * (R - R_max)) weights give the next mean and std; the mean's first action is
-executed and the mean is shifted by the delay to warm-start the next step. With `policy_prior`
-> 0 (not official) a candidate is ranked by its return less a quadratic cost of its distance from
-pi's chunk: the model's objective then moves the plan off pi only where it gains by more than the
-cost, which bounds how far an objective that is flat or wrong off the data can pull it.
+executed and the mean is shifted by the delay to warm-start the next step. With a positive
+`policy_prior` (not official) a candidate is ranked by its return less a quadratic cost of its
+distance from pi's chunk: the objective then moves the plan off pi only where it gains more than
+the cost, which bounds how far an objective that is flat or wrong off the data can pull it.
 
 Return of a chunk: sum_{s=0}^{T-1} gamma^s r^_{t+s} + gamma^T v^_{t+T} (METHOD_NOTES; the official
 JAX code uses gamma^(T+1) on the value, and its warm start rolls the mean the wrong way round; we
