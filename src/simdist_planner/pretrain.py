@@ -398,7 +398,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     model = WorldModel(source.model_config)
     fit_scaler(model, cfg, source)
     if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
-        free = {k: getattr(read_config(cfg.init_from), k) for k in WARM_START_FREE}
+        earlier = read_config(cfg.init_from)
+        free = {k: getattr(earlier, k) for k in WARM_START_FREE}
         model.load_state_dict(load_checkpoint(cfg.init_from, expect=model.config.replace(**free)).state_dict())
     model.to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr_at(cfg, 0))
