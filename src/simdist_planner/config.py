@@ -106,6 +106,11 @@ class WorldModelConfig:
     # overshot the peg's hole by the carry's pace (docs/planner.md, session 19). f, R and V see
     # the history either way, and the weights are the same.
     policy_sees_history: bool = True
+    # A zero-initialised linear map from the current normalised proprio to pi's chunk, added to
+    # its decoder's output. UR5e actions are deltas on the measured TCP pose, so near a fixed
+    # target the right action is linear in the TCP position, which E's latent holds only to
+    # ~15 mm (docs/planner.md) against the peg hole's 1 mm clearance. Not in the paper (False).
+    policy_proprio_skip: bool = False
     dynamics_kind: str = "chunked"  # "chunked" (one pass for T steps) or "autoregressive"
     head_kind: str = "transformer"  # reward / value: "transformer" (seq2seq) or "mlp" (per step)
     mlp_head_hidden_factor: int = 4  # per-step MLP head width = factor x latent
@@ -191,7 +196,8 @@ class WorldModelConfig:
 
 # Keys added after format version 1 ("a.b" = key b of the object at a) and the behaviour a
 # config written without them had.
-LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0, "policy_sees_history": True}
+LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0, "policy_sees_history": True,
+                   "policy_proprio_skip": False}
 
 
 def _to_plain(obj):

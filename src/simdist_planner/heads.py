@@ -99,16 +99,28 @@ class PolicyHead(nn.Module):
             self.query = nn.Parameter(torch.randn(cfg.horizon, d) * 0.02)
         self.decoder = TransformerDecoder(d, cfg.policy, cfg.dropout_attention, cfg.dropout_mlp)
         self.out = nn.Linear(d, cfg.action_dim)
+        self.proprio_skip = None  # WorldModelConfig.policy_proprio_skip
+        if cfg.policy_proprio_skip:
+            self.proprio_skip = nn.Linear(cfg.proprio_dim, cfg.horizon * cfg.action_dim)
+            nn.init.zeros_(self.proprio_skip.weight)
+            nn.init.zeros_(self.proprio_skip.bias)
 
-    def forward(self, context: torch.Tensor, commands: torch.Tensor | None, steps: int) -> torch.Tensor:
-        """`steps` <= T actions; `commands` (B, >= steps, C) when the robot has a command."""
+    def forward(self, context: torch.Tensor, commands: torch.Tensor | None, steps: int,
+                proprio: torch.Tensor | None = None) -> torch.Tensor:
+        """`steps` <= T actions; `commands` (B, >= steps, C) when the robot has a command;
+        `proprio` (B, P) normalised o^p_t, needed with the proprio skip."""
         if steps > self.horizon:
             raise ValueError(f"policy chunk of {steps} steps is longer than the horizon {self.horizon}")
         if commands is not None:
             queries = self.query(commands[:, :steps])
         else:
             queries = self.query[:steps].expand(context.shape[0], steps, -1)
-        return self.out(self.decoder(queries, context))
+        actions = self.out(self.decoder(queries, context))
+        if self.proprio_skip is None:
+            return actions
+        if proprio is None:
+            raise ValueError("this policy has a proprio skip (policy_proprio_skip): pass the current proprio")
+        return actions + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
 
 
 class ObservationDecoder(nn.Module):

@@ -144,10 +144,10 @@ class WorldModel(nn.Module):
         x = [latents[:, 1:]] + ([] if commands_n is None else [commands_n[:, 1:]])
         return self.value_head(torch.cat(x, dim=-1))
 
-    def policy_n(self, z, history, commands_n, steps: int) -> torch.Tensor:
+    def policy_n(self, z, history, commands_n, steps: int, proprio_n=None) -> torch.Tensor:
         if not self.config.policy_sees_history:
             history = history[:, :0]  # pi reads z_t alone
-        return self.policy_head(self.context(z, history), commands_n, steps)
+        return self.policy_head(self.context(z, history), commands_n, steps, proprio_n)
 
     # ------------------------------------------------------------------ public API, raw units
     def encode(self, obs: dict) -> torch.Tensor:
@@ -204,12 +204,19 @@ class WorldModel(nn.Module):
         b, t1 = latents.shape[:2]
         return self.scaler.denormalize_scalar("values", self.value_n(latents, self._commands_n(command, t1, b)))
 
-    def policy(self, z: torch.Tensor, history: torch.Tensor, command=None) -> torch.Tensor:
-        """z (B, D), history (B, 2h, D) [, command] -> action chunk a^_{t..t+T-1} (B, T, A)."""
+    def policy(self, z: torch.Tensor, history: torch.Tensor, command=None, proprio=None) -> torch.Tensor:
+        """z (B, D), history (B, 2h, D) [, command] [, proprio o^p_t (B, P), needed with
+        policy_proprio_skip] -> action chunk a^_{t..t+T-1} (B, T, A)."""
         self._check_inputs(z, history)
         commands = self._commands_n(command, self.config.horizon, z.shape[0])
+        proprio_n = None
+        if self.config.policy_proprio_skip:
+            _need(proprio is not None, f"{self.config.robot} world model: pi has a proprio skip; pass proprio (B, P)")
+            self._check_tail("proprio", proprio, (self.config.proprio_dim,), 2)
+            _need(proprio.shape[0] == z.shape[0], f"proprio batch {proprio.shape[0]} != z batch {z.shape[0]}")
+            proprio_n = self.scaler.normalize("proprio", proprio.float())
         steps = self.config.horizon
-        return self.scaler.denormalize("actions", self.policy_n(z, history, commands, steps))
+        return self.scaler.denormalize("actions", self.policy_n(z, history, commands, steps, proprio_n))
 
     def state(self, z: torch.Tensor) -> torch.Tensor:
         """z (B, D) -> the privileged task state the state head reads from it (B, S), raw units:
@@ -265,7 +272,7 @@ class WorldModel(nn.Module):
             "target_latents": target,
             "rewards": self.reward_n(latents, actions_n[:, h:], commands),
             "values": self.value_n(latents, commands),
-            "actions": self.policy_n(z, history, commands, t),
+            "actions": self.policy_n(z, history, commands, t, proprio_n[:, h]),
         }
         if self.state_head is not None:
             out["state"] = self.state_head(z)
