@@ -103,13 +103,14 @@ class WorldModelConfig:
     policy: AttentionConfig = AttentionConfig(4, 8)
     # pi's context: C's history tokens and z_t (the paper's pi(z_t, h_t)), or z_t alone. Expert
     # actions change slowly, so a pi that sees the history learns to continue it: the UR5e pi
-    # overshot the peg's hole by the carry's pace (docs/planner.md, session 19). f, R and V see
-    # the history either way, and the weights are the same.
+    # overshot the peg's hole by the carry's pace (docs/experiments/peg_wide.md, session 19).
+    # f, R and V see the history either way, and the weights are the same.
     policy_sees_history: bool = True
     # A zero-initialised linear map from the current normalised proprio to pi's chunk, added to
     # its decoder's output. UR5e actions are deltas on the measured TCP pose, so near a fixed
     # target the right action is linear in the TCP position, which E's latent holds only to
-    # ~15 mm (docs/planner.md) against the peg hole's 1 mm clearance. Not in the paper (False).
+    # ~15 mm against the peg hole's 1 mm clearance (docs/experiments/peg_wide.md). Not in the
+    # paper (False).
     policy_proprio_skip: bool = False
     dynamics_kind: str = "chunked"  # "chunked" (one pass for T steps) or "autoregressive"
     head_kind: str = "transformer"  # reward / value: "transformer" (seq2seq) or "mlp" (per step)

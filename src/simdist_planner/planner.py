@@ -79,12 +79,12 @@ class PlannerConfig:
     delay: int = 1  # warm start: shift of the previous mean, in control steps
     # Where each step's Gaussian mean starts: "shift" (TD-MPC, official) the previous mean shifted
     # by `delay`; "policy" pi's chunk, so that a drift the objective prefers cannot build up over
-    # steps (it did on the peg, docs/planner.md).
+    # steps (it did on the peg, docs/experiments/peg_wide.md).
     warm_start: str = "shift"
     # Ranking cost of a candidate's distance from pi's chunk: policy_prior x the squared
     # deviation in std_scale units, summed over action dimensions, averaged over the horizon.
     # 0 = official. Ours: on the peg the objective scored chunks that drifted off pi's path
-    # above pi's own and the plan followed them (docs/planner.md, session 20).
+    # above pi's own and the plan followed them (docs/experiments/peg_wide.md, session 20).
     policy_prior: float = 0.0
     seed: int = 42
     max_nonfinite_candidates: int = 0  # per step; more raises PlannerError (0 = any NaN raises)
