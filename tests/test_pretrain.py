@@ -272,6 +272,13 @@ def test_init_from_starts_from_the_checkpoint_weights(tmp_path):
                                      tmp_path / "blind", progress=False))
     assert not blind.config.policy_sees_history
     assert all(torch.equal(a[k], v) for k, v in blind.state_dict().items())
+    # a zero-initialised addition (WARM_START_ADDED) may be switched on; it starts at zero
+    gained = load_checkpoint(pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7, init_from=str(first),
+                                                    model_overrides={**TINY, "policy_proprio_gain": True}),
+                                      tmp_path / "gained", progress=False))
+    assert gained.config.policy_proprio_gain
+    assert all(torch.equal(a[k], gained.state_dict()[k]) for k in a)
+    assert not gained.policy_head.proprio_gain.weight.any()
     other = {**TINY, "latent_dim": 8}
     with pytest.raises(ValueError, match="latent_dim"):
         pretrain(synthetic_cfg(steps=1, init_from=str(first), model_overrides=other), tmp_path / "bad",

@@ -140,25 +140,27 @@ def test_policy_sees_the_history_only_when_configured(sees):
     assert not torch.allclose(model.dynamics(z, actions, other), model.dynamics(z, actions, hist))
 
 
-def test_policy_proprio_skip_starts_as_pi_and_learns_a_linear_map():
-    """policy_proprio_skip: zero-initialised, so the chunk starts as without it; then pi's chunk
-    moves linearly with o^p_t through the skip (the rest of pi reads z and the history), and the
-    skip is part of pi (frozen with it in adaptation)."""
-    plain, cfg = tiny_go2(), tiny_go2(policy_proprio_skip=True)
+@pytest.mark.parametrize("option,module", [("policy_proprio_skip", "proprio_skip"),
+                                           ("policy_proprio_gain", "proprio_gain")])
+def test_policy_proprio_paths_start_as_pi_and_are_linear_in_the_proprio(option, module):
+    """Both proprio paths are zero-initialised, so the chunk starts as without them; then pi's
+    chunk moves linearly with o^p_t (the rest of pi reads z and the history), and the path is
+    part of pi (frozen with it in adaptation)."""
+    plain, cfg = tiny_go2(), tiny_go2(**{option: True})
     model = WorldModel(cfg).eval()
     base = WorldModel(plain).eval()
-    base.load_state_dict({k: v for k, v in model.state_dict().items() if "proprio_skip" not in k})
-    assert model.part_of("policy_head.proprio_skip.weight") == "policy"
+    base.load_state_dict({k: v for k, v in model.state_dict().items() if module not in k})
+    assert model.part_of(f"policy_head.{module}.weight") == "policy"
     w = synthetic_windows(cfg, 2)
     h = cfg.history
     obs, cmd = current_obs(w, h), w["command"][:, h]
     z = model.encode(obs)
     hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
     torch.testing.assert_close(model.policy(z, hist, cmd, obs["proprio"]), base.policy(z, hist, cmd))
-    with pytest.raises(ValueError, match="proprio skip"):
+    with pytest.raises(ValueError, match="reads the proprio"):
         model.policy(z, hist, cmd)
     with torch.no_grad():
-        model.policy_head.proprio_skip.weight.normal_()
+        getattr(model.policy_head, module).weight.normal_()
     a0, a1, a2 = (model.policy(z, hist, cmd, obs["proprio"] + d) for d in (0.0, 1.0, 2.0))
     assert not torch.allclose(a1, a0)
     torch.testing.assert_close(a2 - a1, a1 - a0, atol=1e-4, rtol=1e-4)  # linear in o^p_t

@@ -112,6 +112,10 @@ class WorldModelConfig:
     # ~15 mm against the peg hole's 1 mm clearance (docs/experiments/peg_wide.md). Not in the
     # paper (False).
     policy_proprio_skip: bool = False
+    # pi's chunk plus G(token) o^p_t: per chunk step, a zero-initialised linear map from pi's
+    # decoder token to an (A x P) gain on the normalised proprio, so the gain can differ by phase
+    # (a fixed linear skip cannot: the TCP enters the action with gain -1 only near a target).
+    policy_proprio_gain: bool = False
     dynamics_kind: str = "chunked"  # "chunked" (one pass for T steps) or "autoregressive"
     head_kind: str = "transformer"  # reward / value: "transformer" (seq2seq) or "mlp" (per step)
     mlp_head_hidden_factor: int = 4  # per-step MLP head width = factor x latent
@@ -198,7 +202,8 @@ class WorldModelConfig:
 # Keys added after format version 1 ("a.b" = key b of the object at a) and the behaviour a
 # config written without them had.
 LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0, "policy_sees_history": True,
-                   "policy_proprio_skip": False}
+                   "policy_proprio_skip": False,
+                   "policy_proprio_gain": False}
 
 
 def _to_plain(obj):

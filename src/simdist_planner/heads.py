@@ -104,6 +104,11 @@ class PolicyHead(nn.Module):
             self.proprio_skip = nn.Linear(cfg.proprio_dim, cfg.horizon * cfg.action_dim)
             nn.init.zeros_(self.proprio_skip.weight)
             nn.init.zeros_(self.proprio_skip.bias)
+        self.proprio_gain = None  # WorldModelConfig.policy_proprio_gain
+        if cfg.policy_proprio_gain:
+            self.proprio_gain = nn.Linear(d, cfg.action_dim * cfg.proprio_dim)
+            nn.init.zeros_(self.proprio_gain.weight)
+            nn.init.zeros_(self.proprio_gain.bias)
 
     def forward(self, context: torch.Tensor, commands: torch.Tensor | None, steps: int,
                 proprio: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,12 +120,18 @@ class PolicyHead(nn.Module):
             queries = self.query(commands[:, :steps])
         else:
             queries = self.query[:steps].expand(context.shape[0], steps, -1)
-        actions = self.out(self.decoder(queries, context))
-        if self.proprio_skip is None:
+        tokens = self.decoder(queries, context)
+        actions = self.out(tokens)
+        if self.proprio_skip is None and self.proprio_gain is None:
             return actions
         if proprio is None:
-            raise ValueError("this policy has a proprio skip (policy_proprio_skip): pass the current proprio")
-        return actions + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
+            raise ValueError("this policy reads the proprio (policy_proprio_skip / _gain): pass the current proprio")
+        if self.proprio_skip is not None:
+            actions = actions + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
+        if self.proprio_gain is not None:
+            gain = self.proprio_gain(tokens).view(*actions.shape, proprio.shape[-1])
+            actions = actions + torch.einsum("bsap,bp->bsa", gain, proprio)
+        return actions
 
 
 class ObservationDecoder(nn.Module):

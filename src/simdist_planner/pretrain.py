@@ -49,6 +49,9 @@ RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every
                      "time_limit_s"}
 # Model settings a warm start (`init_from`) may change: they leave every weight's shape and role.
 WARM_START_FREE = ("policy_sees_history",)
+# Settings that add zero-initialised parameters: a warm start may switch them on (the model then
+# computes what the earlier one did, and the new parameters start at their initial values).
+WARM_START_ADDED = ("policy_proprio_skip", "policy_proprio_gain")
 
 
 def lr_at(cfg: PretrainConfig, step: int) -> float:
@@ -400,7 +403,12 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
         earlier = read_config(cfg.init_from)
         free = {k: getattr(earlier, k) for k in WARM_START_FREE}
-        model.load_state_dict(load_checkpoint(cfg.init_from, expect=model.config.replace(**free)).state_dict())
+        added = {k: False for k in WARM_START_ADDED if getattr(model.config, k) and not getattr(earlier, k)}
+        loaded = load_checkpoint(cfg.init_from, expect=model.config.replace(**free, **added)).state_dict()
+        new = set(model.state_dict()) - set(loaded)
+        missing, unexpected = model.load_state_dict(loaded, strict=not added)
+        if unexpected or set(missing) != new:
+            raise ValueError(f"warm start from {cfg.init_from}: missing {missing}, unexpected {unexpected}")
     model.to(dev)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr_at(cfg, 0))
 
