@@ -415,7 +415,7 @@ class PretrainConfig:
 
 # Small defaults that train on this 2-core CPU in under an hour (see docs/world_model.md).
 PRETRAIN_PRESETS = {
-    # 9000 x 32 on 400 peg + 600 start-phase episodes (64-67 k rows): 43.5-51 min on both
+    # 9000 x 32 on 400 peg + 600 start-phase episodes (64-67 k rows): 30-51 min on both
     # cores. Half as many steps (24 min) left a base policy that rarely grasped (docs/world_model.md)
     "ur5e_peg": dict(model="ur5e_small", steps=9000, batch_size=32, warmup_steps=60, threads=2, preload="all"),
     # 2000 optimiser steps of 128 windows: on fixed-friction data its base policy crossed the sim
