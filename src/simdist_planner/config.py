@@ -202,8 +202,7 @@ class WorldModelConfig:
 # Keys added after format version 1 ("a.b" = key b of the object at a) and the behaviour a
 # config written without them had.
 LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0, "policy_sees_history": True,
-                   "policy_proprio_skip": False,
-                   "policy_proprio_gain": False}
+                   "policy_proprio_skip": False, "policy_proprio_gain": False}
 
 
 def _to_plain(obj):

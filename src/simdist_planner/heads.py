@@ -113,7 +113,7 @@ class PolicyHead(nn.Module):
     def forward(self, context: torch.Tensor, commands: torch.Tensor | None, steps: int,
                 proprio: torch.Tensor | None = None) -> torch.Tensor:
         """`steps` <= T actions; `commands` (B, >= steps, C) when the robot has a command;
-        `proprio` (B, P) normalised o^p_t, needed with the proprio skip."""
+        `proprio` (B, P) normalised o^p_t, needed with either proprio path."""
         if steps > self.horizon:
             raise ValueError(f"policy chunk of {steps} steps is longer than the horizon {self.horizon}")
         if commands is not None:

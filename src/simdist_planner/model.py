@@ -206,7 +206,7 @@ class WorldModel(nn.Module):
 
     def policy(self, z: torch.Tensor, history: torch.Tensor, command=None, proprio=None) -> torch.Tensor:
         """z (B, D), history (B, 2h, D) [, command] [, proprio o^p_t (B, P), needed with
-        policy_proprio_skip] -> action chunk a^_{t..t+T-1} (B, T, A)."""
+        policy_proprio_skip / _gain] -> action chunk a^_{t..t+T-1} (B, T, A)."""
         self._check_inputs(z, history)
         commands = self._commands_n(command, self.config.horizon, z.shape[0])
         proprio_n = None

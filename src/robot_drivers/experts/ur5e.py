@@ -11,16 +11,16 @@ EXPERT_HOLE_ERROR per episode, so its data holds searches (see LADDER).
 
 The hand keeps its yaw. Turning it to the peg's yaw first (as the expert of UR5E_PEG_NOTES does)
 makes every approach action depend on a yaw that a 64 x 64 image cannot show, so a policy
-distilled from it cannot tell when to close (docs/experiments/peg_wide.md). Instead the
-closing pads turn the standing peg square (up to 12 control steps at +-30 deg; a peg caught on
-its edges stays so), and the expert holds still and closed for a fixed CLOSE_STEPS before it lifts. Lifting when the
-privileged state showed the peg square (with a gripper reading in a band 0.005 wide) made the
-lift depend on a reading the learned latent did not keep, and the distilled policy lifted at
-every reading alike; a fixed count is in the action history that a policy with H > CLOSE_STEPS
-sees (`ur5e_small_config`). Lifting a peg that is not square yet lets it slide 1-2 cm along the
-pads, and tilts it. For the same reason it closes on the step that finds the hand at the grasp
-point: one more still step with the gripper open made the open and the closing state alike, and
-the distilled policy hovered there at a closing command of 0.4.
+distilled from it cannot tell when to close (docs/experiments/peg_wide.md). Instead the closing
+pads turn the standing peg square (up to 12 control steps at +-30 deg; a peg caught on its edges
+stays so), and the expert holds still and closed for a fixed CLOSE_STEPS before it lifts.
+Lifting when the privileged state showed the peg square (with a gripper reading in a band 0.005
+wide) made the lift depend on a reading the learned latent did not keep, and the distilled
+policy lifted at every reading alike; a fixed count is in the action history that a policy with
+H > CLOSE_STEPS sees (`ur5e_small_config`). Lifting a peg that is not square yet lets it slide
+1-2 cm along the pads, and tilts it. For the same reason it closes on the step that finds the
+hand at the grasp point: one more still step with the gripper open made the open and the closing
+state alike, and the distilled policy hovered there at a closing command of 0.4.
 """
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ class Degradation:
 
 # The expert's own hole estimate is off by about what a learned latent resolves (a few mm,
 # docs/experiments/peg_wide.md), so the data shows the spiral search that recovers from a
-# missed hole; an exact expert never misses, and a policy distilled from it presses beside the hole for good.
+# missed hole; an exact expert never misses, and a policy distilled from it presses beside the
+# hole for good.
 EXPERT_HOLE_ERROR = 0.0015  # m
 
 LADDER = (
