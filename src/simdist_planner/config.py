@@ -130,6 +130,11 @@ class WorldModelConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    @property
+    def policy_reads_proprio(self) -> bool:
+        """pi's chunk depends on o^p_t directly (policy_proprio_skip / _gain)."""
+        return self.policy_proprio_skip or self.policy_proprio_gain
+
     def validate(self) -> None:
         """Raise ValueError naming the first setting that cannot build a model."""
         def need(ok: bool, msg: str) -> None:

@@ -85,6 +85,13 @@ def make_head(in_dim: int, cfg: WorldModelConfig, att) -> nn.Module:
     return TransformerHead(in_dim, cfg, att) if cfg.head_kind == "transformer" else MLPHead(in_dim, cfg)
 
 
+def _zero_linear(n_in: int, n_out: int) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out)
+    nn.init.zeros_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
 class PolicyHead(nn.Module):
     """pi: decodes an action chunk from per-step queries (command embeddings when the robot has a
     command, learned queries otherwise) with causal self-attention and cross-attention."""
@@ -99,16 +106,10 @@ class PolicyHead(nn.Module):
             self.query = nn.Parameter(torch.randn(cfg.horizon, d) * 0.02)
         self.decoder = TransformerDecoder(d, cfg.policy, cfg.dropout_attention, cfg.dropout_mlp)
         self.out = nn.Linear(d, cfg.action_dim)
-        self.proprio_skip = None  # WorldModelConfig.policy_proprio_skip
-        if cfg.policy_proprio_skip:
-            self.proprio_skip = nn.Linear(cfg.proprio_dim, cfg.horizon * cfg.action_dim)
-            nn.init.zeros_(self.proprio_skip.weight)
-            nn.init.zeros_(self.proprio_skip.bias)
-        self.proprio_gain = None  # WorldModelConfig.policy_proprio_gain
-        if cfg.policy_proprio_gain:
-            self.proprio_gain = nn.Linear(d, cfg.action_dim * cfg.proprio_dim)
-            nn.init.zeros_(self.proprio_gain.weight)
-            nn.init.zeros_(self.proprio_gain.bias)
+        # WorldModelConfig.policy_proprio_skip / _gain: zero at first, so pi starts as without them
+        self.proprio_skip = _zero_linear(cfg.proprio_dim, cfg.horizon * cfg.action_dim) \
+            if cfg.policy_proprio_skip else None
+        self.proprio_gain = _zero_linear(d, cfg.action_dim * cfg.proprio_dim) if cfg.policy_proprio_gain else None
 
     def forward(self, context: torch.Tensor, commands: torch.Tensor | None, steps: int,
                 proprio: torch.Tensor | None = None) -> torch.Tensor:

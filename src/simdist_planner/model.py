@@ -210,7 +210,7 @@ class WorldModel(nn.Module):
         self._check_inputs(z, history)
         commands = self._commands_n(command, self.config.horizon, z.shape[0])
         proprio_n = None
-        if self.config.policy_proprio_skip or self.config.policy_proprio_gain:
+        if self.config.policy_reads_proprio:
             _need(proprio is not None, f"{self.config.robot} world model: pi reads the proprio; pass proprio (B, P)")
             self._check_tail("proprio", proprio, (self.config.proprio_dim,), 2)
             _need(proprio.shape[0] == z.shape[0], f"proprio batch {proprio.shape[0]} != z batch {z.shape[0]}")
