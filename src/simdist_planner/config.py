@@ -17,6 +17,7 @@ CONFIG_FORMAT_VERSION = 1
 
 DYNAMICS_KINDS = ("chunked", "autoregressive")
 HEAD_KINDS = ("transformer", "mlp")
+PROPRIO_UNITS = ("normalised", "physical")
 IMAGE_BACKBONES = ("resnet18", "small_cnn", "keypoint_cnn")
 SMALL_BACKBONES = ("small_cnn", "keypoint_cnn")  # trained from scratch at the rendered size
 PRELOAD_MODES = ("none", "vectors", "all")  # what ShardedDataset holds in memory
@@ -116,6 +117,12 @@ class WorldModelConfig:
     # decoder token to an (A x P) gain on the normalised proprio, so the gain can differ by phase
     # (a fixed linear skip cannot: the TCP enters the action with gain -1 only near a target).
     policy_proprio_gain: bool = False
+    # The units those paths work in: "normalised" (o^p_t and the chunk as the scaler leaves them)
+    # or "physical" (centred o^p_t in its own units, e.g. metres, to actions in theirs). Near
+    # the hole the expert moves the TCP by the full error, a gain of -1 in metres per metre, which
+    # in normalised units is -(TCP std / action std), about -14: a zero-initialised map learning
+    # at Adam's ~lr per step stayed 700x short of it (docs/experiments/peg_wide.md, session 22).
+    policy_proprio_units: str = "physical"
     dynamics_kind: str = "chunked"  # "chunked" (one pass for T steps) or "autoregressive"
     head_kind: str = "transformer"  # reward / value: "transformer" (seq2seq) or "mlp" (per step)
     mlp_head_hidden_factor: int = 4  # per-step MLP head width = factor x latent
@@ -146,6 +153,8 @@ class WorldModelConfig:
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("command_dim", "proprio_layers", "action_layers", "latent_layers", "state_dim"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        need(self.policy_proprio_units in PROPRIO_UNITS,
+             f"policy_proprio_units must be one of {PROPRIO_UNITS}, got {self.policy_proprio_units!r}")
         need(self.dynamics_kind in DYNAMICS_KINDS,
              f"dynamics_kind must be one of {DYNAMICS_KINDS}, got {self.dynamics_kind!r}")
         need(self.head_kind in HEAD_KINDS,
@@ -207,7 +216,8 @@ class WorldModelConfig:
 # Keys added after format version 1 ("a.b" = key b of the object at a) and the behaviour a
 # config written without them had.
 LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0, "policy_sees_history": True,
-                   "policy_proprio_skip": False, "policy_proprio_gain": False}
+                   "policy_proprio_skip": False, "policy_proprio_gain": False,
+                   "policy_proprio_units": "normalised"}
 
 
 def _to_plain(obj):

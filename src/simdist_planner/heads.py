@@ -112,9 +112,12 @@ class PolicyHead(nn.Module):
         self.proprio_gain = _zero_linear(d, cfg.action_dim * cfg.proprio_dim) if cfg.policy_proprio_gain else None
 
     def forward(self, context: torch.Tensor, commands: torch.Tensor | None, steps: int,
-                proprio: torch.Tensor | None = None) -> torch.Tensor:
+                proprio: torch.Tensor | None = None,
+                units: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """`steps` <= T actions; `commands` (B, >= steps, C) when the robot has a command;
-        `proprio` (B, P) normalised o^p_t, needed with either proprio path."""
+        `proprio` (B, P) normalised o^p_t, needed with either proprio path; `units` (proprio
+        std (P,), action std (A,)) makes the paths map physical units to physical units
+        (WorldModelConfig.policy_proprio_units)."""
         if steps > self.horizon:
             raise ValueError(f"policy chunk of {steps} steps is longer than the horizon {self.horizon}")
         if commands is not None:
@@ -127,12 +130,15 @@ class PolicyHead(nn.Module):
             return actions
         if proprio is None:
             raise ValueError("this policy reads the proprio (policy_proprio_skip / _gain): pass the current proprio")
+        if units is not None:
+            proprio = proprio * units[0]
+        path = torch.zeros_like(actions)
         if self.proprio_skip is not None:
-            actions = actions + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
+            path = path + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
         if self.proprio_gain is not None:
             gain = self.proprio_gain(tokens).view(*actions.shape, proprio.shape[-1])
-            actions = actions + torch.einsum("bsap,bp->bsa", gain, proprio)
-        return actions
+            path = path + torch.einsum("bsap,bp->bsa", gain, proprio)
+        return actions + (path if units is None else path / units[1])
 
 
 class ObservationDecoder(nn.Module):

@@ -147,7 +147,10 @@ class WorldModel(nn.Module):
     def policy_n(self, z, history, commands_n, steps: int, proprio_n=None) -> torch.Tensor:
         if not self.config.policy_sees_history:
             history = history[:, :0]  # pi reads z_t alone
-        return self.policy_head(self.context(z, history), commands_n, steps, proprio_n)
+        units = None
+        if self.config.policy_proprio_units == "physical":
+            units = (self.scaler.std("proprio"), self.scaler.std("actions"))
+        return self.policy_head(self.context(z, history), commands_n, steps, proprio_n, units)
 
     # ------------------------------------------------------------------ public API, raw units
     def encode(self, obs: dict) -> torch.Tensor:

@@ -403,6 +403,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
         earlier = read_config(cfg.init_from)
         free = {k: getattr(earlier, k) for k in WARM_START_FREE}
+        if not earlier.policy_reads_proprio:  # no proprio path yet: its units are still open
+            free["policy_proprio_units"] = earlier.policy_proprio_units
         added = {k: False for k in WARM_START_ADDED if getattr(model.config, k) and not getattr(earlier, k)}
         loaded = load_checkpoint(cfg.init_from, expect=model.config.replace(**free, **added)).state_dict()
         new = set(model.state_dict()) - set(loaded)
