@@ -30,7 +30,7 @@ PLANNER = str(pathlib.Path(sys.executable).parent / "planner_node")
 SPEC = robot_spec("ur5e")
 
 
-def make_checkpoint(path, seed=0, scale=1.0):
+def make_checkpoint(path, seed=0, scale=1.0, **overrides):
     """A small random UR5e world model saved with the world-model engineer's save_checkpoint."""
     from simdist_planner.checkpoint import save_checkpoint
     from simdist_planner.config import AttentionConfig, ur5e_small_config
@@ -38,8 +38,8 @@ def make_checkpoint(path, seed=0, scale=1.0):
 
     torch.manual_seed(seed)
     config = ur5e_small_config(
-        proprio_dim=SPEC.proprio_dim, latent_dim=32, dynamics=AttentionConfig(1, 2), policy=AttentionConfig(1, 2)
-    )
+        proprio_dim=SPEC.proprio_dim, latent_dim=32, dynamics=AttentionConfig(1, 2), policy=AttentionConfig(1, 2),
+        **overrides)
     model = WorldModel(config)
     if scale != 1.0:  # finite weights whose activations overflow: the model outputs NaN/Inf
         with torch.no_grad():
@@ -239,8 +239,8 @@ def test_nan_model_output_sends_hold_and_reports_an_error(tmp_path, planner):
 def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_deadline(tmp_path, planner):
     start, ing = planner
     # 100 Hz with 5% of the period (0.5 ms) for MPPI: the first MPPI tick measures the latency,
-    # every later tick must run pi instead (re-probing disabled).
-    start(make_checkpoint(tmp_path / "ck"), "lockstep:=false", "control_rate_hz:=100.0",
+    # every later tick must run pi instead (re-probing disabled). This pi also reads o^p_t and a_{t-1}.
+    start(make_checkpoint(tmp_path / "ck", policy_proprio_gain=True, policy_action_gain=True), "lockstep:=false", "control_rate_hz:=100.0",
           "deadline_fraction:=0.05", "reprobe_ticks:=0",
           "max_observation_age_s:=5.0")  # fmt: skip  (staleness is not under test; a slow first tick must not void the next)
     ing.realtime = True
