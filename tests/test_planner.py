@@ -58,7 +58,7 @@ class QuadraticToyModel:
     def value(self, latents, command):
         return self._maybe_nan("value", -self.value_weight * (latents[:, 1:] - self.value_target).square().sum(-1))
 
-    def policy(self, z, history, command, proprio, last_action):
+    def policy(self, z, history, command, proprio):
         T = self.horizon
         chunk = torch.zeros(T, A) if self.policy_chunk is None else torch.as_tensor(self.policy_chunk)
         return self._maybe_nan("policy", chunk.to(z.device).expand(z.shape[0], T, A).clone())
@@ -372,8 +372,7 @@ def test_runs_on_real_world_model(robot):
     else:
         image = ImageEncoderConfig(UR5E_CAMERAS, 32, 32, backbone="small_cnn", small_cnn_channels=(8, 8),
                                    small_cnn_features=16)
-        cfg = ur5e_small_config(latent_dim=16, image=image, policy_proprio_skip=True,  # pi reads o^p_t
-                                policy_action_gain=True)  # and a_{t-1} too
+        cfg = ur5e_small_config(latent_dim=16, image=image, policy_proprio_skip=True)  # pi reads o^p_t too
         config = ur5e_planner_config([-0.5] * 6 + [0.0], [0.5] * 6 + [1.0], num_samples=40, num_elites=8, iterations=2)
     model = WorldModel(cfg).eval()
     planner = MPPIPlanner(model, config)

@@ -239,8 +239,8 @@ def test_nan_model_output_sends_hold_and_reports_an_error(tmp_path, planner):
 def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_deadline(tmp_path, planner):
     start, ing = planner
     # 100 Hz with 5% of the period (0.5 ms) for MPPI: the first MPPI tick measures the latency,
-    # every later tick must run pi instead (re-probing disabled). This pi also reads o^p_t and a_{t-1}.
-    start(make_checkpoint(tmp_path / "ck", policy_proprio_gain=True, policy_action_gain=True), "lockstep:=false", "control_rate_hz:=100.0",
+    # every later tick must run pi instead (re-probing disabled). This pi also reads o^p_t.
+    start(make_checkpoint(tmp_path / "ck", policy_proprio_gain=True), "lockstep:=false", "control_rate_hz:=100.0",
           "deadline_fraction:=0.05", "reprobe_ticks:=0",
           "max_observation_age_s:=5.0")  # fmt: skip  (staleness is not under test; a slow first tick must not void the next)
     ing.realtime = True

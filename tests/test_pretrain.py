@@ -279,18 +279,6 @@ def test_init_from_starts_from_the_checkpoint_weights(tmp_path):
     assert gained.config.policy_proprio_gain
     assert all(torch.equal(a[k], gained.state_dict()[k]) for k in a)
     assert not gained.policy_head.proprio_gain.weight.any()
-    # a model without a proprio path (here with the units of checkpoints older than the
-    # setting) takes one in the new default units; one with a path keeps its units
-    plain = pretrain(synthetic_cfg(steps=1, model_overrides={**TINY, "policy_path_units": "normalised"}),
-                     tmp_path / "plain", progress=False)
-    skip = {**TINY, "policy_proprio_skip": True}
-    physical = pretrain(synthetic_cfg(steps=1, init_from=str(plain), model_overrides=skip),
-                        tmp_path / "physical", progress=False)
-    assert load_checkpoint(physical).config.policy_path_units == "physical"
-    with pytest.raises(ValueError, match="policy_path_units"):
-        pretrain(synthetic_cfg(steps=1, init_from=str(physical),
-                               model_overrides={**skip, "policy_path_units": "normalised"}),
-                 tmp_path / "units", progress=False)
     other = {**TINY, "latent_dim": 8}
     with pytest.raises(ValueError, match="latent_dim"):
         pretrain(synthetic_cfg(steps=1, init_from=str(first), model_overrides=other), tmp_path / "bad",

@@ -1,6 +1,5 @@
 """World model: official sizes, API shapes and units, causality of f, one-pass chunking, configs."""
 import json
-import math
 
 import pytest
 import torch
@@ -169,67 +168,6 @@ def test_policy_proprio_paths_start_as_pi_and_are_linear_in_the_proprio(option, 
         z, hist, w["command"][:, h:], obs["proprio"])), atol=1e-5, rtol=1e-5)  # training = inference
 
 
-@pytest.mark.parametrize("units", ["physical", "normalised"])
-def test_policy_proprio_skip_units(units):
-    """A skip weight w from o^p_t[0] to action 0 moves the action by w per unit of the proprio
-    in physical units, by w * (action std / proprio std) in normalised ones."""
-    cfg = tiny_go2(policy_proprio_skip=True, policy_path_units=units)
-    model = WorldModel(cfg).eval()
-    p_std, a_std = 0.2, 0.01
-    with torch.no_grad():
-        model.scaler.std("proprio")[0] = p_std
-        model.scaler.std("actions")[0] = a_std
-        model.policy_head.proprio_skip.weight.view(cfg.horizon, cfg.action_dim, -1)[:, 0, 0] = -1.0
-    w = synthetic_windows(cfg, 2)
-    h = cfg.history
-    obs, cmd = current_obs(w, h), w["command"][:, h]
-    z = model.encode(obs)
-    hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
-    shifted = obs["proprio"].clone()
-    shifted[:, 0] += 0.05
-    moved = model.policy(z, hist, cmd, shifted) - model.policy(z, hist, cmd, obs["proprio"])
-    gain = -1.0 if units == "physical" else -a_std / p_std
-    torch.testing.assert_close(moved[..., 0], torch.full_like(moved[..., 0], 0.05 * gain))
-    torch.testing.assert_close(moved[..., 1:], torch.zeros_like(moved[..., 1:]))
-    with pytest.raises(ValueError, match="policy_path_units must be one of"):
-        tiny_go2(policy_path_units="metres")
-
-
-def test_policy_action_gain_turns_the_last_action():
-    """policy_action_gain starts at zero (pi as without it); a gain G_a = R (a rotation of the
-    first two action dimensions, in physical units) adds R (a_{t-1} - mean) to every chunk step,
-    whatever the scaler's action std; training reads a_{t-1} from the window as inference does."""
-    cfg = tiny_go2(policy_action_gain=True)
-    model = WorldModel(cfg).eval()
-    base = WorldModel(tiny_go2()).eval()
-    base.load_state_dict({k: v for k, v in model.state_dict().items() if "action_gain" not in k})
-    assert model.part_of("policy_head.action_gain.weight") == "policy"
-    with torch.no_grad():
-        model.scaler.std("actions")[:2] = torch.tensor([0.01, 0.3])
-    w = synthetic_windows(cfg, 2)
-    h = cfg.history
-    obs, cmd = current_obs(w, h), w["command"][:, h]
-    z = model.encode(obs)
-    hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
-    last = w["actions"][:, h - 1]
-    base.scaler.load_state_dict(model.scaler.state_dict())
-    torch.testing.assert_close(model.policy(z, hist, cmd, last_action=last), base.policy(z, hist, cmd))
-    with pytest.raises(ValueError, match="reads the last action"):
-        model.policy(z, hist, cmd)
-    c, s_ = math.cos(0.8), math.sin(0.8)
-    with torch.no_grad():
-        model.policy_head.action_gain.bias.view(cfg.action_dim, cfg.action_dim)[:2, :2] = torch.tensor(
-            [[c, -s_], [s_, c]])
-    step = torch.zeros_like(last)
-    step[:, 0] = 0.02
-    moved = model.policy(z, hist, cmd, last_action=last + step) - model.policy(z, hist, cmd, last_action=last)
-    torch.testing.assert_close(moved[..., 0], torch.full_like(moved[..., 0], 0.02 * c))
-    torch.testing.assert_close(moved[..., 1], torch.full_like(moved[..., 1], 0.02 * s_))
-    torch.testing.assert_close(moved[..., 2:], torch.zeros_like(moved[..., 2:]))
-    torch.testing.assert_close(model(w)["actions"], model.scaler.normalize("actions", model.policy(
-        z, hist, w["command"][:, h:], last_action=last)), atol=1e-5, rtol=1e-5)  # training = inference
-
-
 @pytest.mark.parametrize("kind,calls", [("chunked", 1), ("autoregressive", 6)])
 def test_chunked_dynamics_is_one_forward_pass(kind, calls):
     cfg = tiny_go2(dynamics_kind=kind)
@@ -271,12 +209,10 @@ def test_config_round_trip_and_validation():
     for cfg in (go2_config(), ur5e_config(), ur5e_small_config(dynamics_kind="autoregressive")):
         assert WorldModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     data = go2_config().to_dict()
-    legacy = {k: v for k, v in data.items()  # written before the keys existed
-              if k not in ("normalize_latent", "state_dim", "policy_path_units")}
-    legacy["loss"] = {k: v for k, v in data["loss"].items() if k != "state"}
+    legacy = {k: v for k, v in data.items() if k not in ("normalize_latent", "state_dim")}  # written before
+    legacy["loss"] = {k: v for k, v in data["loss"].items() if k != "state"}            # the keys existed
     old = WorldModelConfig.from_dict(legacy)
     assert old.normalize_latent is False and old.state_dim == 0 and old.loss.state == 0.0
-    assert old.policy_path_units == "normalised" and go2_config().policy_path_units == "physical"
     assert "state" not in legacy["loss"]  # the caller's dict is left as it was
     assert WorldModel(old).state_head is None and WorldModel(old).parameter_counts()["state"] == 0
     with pytest.raises(ValueError, match="unknown keys \\['colour'\\]"):

@@ -17,7 +17,6 @@ CONFIG_FORMAT_VERSION = 1
 
 DYNAMICS_KINDS = ("chunked", "autoregressive")
 HEAD_KINDS = ("transformer", "mlp")
-PATH_UNITS = ("normalised", "physical")
 IMAGE_BACKBONES = ("resnet18", "small_cnn", "keypoint_cnn")
 SMALL_BACKBONES = ("small_cnn", "keypoint_cnn")  # trained from scratch at the rendered size
 PRELOAD_MODES = ("none", "vectors", "all")  # what ShardedDataset holds in memory
@@ -107,27 +106,16 @@ class WorldModelConfig:
     # overshot the peg's hole by the carry's pace (docs/experiments/peg_wide.md, session 19).
     # f, R and V see the history either way, and the weights are the same.
     policy_sees_history: bool = True
-    # A zero-initialised linear map from the current proprio to pi's chunk, added to
+    # A zero-initialised linear map from the current normalised proprio to pi's chunk, added to
     # its decoder's output. UR5e actions are deltas on the measured TCP pose, so near a fixed
     # target the right action is linear in the TCP position, which E's latent holds only to
     # ~15 mm against the peg hole's 1 mm clearance (docs/experiments/peg_wide.md). Not in the
     # paper (False).
     policy_proprio_skip: bool = False
     # pi's chunk plus G(token) o^p_t: per chunk step, a zero-initialised linear map from pi's
-    # decoder token to an (A x P) gain on the proprio, so the gain can differ by phase (a fixed
-    # linear skip cannot: the TCP enters the action with gain -1 only near a target).
+    # decoder token to an (A x P) gain on the normalised proprio, so the gain can differ by phase
+    # (a fixed linear skip cannot: the TCP enters the action with gain -1 only near a target).
     policy_proprio_gain: bool = False
-    # pi's chunk plus G_a(token) a_{t-1}, the same for the last executed action (an A x A gain
-    # per chunk step). A search continues its last step turned and stretched: the expert's spiral
-    # is a_{t} ~ s R(0.8 rad) a_{t-1}, linear in a_{t-1}, where a policy regressing the mean
-    # action from a 15 mm latent drifts along the spiral's first turn (peg_wide.md, session 22).
-    policy_action_gain: bool = False
-    # The units of these paths: "normalised" (inputs and chunk as the scaler leaves them) or
-    # "physical" (centred inputs in their own units, e.g. metres, to actions in theirs). Near
-    # the hole the expert moves the TCP by the full error, a gain of -1 in metres per metre, which
-    # in normalised units is -(TCP std / action std), about -14: a zero-initialised map learning
-    # at Adam's ~lr per step stayed 700x short of it (docs/experiments/peg_wide.md, session 22).
-    policy_path_units: str = "physical"
     dynamics_kind: str = "chunked"  # "chunked" (one pass for T steps) or "autoregressive"
     head_kind: str = "transformer"  # reward / value: "transformer" (seq2seq) or "mlp" (per step)
     mlp_head_hidden_factor: int = 4  # per-step MLP head width = factor x latent
@@ -147,11 +135,6 @@ class WorldModelConfig:
         """pi's chunk depends on o^p_t directly (policy_proprio_skip / _gain)."""
         return self.policy_proprio_skip or self.policy_proprio_gain
 
-    @property
-    def policy_direct_paths(self) -> bool:
-        """pi's chunk has a linear path from o^p_t or a_{t-1} (the three options above)."""
-        return self.policy_reads_proprio or self.policy_action_gain
-
     def validate(self) -> None:
         """Raise ValueError naming the first setting that cannot build a model."""
         def need(ok: bool, msg: str) -> None:
@@ -163,8 +146,6 @@ class WorldModelConfig:
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("command_dim", "proprio_layers", "action_layers", "latent_layers", "state_dim"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
-        need(self.policy_path_units in PATH_UNITS,
-             f"policy_path_units must be one of {PATH_UNITS}, got {self.policy_path_units!r}")
         need(self.dynamics_kind in DYNAMICS_KINDS,
              f"dynamics_kind must be one of {DYNAMICS_KINDS}, got {self.dynamics_kind!r}")
         need(self.head_kind in HEAD_KINDS,
@@ -226,8 +207,7 @@ class WorldModelConfig:
 # Keys added after format version 1 ("a.b" = key b of the object at a) and the behaviour a
 # config written without them had.
 LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0, "policy_sees_history": True,
-                   "policy_proprio_skip": False, "policy_proprio_gain": False,
-                   "policy_action_gain": False, "policy_path_units": "normalised"}
+                   "policy_proprio_skip": False, "policy_proprio_gain": False}
 
 
 def _to_plain(obj):

@@ -92,7 +92,7 @@ def policy_chunk(model, inputs, proprio, actions) -> np.ndarray:
     with torch.no_grad():
         z = model.encode(inputs)
         history = model.encode_history(proprio, actions)
-        chunk = model.policy(z, history, inputs.get("command"), inputs["proprio"], actions[:, -1])[0].float().cpu().numpy()
+        chunk = model.policy(z, history, inputs.get("command"), inputs["proprio"])[0].float().cpu().numpy()
     if not np.all(np.isfinite(chunk)):
         raise PlannerError(f"base policy produced a non-finite action chunk (first action {chunk[0].tolist()})")
     return chunk

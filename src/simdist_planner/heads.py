@@ -106,20 +106,15 @@ class PolicyHead(nn.Module):
             self.query = nn.Parameter(torch.randn(cfg.horizon, d) * 0.02)
         self.decoder = TransformerDecoder(d, cfg.policy, cfg.dropout_attention, cfg.dropout_mlp)
         self.out = nn.Linear(d, cfg.action_dim)
-        # WorldModelConfig.policy_proprio_skip / _gain, policy_action_gain: zero at first, so pi
-        # starts as without them
-        A, P = cfg.action_dim, cfg.proprio_dim
-        self.proprio_skip = _zero_linear(P, cfg.horizon * A) if cfg.policy_proprio_skip else None
-        self.proprio_gain = _zero_linear(d, A * P) if cfg.policy_proprio_gain else None
-        self.action_gain = _zero_linear(d, A * A) if cfg.policy_action_gain else None
+        # WorldModelConfig.policy_proprio_skip / _gain: zero at first, so pi starts as without them
+        self.proprio_skip = _zero_linear(cfg.proprio_dim, cfg.horizon * cfg.action_dim) \
+            if cfg.policy_proprio_skip else None
+        self.proprio_gain = _zero_linear(d, cfg.action_dim * cfg.proprio_dim) if cfg.policy_proprio_gain else None
 
     def forward(self, context: torch.Tensor, commands: torch.Tensor | None, steps: int,
-                proprio: torch.Tensor | None = None, last_action: torch.Tensor | None = None,
-                units: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                proprio: torch.Tensor | None = None) -> torch.Tensor:
         """`steps` <= T actions; `commands` (B, >= steps, C) when the robot has a command;
-        `proprio` (B, P) normalised o^p_t and `last_action` (B, A) normalised a_{t-1}, needed
-        with the paths that read them; `units` (proprio std (P,), action std (A,)) makes the
-        paths map physical units to physical units (WorldModelConfig.policy_path_units)."""
+        `proprio` (B, P) normalised o^p_t, needed with either proprio path."""
         if steps > self.horizon:
             raise ValueError(f"policy chunk of {steps} steps is longer than the horizon {self.horizon}")
         if commands is not None:
@@ -128,25 +123,16 @@ class PolicyHead(nn.Module):
             queries = self.query[:steps].expand(context.shape[0], steps, -1)
         tokens = self.decoder(queries, context)
         actions = self.out(tokens)
-        path = torch.zeros_like(actions)
-        if self.proprio_skip is not None or self.proprio_gain is not None:
-            if proprio is None:
-                raise ValueError("this policy reads the proprio (policy_proprio_skip / _gain): pass the current proprio")
-            if units is not None:
-                proprio = proprio * units[0]
-            if self.proprio_skip is not None:
-                path = path + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
-            if self.proprio_gain is not None:
-                gain = self.proprio_gain(tokens).view(*actions.shape, proprio.shape[-1])
-                path = path + torch.einsum("bsap,bp->bsa", gain, proprio)
-        if self.action_gain is not None:
-            if last_action is None:
-                raise ValueError("this policy reads the last action (policy_action_gain): pass a_{t-1}")
-            if units is not None:
-                last_action = last_action * units[1]
-            gain = self.action_gain(tokens).view(*actions.shape, actions.shape[-1])
-            path = path + torch.einsum("bsac,bc->bsa", gain, last_action)
-        return actions + (path if units is None else path / units[1])
+        if self.proprio_skip is None and self.proprio_gain is None:
+            return actions
+        if proprio is None:
+            raise ValueError("this policy reads the proprio (policy_proprio_skip / _gain): pass the current proprio")
+        if self.proprio_skip is not None:
+            actions = actions + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
+        if self.proprio_gain is not None:
+            gain = self.proprio_gain(tokens).view(*actions.shape, proprio.shape[-1])
+            actions = actions + torch.einsum("bsap,bp->bsa", gain, proprio)
+        return actions
 
 
 class ObservationDecoder(nn.Module):

@@ -144,13 +144,10 @@ class WorldModel(nn.Module):
         x = [latents[:, 1:]] + ([] if commands_n is None else [commands_n[:, 1:]])
         return self.value_head(torch.cat(x, dim=-1))
 
-    def policy_n(self, z, history, commands_n, steps: int, proprio_n=None, last_action_n=None) -> torch.Tensor:
+    def policy_n(self, z, history, commands_n, steps: int, proprio_n=None) -> torch.Tensor:
         if not self.config.policy_sees_history:
             history = history[:, :0]  # pi reads z_t alone
-        units = None
-        if self.config.policy_path_units == "physical":
-            units = (self.scaler.std("proprio"), self.scaler.std("actions"))
-        return self.policy_head(self.context(z, history), commands_n, steps, proprio_n, last_action_n, units)
+        return self.policy_head(self.context(z, history), commands_n, steps, proprio_n)
 
     # ------------------------------------------------------------------ public API, raw units
     def encode(self, obs: dict) -> torch.Tensor:
@@ -207,28 +204,19 @@ class WorldModel(nn.Module):
         b, t1 = latents.shape[:2]
         return self.scaler.denormalize_scalar("values", self.value_n(latents, self._commands_n(command, t1, b)))
 
-    def policy(self, z: torch.Tensor, history: torch.Tensor, command=None, proprio=None,
-               last_action=None) -> torch.Tensor:
+    def policy(self, z: torch.Tensor, history: torch.Tensor, command=None, proprio=None) -> torch.Tensor:
         """z (B, D), history (B, 2h, D) [, command] [, proprio o^p_t (B, P), needed with
-        policy_proprio_skip / _gain] [, last_action a_{t-1} (B, A), needed with
-        policy_action_gain] -> action chunk a^_{t..t+T-1} (B, T, A)."""
+        policy_proprio_skip / _gain] -> action chunk a^_{t..t+T-1} (B, T, A)."""
         self._check_inputs(z, history)
-        cfg = self.config
-        commands = self._commands_n(command, cfg.horizon, z.shape[0])
-        proprio_n = last_action_n = None
-        if cfg.policy_reads_proprio:
-            _need(proprio is not None, f"{cfg.robot} world model: pi reads the proprio; pass proprio (B, P)")
-            self._check_tail("proprio", proprio, (cfg.proprio_dim,), 2)
+        commands = self._commands_n(command, self.config.horizon, z.shape[0])
+        proprio_n = None
+        if self.config.policy_reads_proprio:
+            _need(proprio is not None, f"{self.config.robot} world model: pi reads the proprio; pass proprio (B, P)")
+            self._check_tail("proprio", proprio, (self.config.proprio_dim,), 2)
             _need(proprio.shape[0] == z.shape[0], f"proprio batch {proprio.shape[0]} != z batch {z.shape[0]}")
             proprio_n = self.scaler.normalize("proprio", proprio.float())
-        if cfg.policy_action_gain:
-            _need(last_action is not None, f"{cfg.robot} world model: pi reads the last action; pass last_action (B, A)")
-            self._check_tail("last_action", last_action, (cfg.action_dim,), 2)
-            _need(last_action.shape[0] == z.shape[0],
-                  f"last_action batch {last_action.shape[0]} != z batch {z.shape[0]}")
-            last_action_n = self.scaler.normalize("actions", last_action.float())
-        steps = cfg.horizon
-        return self.scaler.denormalize("actions", self.policy_n(z, history, commands, steps, proprio_n, last_action_n))
+        steps = self.config.horizon
+        return self.scaler.denormalize("actions", self.policy_n(z, history, commands, steps, proprio_n))
 
     def state(self, z: torch.Tensor) -> torch.Tensor:
         """z (B, D) -> the privileged task state the state head reads from it (B, S), raw units:
@@ -236,12 +224,6 @@ class WorldModel(nn.Module):
         _need(self.state_head is not None, f"{self.config.robot} world model has no state head (state_dim 0)")
         self._check_tail("z", z, (self.config.latent_dim,), 2)
         return self.scaler.denormalize("state", self.state_head(z))
-
-    def _last_action_n(self, actions, h: int):
-        """a_{t-1} of a window's actions (B, h + T, A), normalised; a zero action (what an
-        episode start pads the history with) when the window has no history."""
-        last = actions[:, h - 1] if h else torch.zeros_like(actions[:, 0])
-        return self.scaler.normalize("actions", last.float())
 
     def _check_inputs(self, z, history):
         d = self.config.latent_dim
@@ -290,7 +272,7 @@ class WorldModel(nn.Module):
             "target_latents": target,
             "rewards": self.reward_n(latents, actions_n[:, h:], commands),
             "values": self.value_n(latents, commands),
-            "actions": self.policy_n(z, history, commands, t, proprio_n[:, h], self._last_action_n(actions, h)),
+            "actions": self.policy_n(z, history, commands, t, proprio_n[:, h]),
         }
         if self.state_head is not None:
             out["state"] = self.state_head(z)

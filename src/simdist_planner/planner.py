@@ -52,9 +52,8 @@ class WorldModelLike(Protocol):
     def value(self, latents: torch.Tensor, command: torch.Tensor | None) -> torch.Tensor: ...
 
     def policy(
-        self, z: torch.Tensor, history: torch.Tensor, command: torch.Tensor | None, proprio: torch.Tensor,
-        last_action: torch.Tensor,
-    ) -> torch.Tensor: ...  # (B, T, A); proprio: o^p_t (B, P); last_action: a_{t-1} (B, A)
+        self, z: torch.Tensor, history: torch.Tensor, command: torch.Tensor | None, proprio: torch.Tensor
+    ) -> torch.Tensor: ...  # (B, T, A); proprio: o^p_t (B, P)
 
 
 WARM_STARTS = ("shift", "policy")
@@ -297,7 +296,7 @@ class MPPIPlanner:
 
         z = model.encode(obs)
         history = model.encode_history(proprio_history, action_history)
-        policy_chunk = model.policy(z, history, command, obs["proprio"], action_history[:, -1])
+        policy_chunk = model.policy(z, history, command, obs["proprio"])
         if tuple(policy_chunk.shape) != (1, T, A):
             raise PlannerError(
                 f"model.policy returned shape {tuple(policy_chunk.shape)}, expected (1, {T}, {A}): "

@@ -477,8 +477,7 @@ class PlannerNode(Node):
             batch = {k: v.to(dev) for k, v in batch.items()}
             z = loaded.model.encode(batch)
             history = loaded.model.encode_history(proprio_hist.to(dev), action_hist.to(dev))
-            chunk = loaded.model.policy(z, history, batch.get("command"), batch["proprio"],
-                                        action_hist[:, -1].to(dev))[0].float().cpu().numpy()
+            chunk = loaded.model.policy(z, history, batch.get("command"), batch["proprio"])[0].float().cpu().numpy()
         if not np.all(np.isfinite(chunk)):
             raise PlannerError("non-finite values in the base-policy chunk; no action returned")
         return np.clip(chunk, self._spec.action_low, self._spec.action_high)

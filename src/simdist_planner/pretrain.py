@@ -51,7 +51,7 @@ RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every
 WARM_START_FREE = ("policy_sees_history",)
 # Settings that add zero-initialised parameters: a warm start may switch them on (the model then
 # computes what the earlier one did, and the new parameters start at their initial values).
-WARM_START_ADDED = ("policy_proprio_skip", "policy_proprio_gain", "policy_action_gain")
+WARM_START_ADDED = ("policy_proprio_skip", "policy_proprio_gain")
 
 
 def lr_at(cfg: PretrainConfig, step: int) -> float:
@@ -403,8 +403,6 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
         earlier = read_config(cfg.init_from)
         free = {k: getattr(earlier, k) for k in WARM_START_FREE}
-        if not earlier.policy_direct_paths:  # no direct path yet: their units are still open
-            free["policy_path_units"] = earlier.policy_path_units
         added = {k: False for k in WARM_START_ADDED if getattr(model.config, k) and not getattr(earlier, k)}
         loaded = load_checkpoint(cfg.init_from, expect=model.config.replace(**free, **added)).state_dict()
         new = set(model.state_dict()) - set(loaded)
