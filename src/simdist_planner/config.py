@@ -108,13 +108,15 @@ class WorldModelConfig:
     policy_sees_history: bool = True
     # A zero-initialised linear map from the current normalised proprio to pi's chunk, added to
     # its decoder's output. UR5e actions are deltas on the measured TCP pose, so near a fixed
-    # target the right action is linear in the TCP position, which E's latent holds only to
-    # ~15 mm against the peg hole's 1 mm clearance (docs/experiments/peg_wide.md). Not in the
+    # target the action depends on the TCP position, which E's latent holds only to ~15 mm
+    # against the peg hole's 1 mm clearance (measured: the expert's xy action near the hole is
+    # only 21-33 % linear in the TCP; docs/experiments/peg_wide.md, sessions 21-22). Not in the
     # paper (False).
     policy_proprio_skip: bool = False
     # pi's chunk plus G(token) o^p_t: per chunk step, a zero-initialised linear map from pi's
     # decoder token to an (A x P) gain on the normalised proprio, so the gain can differ by phase
-    # (a fixed linear skip cannot: the TCP enters the action with gain -1 only near a target).
+    # (a fixed linear skip cannot: the TCP enters the action near a target, not while reaching
+    # for the peg).
     policy_proprio_gain: bool = False
     dynamics_kind: str = "chunked"  # "chunked" (one pass for T steps) or "autoregressive"
     head_kind: str = "transformer"  # reward / value: "transformer" (seq2seq) or "mlp" (per step)
