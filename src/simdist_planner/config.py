@@ -372,7 +372,7 @@ class PretrainConfig:
     image_shift: int = 4  # pixels of random translation (pad + crop)
     # Cameras the shift never moves: mounted on the robot, their view of the hand is fixed, so
     # where an object sits in the image IS where it sits relative to the hand (at 64 x 64 the
-    # wrist camera's 4 px are 1.3 cm at 15 cm: label noise on exactly what a grasp needs).
+    # wrist camera's 4 px are 3 mm at the peg's bottom: label noise on exactly what an insertion needs).
     fixed_cameras: tuple[str, ...] = ("wrist",)
     scaler_rows: int = 10000  # rows (whole episodes, in selection order) that fit the scaler
     seed: int = 42

@@ -24,10 +24,16 @@ class CameraPose:
 
 
 def default_cameras() -> dict[str, CameraPose]:
-    """Overhead and side as measured in the notes; the wrist camera sits beside the fingers."""
+    """Overhead and side as measured in the notes; the wrist camera sits beside the fingertips.
+
+    The wrist camera looks at the held peg's bottom from 8 cm (a 6 cm field, about 0.9 mm per
+    pixel at 64 x 64): where the peg sits in the hand decides the insertion against a 1 mm
+    clearance, and a small CNN reads it from this view to 0.4 / 0.7 mm (along the pads / the
+    fingers) where the former view from behind the hand (fovy 70) gave 1.0 / 1.1 mm
+    (docs/experiments/peg_wide.md, session 23)."""
     return {
         # in gripper_base's frame: +z points along the fingers, the fingers close along y.
-        "wrist": CameraPose((0.09, 0.0, 0.03), (0.0, 0.0, 0.17), up=(0.0, 0.0, -1.0), fovy=70.0,
+        "wrist": CameraPose((0.05, 0.03, 0.15), (0.0, 0.0, 0.205), up=(0.0, 0.0, -1.0), fovy=40.0,
                             body="gripper_base"),
         "overhead": CameraPose((0.05, 0.5, 1.1), (0.05, 0.5, 0.0), up=(0.0, 1.0, 0.0)),
         "side": CameraPose((0.05, 1.3, 0.35), (0.05, 0.5, 0.15)),
