@@ -2,15 +2,16 @@
 gap, and TorchScript policy loading."""
 import dataclasses
 
+import mujoco
 import numpy as np
 import pytest
 import torch
 
 from robot_drivers.experts.torchscript import load_torchscript_policy
 from robot_drivers.experts.ur5e import (
-    LADDER, InsertionExpert, ValueFitConfig, discounted_returns, expert_value, rollout)
+    CARRY, LADDER, InsertionExpert, ValueFitConfig, discounted_returns, expert_value, rollout)
 from robot_drivers.tasks import expert_ladder, make_task, step_phases
-from robot_drivers.tasks.ur5e_tasks import GAMMA, LIFT_DZ, REGIONS, RealGap, real_gap
+from robot_drivers.tasks.ur5e_tasks import GAMMA, LIFT_DZ, OBJECT, REGIONS, RealGap, real_gap
 
 TASKS = ("peg", "table_leg")
 
@@ -44,6 +45,49 @@ def test_task_resets_steps_renders_and_scores(name):
         task.step(np.full(7, np.nan))
     with pytest.raises(ValueError, match="shape"):
         task.step(np.zeros(3))
+    task.close()
+
+
+def test_wrist_camera_resolves_where_the_peg_sits_in_the_hand():
+    """A millimetre of the peg's place in the hand is what an insertion with 1 mm of clearance
+    turns on: at the model's 64 x 64 the wrist view must show the held peg's lower end whole and
+    move it by about a pixel or more per millimetre along both hand axes."""
+    task = make_task("peg", image_size=(64, 64), cameras=("wrist",))
+    expert = InsertionExpert(task)
+    obs = task.reset(0)
+    expert.reset(0)
+    while expert.phase != CARRY:
+        obs = task.step(expert.act(obs)).obs
+    m, d = task.backend.model, task.backend.data
+    peg_geoms = np.flatnonzero(m.geom_bodyid == m.body(OBJECT).id)
+    adr = m.jnt_qposadr[m.body(OBJECT).jntadr[0]]
+    hand = obs.privileged["tcp_mat"]
+    renderer = mujoco.Renderer(m, 64, 64)
+    renderer.enable_segmentation_rendering()
+
+    def peg_pixels(shift_in_hand):
+        qpos = d.qpos.copy()
+        d.qpos[adr:adr + 3] += hand @ shift_in_hand
+        mujoco.mj_kinematics(m, d)
+        mujoco.mj_camlight(m, d)
+        renderer.update_scene(d, camera="wrist")
+        seg = renderer.render()
+        d.qpos[:] = qpos
+        mujoco.mj_kinematics(m, d)
+        mask = (seg[..., 1] == mujoco.mjtObj.mjOBJ_GEOM) & np.isin(seg[..., 0], peg_geoms)
+        return mask
+
+    mask = peg_pixels(np.zeros(3))
+    rows, cols = np.nonzero(mask)
+    assert mask.mean() > 0.1  # the peg fills a good part of the view
+    assert rows.max() < 63 and cols.min() > 0 and cols.max() < 63  # its lower end is in view
+    centroid = np.array([rows.mean(), cols.mean()])
+    for axis in range(2):  # along the pads' faces, along the closing fingers
+        shift = np.zeros(3)
+        shift[axis] = 0.001
+        r, c = np.nonzero(peg_pixels(shift))
+        assert np.linalg.norm(np.array([r.mean(), c.mean()]) - centroid) > 0.5, axis
+    renderer.close()
     task.close()
 
 
@@ -293,6 +337,8 @@ def test_at_hole_phase_is_a_held_object_close_above_the_hole():
     phases = step_phases("peg", {"action": action, "state": state})
     # 28 mm off in xy, 20 mm above the top, and not held are outside; inside the hole is inside
     assert phases["at_hole"].tolist() == [1, 1, 0, 0, 1, 0]
+    older = step_phases("peg", {"action": action, "state": state[:, :STATE_SLICES["twist"].stop]})
+    assert older["at_hole"].tolist() == [1, 1, 0, 0, 1, 0]  # shards from before bottom_in_hand
     assert "at_hole" not in step_phases("peg", {"action": action})  # no state logged
     assert "at_hole" not in step_phases("peg", {"action": action, "state": state[:, :3]})  # another layout
 
@@ -351,16 +397,16 @@ def test_task_state_tracks_the_object_relative_to_hand_and_hole():
     from robot_drivers.tasks.ur5e_tasks import STATE_TERMS, grasp_yaw_error
 
     task = make_task("peg", cameras=())
-    assert task.state_terms == STATE_TERMS and sum(d for _, d in STATE_TERMS) == 13
+    assert task.state_terms == STATE_TERMS and sum(d for _, d in STATE_TERMS) == 16
     obs = task.reset(5)
     p = obs.privileged
     state = task.privileged_state(obs)
-    assert state.dtype == np.float32 and state.shape == (13,)
+    assert state.dtype == np.float32 and state.shape == (16,)
     np.testing.assert_allclose(state[:3], p["obj_grasp"] - p["tcp_pos"], atol=1e-6)
     np.testing.assert_allclose(state[3:6], p["obj_bottom"] - p["hole"], atol=1e-6)
     assert np.linalg.norm(state[:2]) > 0.05 and abs(state[6]) <= np.pi / 4
     assert state[6] == pytest.approx(grasp_yaw_error(p), abs=1e-6) and abs(state[6]) > 0.01
-    assert state[10] == 0.0  # not grasped
+    assert state[10] == 0.0 and not state[13:].any()  # not grasped: nothing in the hand
     expert = InsertionExpert(task)
     expert.reset(5)
     yaw0 = state[6]
@@ -373,6 +419,11 @@ def test_task_state_tracks_the_object_relative_to_hand_and_hole():
         obs = task.step(expert.act(obs)).obs
     state = task.privileged_state(obs)
     assert state[10] == 1.0 and abs(state[6]) < 0.03  # held, square to the hand
+    # the bottom sits a few mm from a nominal grasp, in the hand's frame (z along the fingers)
+    p = obs.privileged
+    in_hand = p["tcp_mat"].T @ (p["obj_bottom"] - p["tcp_pos"]) - [0.0, 0.0, 0.070 - 0.015]
+    np.testing.assert_allclose(state[13:], in_hand, atol=1e-6)
+    assert 0.0 < np.abs(state[13:]).max() < 0.006
     with pytest.raises(ValueError, match="privileged"):
         task.privileged_state(dataclasses.replace(obs, privileged=None))
     task.close()
