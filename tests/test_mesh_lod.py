@@ -68,13 +68,17 @@ def test_images_match_the_full_meshes(pair):
     for b in pair:
         b.reset(5)
     a, c = full.observe().images, lod.observe().images
+    robot_seen = []
     for cam in a:
         diff = np.abs(a[cam].astype(int) - c[cam].astype(int))
         # measured: mean 0.1-2.1 (smoother shading of the decimated arm), <2% of pixels > 30
         assert diff.mean() < 3.0 and (diff.max(-1) > 30).mean() < 0.04, cam
         assert a[cam].std() > 5.0
         m0, m1 = full.render_robot_mask(cam), lod.render_robot_mask(cam)
-        assert (m0 & m1).sum() / (m0 | m1).sum() > 0.97, cam  # the silhouette (measured >= 0.989)
+        if (m0 | m1).any():  # the wrist camera looks past the open fingers
+            robot_seen.append(cam)
+            assert (m0 & m1).sum() / (m0 | m1).sum() > 0.97, cam  # the silhouette (measured >= 0.989)
+    assert {"overhead", "side"} <= set(robot_seen)
 
 
 def test_decimated_surfaces_stay_where_the_originals_were():
