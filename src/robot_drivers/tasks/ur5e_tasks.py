@@ -161,14 +161,8 @@ def grasp_yaw_error(priv: dict[str, np.ndarray]) -> float:
 
 # The privileged task state (Task.state_terms): where the object is relative to the hand and
 # to the hole, how it sits and whether it is held. Units: m, rad, fractions and flags.
-# `bottom_in_hand` is the held object's bottom in the hand's frame minus where a nominal grasp
-# puts it, zero when not held: the same offset as `tcp_to_grasp` while held, but the state loss
-# normalises each term by its spread over the data, and tcp_to_grasp's spans the approach
-# (centimetres to decimetres), so that loss did not ask for the millimetres an insertion with
-# 1 mm of clearance turns on (docs/experiments/peg_wide.md, session 23).
 STATE_TERMS = (("tcp_to_grasp", 3), ("bottom_to_hole", 3), ("grasp_yaw_error", 1), ("tilt", 1),
-               ("depth", 1), ("gripper", 1), ("grasped", 1), ("seated", 1), ("twist", 1),
-               ("bottom_in_hand", 3))
+               ("depth", 1), ("gripper", 1), ("grasped", 1), ("seated", 1), ("twist", 1))
 
 
 STATE_SLICES = term_slices(STATE_TERMS)  # term name -> its columns in the task state
@@ -221,13 +215,10 @@ class UR5eInsertionTask(Task):
         c = self.cfg
         yaw = 0.0 if c.obj.shape == "cylinder" else grasp_yaw_error(p)
         twist = p["twist"][0] / c.thread_turn if c.thread_turn > 0 else 0.0
-        held = self.grasped(p)
-        nominal = np.array([0.0, 0.0, 2 * c.obj.half_length - c.grasp_below_top])
-        in_hand = p["tcp_mat"].T @ (p["obj_bottom"] - p["tcp_pos"]) - nominal if held else np.zeros(3)
         return np.concatenate([
             p["obj_grasp"] - p["tcp_pos"], p["obj_bottom"] - p["hole"],
-            [yaw, p["tilt"][0], p["depth"][0], p["gripper"][0], float(held),
-             p["seated"][0], twist], in_hand]).astype(np.float32)
+            [yaw, p["tilt"][0], p["depth"][0], p["gripper"][0], float(self.grasped(p)),
+             p["seated"][0], twist]]).astype(np.float32)
 
     def grasped(self, priv: dict[str, np.ndarray]) -> bool:
         near = np.linalg.norm(priv["tcp_pos"] - priv["obj_grasp"]) < 0.015
@@ -338,8 +329,7 @@ def step_phases(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """
     phases = {"closing": _closing_phase(rows["action"])}
     state = rows.get("state")
-    # shards from before `bottom_in_hand` (session 23) hold the same leading columns
-    if state is not None and state.shape[1] in (STATE_SLICES["twist"].stop, STATE_SLICES["bottom_in_hand"].stop):
+    if state is not None and state.shape[1:] == (STATE_SLICES["twist"].stop,):
         b2h, held = state[:, STATE_SLICES["bottom_to_hole"]], state[:, STATE_SLICES["grasped"]][:, 0]
         phases["at_hole"] = ((held > 0.5) & (np.linalg.norm(b2h[:, :2], axis=1) < AT_HOLE_XY)
                              & (b2h[:, 2] < AT_HOLE_Z))
