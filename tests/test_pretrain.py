@@ -13,7 +13,9 @@ import torch
 
 from simdist_planner.checkpoint import load_checkpoint
 from simdist_planner.config import PRETRAIN_PRESETS, PretrainConfig
-from simdist_planner.pretrain import WindowSource, augment, lr_at, parse_args, pretrain, weights_sha256
+from simdist_planner.model import WorldModel
+from simdist_planner.pretrain import (WindowSource, augment, fit_scaler, lr_at, parse_args, pretrain,
+                                     weights_sha256)
 
 TINY = {"latent_dim": 16, "history": 3, "horizon": 4}
 
@@ -44,7 +46,7 @@ def test_learning_rate_schedule():
 
 def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),), action=None, task="peg", state=None):
     """Three 12-row episodes of random rows; `action` (12, A) replaces the random 2-d actions,
-    `state` (12, S) the random task state."""
+    `state` (12, S) or one per episode (3, 12, S) the random task state."""
     from simdist_planner.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
 
     layout = StepLayout(proprio_terms=(("joint_pos", 3), ("gripper", 1)),
@@ -66,7 +68,7 @@ def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),), action=None
             }
             if state_terms:
                 steps["state"] = (rng.normal(size=(rows, layout.state_dim)).astype(np.float32)
-                                  if state is None else state)
+                                  if state is None else state[ep] if state.ndim == 3 else state)
             w.append(EpisodeRecord(id=ep, steps=steps, policy=0, seed=ep, noise_scale=np.zeros(layout.action_dim),
                                    never_noised=False, success=False, terminated=False, truncated=True))
 
@@ -132,6 +134,35 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
             assert any(torch.equal(crops[k], shifted[b, h:, c].float()) for k in match)
             offsets.add(match[0])
     assert len(offsets) > 1  # the shift is random
+
+
+def test_the_scaler_sees_a_rare_flag_as_often_as_the_data_holds_it(tmp_path, monkeypatch):
+    # a flag set on 2 rows of one episode in three: fitted on a sample without those rows its
+    # std would be tiny and its normalised 1 would dominate the state loss
+    state = np.zeros((3, 12, 1), np.float32)
+    state[1, 10:, 0] = 1.0
+    _write_ur5e_like_shard(tmp_path / "data", state_terms=(("seated", 1),), state=state)
+    cfg = PretrainConfig(model="ur5e_small", data=(str(tmp_path / "data"),), workers=0,
+                         model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+    from simdist_planner.dataset import ShardedDataset
+
+    read_names = []
+    real_read = ShardedDataset.read
+    monkeypatch.setattr(ShardedDataset, "read", lambda self, i, a, b, names=None: (
+        read_names.append(names), real_read(self, i, a, b, names))[1])
+    source = WindowSource(cfg, 0, 1)
+    model = WorldModel(source.model_config)
+    read_names.clear()
+    fit_scaler(model, cfg, source)
+    assert read_names and all(n is not None and not any("images" in k for k in n) for n in read_names)
+    flag = state.reshape(-1)
+    assert float(model.scaler.state_std) == pytest.approx(flag.std(ddof=1), rel=1e-5)
+    assert float(model.scaler.state_mean) == pytest.approx(2 / 36, rel=1e-5)
+    # a cap of one episode fits on the first episode of the selection order only
+    first = ShardedDataset(cfg.data, **WindowSource.selection(cfg)).episode_info(0)["id"]
+    model = WorldModel(source.model_config)
+    fit_scaler(model, cfg.replace(scaler_rows=12), source)
+    assert float(model.scaler.state_mean) == pytest.approx(state[first].mean(), abs=1e-7)
 
 
 def test_a_dataset_without_the_task_state_is_refused_unless_the_state_loss_is_off(tmp_path):

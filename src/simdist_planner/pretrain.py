@@ -218,7 +218,8 @@ class AugmentedWindows(torch.utils.data.Dataset):
 
 
 def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> None:
-    """Fit on rows of the whole selection (identical on every rank), or on synthetic windows."""
+    """Fit on the selection's first `scaler_rows` rows (whole episodes in selection order, a
+    random permutation; identical on every rank), or on synthetic windows. Images are not read."""
     if source.windows is None:
         w = synthetic_windows(model.config, 64, seed=_seed(cfg.seed, 999), system_seed=cfg.seed)
         model.scaler.fit({k: w[k] for k in model.scaler.dims})
@@ -226,22 +227,17 @@ def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> 
     from simdist_planner.dataset import ShardedDataset
 
     data = ShardedDataset(cfg.data, **WindowSource.selection(cfg))
+    columns = {"proprio": "proprio", "actions": "action", "rewards": "reward", "values": "value",
+               "command": "command", "height_map": "height_map", "state": "state"}
+    names = [columns[k] for k in model.scaler.dims]
     cols: dict[str, list] = {k: [] for k in model.scaler.dims}
     rows = 0
     for i in range(data.num_episodes):
-        ep = data.episode(i)
-        n = len(ep["reward"]) - 1  # the last row carries no transition
-        cols["proprio"].append(ep["proprio"])
-        cols["actions"].append(ep["action"][:n])
-        cols["rewards"].append(ep["reward"][:n])
-        cols["values"].append(ep["value"])
-        if "command" in cols:
-            cols["command"].append(ep["command"])
-        if "height_map" in cols:
-            cols["height_map"].append(ep["height_map"])
-        if "state" in cols:
-            cols["state"].append(ep["state"])
-        rows += n + 1
+        n = int(data.lengths[i])
+        ep = data.read(i, 0, n, names)
+        for k in cols:  # the last row carries no transition
+            cols[k].append(ep[columns[k]][:n - 1] if k in ("actions", "rewards") else ep[columns[k]])
+        rows += n
         if rows >= cfg.scaler_rows:
             break
     model.scaler.fit({k: np.concatenate(v) for k, v in cols.items()})
