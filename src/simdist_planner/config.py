@@ -378,7 +378,8 @@ class PretrainConfig:
     # std is estimated well. Its normalised 1 is (1 - p) / std, so an std fitted on a sample
     # where the flag is rarer than in the data weighs it by that ratio squared (10,000 rows of
     # one peg data set put the `seated` flag's std at 0.0099 instead of 0.059: the state loss
-    # rose from 0.7 to 1.5 over the run and pi never grasped, docs/experiments/peg_wide.md).
+    # was 3.3 at the start and 1.9 at the end against 0.9 and 0.12, and pi scored 6 of 150: runE in
+    # docs/experiments/peg_wide.md).
     scaler_rows: int = 500_000
     seed: int = 42
     checkpoint_every: int = 250
