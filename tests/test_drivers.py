@@ -119,11 +119,13 @@ def _waiting_driver(ros, timeout_s: float) -> MujocoDriverNode:
 
 def test_lockstep_driver_starts_when_the_recorder_hears_every_ready_topic(ros_domain, tmp_path):
     """The first tick waits for the recorder's latched ready, which waits for a matched publisher
-    on each ready topic (here the planner's /simdist/action, published by the probe)."""
+    on each ready topic (here the planner's /simdist/action, published by the probe), then for
+    ready_settle_s (the publisher's side of discovery)."""
     ros = RosHarness(ros_domain)
     try:
         recorder = ros.add(RecorderNode(context=ros.context, parameter_overrides=[
-            Parameter("bag_dir", value=str(tmp_path)), Parameter("ready_topics", value=["/simdist/action"])]))
+            Parameter("bag_dir", value=str(tmp_path)), Parameter("ready_topics", value=["/simdist/action"]),
+            Parameter("ready_settle_s", value=4.0)]))
         driver = _waiting_driver(ros, timeout_s=60.0)
         clock = ros.collect(ClockMsg, "/clock")
         ready = ros.collect(Bool, RECORDER_READY_TOPIC)
@@ -133,6 +135,10 @@ def test_lockstep_driver_starts_when_the_recorder_hears_every_ready_topic(ros_do
         assert any("waiting for" in m for _, m in diagnostics_text(diags, "mujoco_driver"))
         assert any("waiting for publishers on ['/simdist/action']" in m for _, m in diagnostics_text(diags, "recorder"))
         ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
+        # matched (diagnostics go out about once a second), but ready only 4 s after the match
+        assert ros.spin_until(lambda: any("settling 4.0 s" in m for _, m in diagnostics_text(diags, "recorder")),
+                              timeout_s=10.0)
+        assert not clock and not ready
         assert ros.spin_until(lambda: clock and ready, timeout_s=10.0)
         assert ready[0].data and ros_msgs.stamp_ns(clock[0].clock) == CLOCK_START_NS
         assert recorder._unmatched is None

@@ -5,9 +5,11 @@ untouched). With `split_episodes` (the MuJoCo robot publishes `/simdist/episode`
 bag opens when a new episode id appears and is finalised, with task, seed and success in its
 metadata, shortly after the next episode starts or when the recorder stops; otherwise one bag
 covers the whole run. SIGINT and SIGTERM finalise the open bag before the process exits (only SIGKILL cannot).
-Once every `ready_topics` subscription has matched a publisher, `/simdist/recorder/ready` (latched)
-says so: a lockstep simulator waits for it before its first tick (DDS discovery under load can
-take seconds, and the first ticks' actions would otherwise go unrecorded).
+Once every `ready_topics` subscription has matched a publisher and `ready_settle_s` has passed,
+`/simdist/recorder/ready` (latched) says so: a lockstep simulator waits for it before its first
+tick (DDS discovery under load can take seconds, and the first ticks' actions would otherwise go
+unrecorded). The settle covers discovery's other half: our reader matching a writer does not mean
+that writer has matched our reader yet, and a volatile writer does not resend what it sent before.
 """
 from __future__ import annotations
 
@@ -68,6 +70,8 @@ PARAMS = (
         "expected topics whose publishers must be matched before /simdist/recorder/ready says true",
         read_only=True,
     ),
+    Param("ready_settle_s", 1.0, "after the last ready topic matched, wait this long (wall s) before saying "
+          "ready: the publishers' side of discovery may lag ours", 0.0, 30.0),
     Param("discovery_period_s", 0.2, "how often new topics are looked for", 0.01, 10.0),
     Param("grace_s", 1.0, "an ended episode's bag stays open this long (wall s) for late messages", 0.0, 60.0),
 )
@@ -115,6 +119,7 @@ class RecorderNode(Node):
         self._dropped = 0
         self._expect_topics()
         self._unmatched = [t for t in self.params["ready_topics"] if t]  # ready when empty
+        self._matched_at: float | None = None  # monotonic time the last ready topic matched
         unknown = sorted(set(self._unmatched) - set(self._subscriptions_of))
         if unknown:
             raise ValueError(f"ready_topics {unknown} are not among the recordable expected_topics")
@@ -246,10 +251,17 @@ class RecorderNode(Node):
             self._finalise(bag)
 
     def _announce_ready(self) -> None:
-        """Publish ready (once) when every ready topic has a matched publisher."""
+        """Publish ready (once), ready_settle_s after every ready topic has matched a publisher."""
         self._unmatched = [t for t in self._unmatched if self._subscriptions_of[t].get_publisher_count() == 0]
         if self._unmatched:
             self.diag.set("ready", Level.OK, f"waiting for publishers on {self._unmatched}")
+            return
+        now = time.monotonic()
+        if self._matched_at is None:
+            self._matched_at = now
+        settle = self.params["ready_settle_s"]
+        if now - self._matched_at < settle:
+            self.diag.set("ready", Level.OK, f"every ready topic has its publisher; settling {settle} s")
             return
         self._pub_ready.publish(Bool(data=True))
         self.diag.set("ready", Level.OK, "every ready topic has its publisher")
