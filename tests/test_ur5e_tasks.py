@@ -9,7 +9,8 @@ import torch
 
 from robot_drivers.experts.torchscript import load_torchscript_policy
 from robot_drivers.experts.ur5e import (
-    CARRY, LADDER, InsertionExpert, ValueFitConfig, discounted_returns, expert_value, rollout)
+    CARRY, LADDER, PHASE_NAMES, TCP_HOME_MAT, Degradation, InsertionExpert, ValueFitConfig,
+    discounted_returns, expert_value, rollout)
 from robot_drivers.tasks import expert_ladder, make_task, step_phases
 from robot_drivers.tasks.ur5e_tasks import GAMMA, LIFT_DZ, OBJECT, REGIONS, RealGap, real_gap
 
@@ -150,12 +151,13 @@ def test_ladder_policies_are_valid():
 
 
 def test_the_spiral_search_finds_a_hole_the_estimate_misses(monkeypatch):
-    """With its hole estimate 2 mm off (per axis), the expert lands on the fixture beside the
-    1 mm-clearance hole; the spiral finds it where pressing on alone does not."""
-    from robot_drivers.experts.ur5e import Degradation
-
+    """Vertical insertion (the round leg's; the peg's with TILT 0): with its hole estimate 2 mm
+    off (per axis), the expert lands on the fixture beside the 1 mm-clearance hole; the spiral
+    finds it where pressing on alone does not."""
+    monkeypatch.setattr(InsertionExpert, "TILT", 0.0)
     task = make_task("peg", cameras=())
     expert = InsertionExpert(task, Degradation(hole_error=0.002))
+    assert not expert.tilted
 
     def successes() -> int:
         return sum(rollout(task, expert, 9000 + i)["success"] for i in range(8))
@@ -168,6 +170,60 @@ def test_the_spiral_search_finds_a_hole_the_estimate_misses(monkeypatch):
     turn = round(2 * np.pi / InsertionExpert.SPIRAL_RATE)  # steps per turn, about 7.85
     assert radii[0] == 0.0 and np.all(np.diff(radii) > 0)
     assert radii[turn] == pytest.approx(1.2 * 0.001, rel=0.05)  # one pitch per turn: 1.2 x clearance
+    task.close()
+
+
+def test_tilted_target_puts_the_leading_corner_where_asked():
+    """The pose `_tilted_target` commands, applied to the rigidly held peg, tips it by the asked
+    angle with its +x+y bottom corner lowest and at the asked place."""
+    task = make_task("peg", cameras=())
+    expert = InsertionExpert(task)
+    yaw = np.radians(20.0)  # hand and peg turned alike: the pads square the peg to the hand
+    rz = np.array([[np.cos(yaw), -np.sin(yaw), 0.0], [np.sin(yaw), np.cos(yaw), 0.0], [0.0, 0.0, 1.0]])
+    tcp_pos, tcp_mat, obj_mat = np.r_[0.1, 0.5, 0.3], rz @ TCP_HOME_MAT, rz
+    bottom = tcp_pos - np.r_[0.0, 0.0, 2 * 0.035 - 0.015]
+    p = {"tcp_pos": tcp_pos, "tcp_mat": tcp_mat, "obj_mat": obj_mat, "obj_bottom": bottom}
+    want = np.r_[0.23, 0.51, 0.04]
+    pos, mat = expert._tilted_target(p, want, InsertionExpert.TILT)
+    in_hand = lambda x: tcp_mat.T @ (x - tcp_pos)  # noqa: E731 - the rigid grasp
+    new_obj = mat @ tcp_mat.T @ obj_mat
+    w = task.cfg.obj.half_width
+    corners = [pos + mat @ in_hand(bottom + obj_mat @ np.r_[sx * w, sy * w, 0.0])
+               for sx in (-1, 1) for sy in (-1, 1)]
+    lowest = min(corners, key=lambda c: c[2])
+    np.testing.assert_allclose(lowest, want, atol=1e-9)
+    assert np.degrees(np.arccos(new_obj[2, 2])) == pytest.approx(18.0)
+    assert lowest[0] + lowest[1] == pytest.approx(max(c[0] + c[1] for c in corners))  # it leads to +x+y
+    # the tipped peg is squared to the hole (world axes): its bottom edges run along x and y
+    edges = new_obj[:2, :2] / np.linalg.norm(new_obj[:2, :2], axis=0)
+    assert np.allclose(np.abs(edges), np.eye(2), atol=0.1)
+    task.close()
+
+
+def test_the_tilted_insertion_lets_the_walls_do_the_last_millimetre(monkeypatch):
+    """With a hole estimate 4 mm off per axis (what a distilled latent resolves), the tipped
+    corner still enters, the slide and the straightening find the hole: the square peg's expert
+    goes tip -> dip -> slide -> straighten -> press and inserts where the vertical insertion
+    without its spiral search presses beside the hole."""
+    task = make_task("peg", cameras=())
+    expert = InsertionExpert(task, Degradation(hole_error=0.004))
+    assert expert.tilted
+    seen = []
+    original = expert._tilted_action
+
+    def record(p, hole):
+        seen.append(PHASE_NAMES[expert.phase])
+        return original(p, hole)
+
+    monkeypatch.setattr(expert, "_tilted_action", record)
+    tilted = [rollout(task, expert, 9100 + i)["success"] for i in range(8)]
+    order = [ph for i, ph in enumerate(seen) if i == 0 or seen[i - 1] != ph]
+    assert order[:5] == ["tip", "dip", "slide", "straighten", "press"]
+    monkeypatch.setattr(InsertionExpert, "TILT", 0.0)
+    monkeypatch.setattr(InsertionExpert, "STALL_STEPS", 10**6)
+    vertical = InsertionExpert(task, Degradation(hole_error=0.004))
+    pressed = [rollout(task, vertical, 9100 + i)["success"] for i in range(8)]
+    assert sum(tilted) >= 7 and sum(pressed) <= 3, (tilted, pressed)
     task.close()
 
 
