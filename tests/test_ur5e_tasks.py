@@ -172,6 +172,31 @@ def test_the_spiral_search_finds_a_hole_the_estimate_misses(monkeypatch):
     task.close()
 
 
+def test_a_peg_slipped_in_the_pads_is_held_while_the_gripper_reads_it():
+    """Carrying, a peg 3 cm from the grasp point is kept while the gripper reads under
+    EMPTY_READING (something between the pads); at the empty reading, or 5 cm off, the expert
+    starts over with the gripper open."""
+    task = make_task("peg", cameras=())
+    expert = InsertionExpert(task)
+    obs = task.reset(0)
+    expert.reset(0)
+    while expert.phase != CARRY:
+        obs = task.step(expert.act(obs)).obs
+
+    def phase_after(slip: float, reading: float):
+        expert.phase, expert.phase_steps = CARRY, 1
+        p = dict(obs.privileged, obj_grasp=obs.privileged["tcp_pos"] + np.r_[0.0, 0.0, -slip],
+                 gripper=np.r_[reading])
+        action = expert._phase_action(p)
+        return PHASE_NAMES[expert.phase], action[6]
+
+    assert phase_after(0.03, 0.85) == ("carry", 1.0)
+    assert phase_after(0.03, 0.978) == ("approach", 0.0)
+    assert phase_after(0.05, 0.85) == ("approach", 0.0)
+    assert phase_after(0.015, 0.978)[0] == "carry"  # within 2 cm: held whatever it reads
+    task.close()
+
+
 TILT = np.radians(18.0)  # the tilted insertion as measured (docs/ur5e_sim.md)
 
 
