@@ -144,7 +144,7 @@ class InsertionExpert:
         if n > cap:
             dp *= cap / n
         dr = mat_to_rotvec(mat_des @ p["tcp_mat"].T)
-        n, rot_cap = np.linalg.norm(dr), rot_cap or self.ROT_CAP
+        n, rot_cap = np.linalg.norm(dr), self.ROT_CAP if rot_cap is None else rot_cap
         if n > rot_cap:
             dr *= rot_cap / n
         return np.concatenate([dp, dr, [gripper]])
