@@ -755,3 +755,17 @@ class WindowDataset(torch.utils.data.Dataset):
             "obs": {k: torch.from_numpy(v) for k, v in w["obs"].items()},
             **{k: torch.from_numpy(np.ascontiguousarray(w[k])) for k in w if k != "obs"},
         }
+
+
+def window_phases(windows: WindowDataset) -> dict[str, np.ndarray]:
+    """{phase: (len(windows),) mask} of the windows whose step t lies in each named phase of the
+    dataset's task (robot_drivers.tasks.step_phases; {} when the task names none)."""
+    from robot_drivers.tasks import step_phases
+
+    data = windows.dataset
+    task = str(data.attrs.get("task", ""))
+    names = ("action", "state") if data.layout.state_terms else ("action",)
+    per_episode = [step_phases(task, data.read(i, 0, int(data.lengths[i]), names=names))
+                   for i in range(data.num_episodes)]
+    row = np.concatenate([[0], np.cumsum(data.lengths)[:-1]])[windows.episode_index] + windows.t_index
+    return {phase: np.concatenate([p[phase] for p in per_episode])[row] for phase in per_episode[0]}

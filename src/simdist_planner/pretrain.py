@@ -167,25 +167,20 @@ class WindowSource(torch.utils.data.Dataset):
 
 def window_weights(windows, phase_weights: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
     """(len(windows),) sampling weight of each window: the largest weight among the phases its
-    step t lies in (robot_drivers.tasks.step_phases of the dataset's task), 1 outside them;
-    and the (len(windows),) mask of the windows inside a weighted phase."""
-    from robot_drivers.tasks import step_phases
+    step t lies in (dataset.window_phases), 1 outside them; and the (len(windows),) mask of the
+    windows inside a weighted phase."""
+    from simdist_planner.dataset import window_phases
 
-    data = windows.dataset
-    task = str(data.attrs.get("task", ""))
-    names = ("action", "state") if data.layout.state_terms else ("action",)
-    per_episode = [step_phases(task, data.read(i, 0, int(data.lengths[i]), names=names))
-                   for i in range(data.num_episodes)]
-    offered = set(per_episode[0])
-    unknown = set(phase_weights) - offered
+    phases = window_phases(windows)
+    unknown = set(phase_weights) - set(phases)
     if unknown:
-        raise ValueError(f"phase_weights names {sorted(unknown)}, but task {task!r} defines "
-                         f"the phases {sorted(offered) or 'none'}")
-    row = np.concatenate([[0], np.cumsum(data.lengths)[:-1]])[windows.episode_index] + windows.t_index
+        raise ValueError(f"phase_weights names {sorted(unknown)}, but task "
+                         f"{str(windows.dataset.attrs.get('task', ''))!r} defines "
+                         f"the phases {sorted(phases) or 'none'}")
     weights = np.zeros(len(windows))  # 0 = in no weighted phase
     empty = []
     for phase, weight in phase_weights.items():
-        inside = np.concatenate([p[phase] for p in per_episode])[row]
+        inside = phases[phase]
         weights[inside] = np.maximum(weights[inside], weight)
         if not inside.any():
             empty.append(phase)

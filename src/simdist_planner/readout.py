@@ -1,4 +1,5 @@
-"""How much of the privileged task state a pretrained latent holds (`simdist-readout`).
+"""How much of the privileged task state a pretrained latent holds, and how closely pi follows
+the expert, on held-out data (`simdist-readout`).
 
     simdist-readout --checkpoint RUN/model --data HELD_OUT_SHARDS [--windows 512]
 
@@ -7,6 +8,12 @@ On windows it was not trained on, its error per state term says what the encoder
 training loss averages that away. Each term is scored on all windows and on the quarter where
 the term is largest (for the UR5e's `tcp_to_grasp`: the approach, where the peg must be found
 in the images), beside the error of always predicting the mean (what a blind latent scores).
+
+pi is scored on windows whose first action is a clean expert action: its first action against the
+expert's, per action dimension, overall and in each phase the task names (the UR5e peg's
+"at_hole": the last centimetre), beside the error of always acting the mean. A minute of this
+tells a pi that follows the expert there from one that does not; fifty closed-loop episodes
+that succeed a few times do not (docs/experiments/peg_wide.md, session 27).
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from simdist_planner.dataset import ShardedDataset, WindowDataset
+from simdist_planner.dataset import ShardedDataset, WindowDataset, window_phases
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,58 @@ def state_readout(model, data: ShardedDataset, windows: int = 512, seed: int = 0
     return out
 
 
+@dataclass(frozen=True)
+class ActionReadout:
+    phase: str  # "all", or a phase of the task
+    windows: int
+    error: tuple[float, ...]  # RMS of pi's first action minus the expert's, per action dim, raw units
+    blind: tuple[float, ...]  # the same for always acting the mean expert action of these windows
+
+
+def policy_readout(model, data: ShardedDataset, windows: int = 512, seed: int = 0,
+                   batch: int = 64) -> list[ActionReadout]:
+    """Score pi's first action on up to `windows` windows of `data` (drawn with `seed`) whose
+    first action is a clean expert action: overall, then per task phase that holds any."""
+    if windows < 1:
+        raise ValueError(f"windows must be >= 1, got {windows}")
+    h = model.config.history
+    win = WindowDataset(data, h, model.config.horizon)
+    flags = [data.read(i, 0, int(n), names=("expert",))["expert"] for i, n in enumerate(data.lengths)]
+    clean = np.nonzero([flags[e][t] == 1 for e, t in zip(win.episode_index, win.t_index)])[0]
+    if not len(clean):
+        raise ValueError("no window of the data starts with a clean expert action: nothing to compare pi with")
+    picks = np.sort(np.random.default_rng(seed).choice(clean, min(windows, len(clean)), replace=False))
+    device = next(model.parameters()).device
+    chosen, expert = [], []
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(picks), batch):
+            items = [win[int(i)] for i in picks[start:start + batch]]
+            obs = {k: torch.stack([it["obs"][k][h] for it in items]).to(device) for k in items[0]["obs"]}
+            history = model.encode_history(torch.stack([it["obs"]["proprio"][:h] for it in items]).to(device),
+                                           torch.stack([it["actions"][:h] for it in items]).to(device))
+            chosen.append(model.policy(model.encode(obs), history, obs.get("command"), obs["proprio"])[:, 0].cpu())
+            expert.append(torch.stack([it["actions"][h] for it in items]))
+    pi, ex = torch.cat(chosen).double(), torch.cat(expert).double()
+    masks = {"all": np.ones(len(picks), bool), **{k: v[picks] for k, v in window_phases(win).items()}}
+    rows = []
+    for phase, m in masks.items():
+        if m.any():
+            e, p = ex[torch.from_numpy(m)], pi[torch.from_numpy(m)]
+            rms = lambda d: tuple(float(x) for x in d.pow(2).mean(0).sqrt())  # noqa: E731
+            rows.append(ActionReadout(phase, int(m.sum()), rms(p - e), rms(e - e.mean(0))))
+    return rows
+
+
+def format_policy_readout(rows: list[ActionReadout], title: str) -> str:
+    dims = len(rows[0].error)
+    header = f"{'phase':10} {'windows':>7} " + " ".join(f"{f'a{k} error / blind':>19}" for k in range(dims))
+    lines = [title, header, "-" * len(header)]
+    lines += [f"{r.phase:10} {r.windows:7d} " + " ".join(f"{e:9.4f} / {b:7.4f}" for e, b in zip(r.error, r.blind))
+              for r in rows]
+    return "\n".join(lines)
+
+
 def format_readout(rows: list[TermReadout], title: str) -> str:
     header = f"{'term':18} {'error':>9} {'blind':>9} {'error(top 25%)':>15} {'blind(top 25%)':>15}"
     lines = [title, header, "-" * len(header)]
@@ -80,9 +139,14 @@ def main(argv=None) -> int:
     from simdist_planner.checkpoint import load_checkpoint
 
     model = load_checkpoint(args.checkpoint, device=args.device)
-    rows = state_readout(model, ShardedDataset(args.data), args.windows, args.seed)
-    print(format_readout(rows, f"task state read from z ({args.checkpoint}), raw units, "
-                               f"up to {args.windows} held-out windows"))
+    data = ShardedDataset(args.data)
+    if model.state_head is not None:
+        rows = state_readout(model, data, args.windows, args.seed)
+        print(format_readout(rows, f"task state read from z ({args.checkpoint}), raw units, "
+                                   f"up to {args.windows} held-out windows"))
+    print(format_policy_readout(policy_readout(model, data, args.windows, args.seed),
+                                f"pi's first action against the clean expert's ({args.checkpoint}), "
+                                f"RMS, raw units, up to {args.windows} held-out windows"))
     return 0
 
 
