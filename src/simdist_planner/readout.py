@@ -35,6 +35,13 @@ class TermReadout:
     blind_large: float
 
 
+def _batches(win: WindowDataset, picks: np.ndarray, batch: int, device):
+    """(window items, the observation at step t as a batch on `device`) per `batch` picks."""
+    for start in range(0, len(picks), batch):
+        items = [win[int(i)] for i in picks[start:start + batch]]
+        yield items, {k: torch.stack([it["obs"][k][win.H] for it in items]).to(device) for k in items[0]["obs"]}
+
+
 def state_readout(model, data: ShardedDataset, windows: int = 512, seed: int = 0,
                   batch: int = 64) -> list[TermReadout]:
     """Score the model's state head on `windows` windows of `data` drawn with `seed`."""
@@ -46,13 +53,11 @@ def state_readout(model, data: ShardedDataset, windows: int = 512, seed: int = 0
                          f"({terms or 'none'}), the model's head {model.config.state_dim}")
     win = WindowDataset(data, model.config.history, model.config.horizon)
     picks = np.random.default_rng(seed).choice(len(win), min(windows, len(win)), replace=False)
-    h, device = model.config.history, next(model.parameters()).device
+    device = next(model.parameters()).device
     estimates, targets = [], []
     model.eval()
     with torch.no_grad():
-        for start in range(0, len(picks), batch):
-            items = [win[int(i)] for i in picks[start:start + batch]]
-            obs = {k: torch.stack([it["obs"][k][h] for it in items]).to(device) for k in items[0]["obs"]}
+        for items, obs in _batches(win, picks, batch, device):
             estimates.append(model.state(model.encode(obs)).cpu())
             targets.append(torch.stack([it["state"] for it in items]))
     est, tgt = torch.cat(estimates).double(), torch.cat(targets).double()
@@ -92,9 +97,7 @@ def policy_readout(model, data: ShardedDataset, windows: int = 512, seed: int = 
     chosen, expert = [], []
     model.eval()
     with torch.no_grad():
-        for start in range(0, len(picks), batch):
-            items = [win[int(i)] for i in picks[start:start + batch]]
-            obs = {k: torch.stack([it["obs"][k][h] for it in items]).to(device) for k in items[0]["obs"]}
+        for items, obs in _batches(win, picks, batch, device):
             history = model.encode_history(torch.stack([it["obs"]["proprio"][:h] for it in items]).to(device),
                                            torch.stack([it["actions"][:h] for it in items]).to(device))
             chosen.append(model.policy(model.encode(obs), history, obs.get("command"), obs["proprio"])[:, 0].cpu())
