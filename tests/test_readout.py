@@ -58,6 +58,8 @@ def test_readout_tells_a_latent_that_holds_the_state_from_an_untrained_one(tmp_p
 
     with pytest.raises(ValueError, match="no window of the data starts with a clean expert action"):
         policy_readout(trained, _toy_data(tmp_path / "rungs", seed=3, expert_prob=0.0))
+    with pytest.raises(ValueError, match="windows must be >= 1"):
+        policy_readout(trained, held_out, windows=0)
     _toy_data(tmp_path / "expert_train", seed=4, expert_only=True)  # every action a target for pi
     expert_runs = _toy_data(tmp_path / "expert", seed=2, expert_only=True)
     imitator = _pretrain(tmp_path, "imitator", 4.0, 300, data="expert_train")

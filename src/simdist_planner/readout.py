@@ -11,7 +11,7 @@ in the images), beside the error of always predicting the mean (what a blind lat
 
 pi is scored on windows whose first action is a clean expert action: its first action against the
 expert's, per action dimension, overall and in each phase the task names (the UR5e peg's
-"at_hole": the last centimetre), beside the error of always acting the mean. A minute of this
+"at_hole": the last centimetre), beside the error of always acting the mean. Ten seconds of this
 tells a pi that follows the expert there from one that does not; fifty closed-loop episodes
 that succeed a few times do not (docs/experiments/peg_wide.md, session 27).
 """
