@@ -391,6 +391,15 @@ class PretrainConfig:
     compile: bool = False  # torch.compile (CUDA)
     time_limit_s: float = 0.0  # wall-clock budget of this run (0 = none): stop, save, resume later
     init_from: str = ""  # checkpoint to start from (continued pretraining with a new schedule)
+    # A first stage (simdist_planner.encoder_pretrain): the image backbone and a throw-away head
+    # learn to predict the task state from the cameras and proprio for `encoder_steps` batches,
+    # in place of the paper's ImageNet features; 0 = none. Skipped when a run resumes.
+    encoder_steps: int = 0
+    encoder_learning_rate: float = 1e-3  # peak; linear warm-up, cosine to a tenth
+    # {state term: scale}: also predict tanh(term / scale), so that millimetres near a target
+    # (e.g. {"bottom_to_hole": 0.005}) count as much as the term's spread over all the data.
+    encoder_near_field: dict = field(default_factory=dict)
+    freeze_image_backbone: bool = False  # keep the backbone as the encoder stage left it
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -412,6 +421,15 @@ class PretrainConfig:
             need(isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0,
                  f"phase_weights[{phase!r}] must be a positive number, got {weight!r}")
         need(self.preload in PRELOAD_MODES, f"preload must be one of {PRELOAD_MODES}, got {self.preload!r}")
+        need(self.encoder_steps >= 0 and self.encoder_learning_rate > 0,
+             "encoder_steps must be >= 0 and encoder_learning_rate positive")
+        need(not (self.synthetic and self.encoder_steps), "encoder_steps need a dataset, not synthetic windows")
+        need(isinstance(self.encoder_near_field, dict) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            for v in self.encoder_near_field.values()),
+            f"encoder_near_field must map state terms to positive scales, got {self.encoder_near_field!r}")
+        need(not self.freeze_image_backbone or self.encoder_steps > 0 or self.init_from,
+             "freeze_image_backbone keeps a trained backbone: give encoder_steps or init_from")
         need(self.precision in ("auto", "bf16", "fp32"), f"precision must be auto, bf16 or fp32, got {self.precision!r}")
 
     def replace(self, **changes) -> "PretrainConfig":

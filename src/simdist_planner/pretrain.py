@@ -344,8 +344,12 @@ def load_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.opti
             if key in st and st[key].shape != params[i].shape:
                 raise ValueError(f"{root / 'optimizer.safetensors'}: {i}.{key} has shape "
                                  f"{tuple(st[key].shape)}, parameter has {tuple(params[i].shape)}")
+    # the optimizer numbers only the parameters it trains (a frozen backbone is not among them)
+    trained = {id(p): k for k, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    if any(id(params[i]) not in trained for i in per_param):
+        raise ValueError(f"{root / 'optimizer.safetensors'}: state for parameters this run does not train")
     sd = optimizer.state_dict()
-    sd["state"] = per_param
+    sd["state"] = {trained[id(params[i])]: st for i, st in per_param.items()}
     optimizer.load_state_dict(sd)
     return int(state["step"])
 
@@ -401,10 +405,25 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
         if unexpected or set(missing) != new:
             raise ValueError(f"warm start from {cfg.init_from}: missing {missing}, unexpected {unexpected}")
     model.to(dev)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr_at(cfg, 0))
+    resuming = (out / "train_state" / "state.json").is_file()
+    if cfg.encoder_steps and not resuming:  # the stage's result lives on in the model's weights
+        from simdist_planner.encoder_pretrain import pretrain_image_backbone
+
+        encoder_writer = None
+        if rank == 0:
+            from torch.utils.tensorboard import SummaryWriter
+
+            encoder_writer = SummaryWriter(str(out / "tb" / "encoder"))
+        _, losses = pretrain_image_backbone(model, source, cfg, dev, rank, encoder_writer, progress)
+        if encoder_writer is not None:
+            encoder_writer.close()
+            print(f"pretrain: encoder stage, {cfg.encoder_steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    if cfg.freeze_image_backbone:
+        model.encoder.images.backbone.requires_grad_(False)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0))
 
     start = 0
-    if (out / "train_state" / "state.json").is_file():
+    if resuming:
         _check_resume_config(out, cfg)
         start = load_train_state(out, model, optimizer)
     if world > 1:
@@ -440,6 +459,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     metrics: dict = {}
     step, done = start, start
     model.train()
+    if cfg.freeze_image_backbone:
+        model.encoder.images.backbone.eval()  # frozen: batch-norm statistics stay as they were too
     for step, batch in enumerate(loader, start=start):
         torch.manual_seed(_seed(cfg.seed, rank, step, 2))  # dropout of this step
         batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
@@ -538,7 +559,7 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
     parser.add_argument("--no-progress", action="store_true")
     fields = PretrainConfig.__dataclass_fields__
     for name in fields:
-        if name in ("data", "model_overrides", "phase_weights"):
+        if name in ("data", "model_overrides", "phase_weights", "encoder_near_field"):
             continue
         flag = "--" + name.replace("_", "-")
         ftype = fields[name].type
@@ -554,6 +575,8 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
                         help='JSON merged into the model config, e.g. \'{"head_kind": "mlp"}\'')
     parser.add_argument("--phase-weights", type=json.loads, default=None,
                         help='JSON {phase: weight} of the task\'s step phases, e.g. \'{"closing": 10}\'')
+    parser.add_argument("--encoder-near-field", type=json.loads, default=None,
+                        help='JSON {state term: scale} for the encoder stage, e.g. \'{"bottom_to_hole": 0.005}\'')
     args = parser.parse_args(argv)
     values = dict(PRETRAIN_PRESETS[args.preset]) if args.preset else {}
     for name in fields:
