@@ -45,9 +45,11 @@ def test_readout_tells_a_latent_that_holds_the_state_from_an_untrained_one(tmp_p
     held_out = _toy_data(tmp_path / "held_out", seed=1)  # other goals and starts
     trained = _pretrain(tmp_path, "trained", 4.0, 300)
     untrained = _pretrain(tmp_path, "untrained", 4.0, 1)
-    (good,) = state_readout(trained, held_out, windows=256)
-    (bad,) = state_readout(untrained, held_out, windows=256)
+    good, good_start = state_readout(trained, held_out, windows=256)
+    bad, _ = state_readout(untrained, held_out, windows=256)
     assert good.term == bad.term == "goal_offset"  # the toy's state: goal minus position
+    assert (good.phase, good_start.phase) == ("all", "start")
+    assert 0 < good_start.windows < good.windows and good_start.error < 0.5 * good_start.blind
     # the blind error is the data's own spread about its mean: the same for both models
     assert good.blind == pytest.approx(bad.blind) and good.blind > 0.1
     assert good.error < 0.5 * good.blind and good.error_large < 0.5 * good.blind_large

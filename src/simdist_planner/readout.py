@@ -7,7 +7,8 @@ The state head (LossWeights.state, docs/world_model.md) reads the task state fro
 On windows it was not trained on, its error per state term says what the encoder sees; the
 training loss averages that away. Each term is scored on all windows and on the quarter where
 the term is largest (for the UR5e's `tcp_to_grasp`: the approach, where the peg must be found
-in the images), beside the error of always predicting the mean (what a blind latent scores).
+in the images), beside the error of always predicting the mean (what a blind latent scores),
+then again on the windows in each phase the task names.
 
 pi is scored on windows whose first action is a clean expert action: its first action against the
 expert's, per action dimension, overall and in each phase the task names (the UR5e peg's
@@ -28,11 +29,19 @@ from simdist_planner.dataset import ShardedDataset, WindowDataset, window_phases
 
 @dataclass(frozen=True)
 class TermReadout:
+    phase: str  # "all", or a phase of the task
     term: str
-    error: float  # mean Euclidean error of the head's estimate, raw units, all windows
-    blind: float  # the same for the mean of the targets (a latent that holds nothing)
-    error_large: float  # on the quarter of windows where the term's norm is largest
+    windows: int
+    error: float  # mean Euclidean error of the head's estimate, raw units
+    blind: float  # the same for the mean of these targets (a latent that holds nothing)
+    error_large: float  # on the quarter of these windows where the term's norm is largest
     blind_large: float
+
+
+def _phase_masks(win: WindowDataset, picks: np.ndarray) -> dict[str, np.ndarray]:
+    """{"all": every pick, phase: the picks whose step t lies in it} for the phases any pick is in."""
+    masks = {"all": np.ones(len(picks), bool), **{k: v[picks] for k, v in window_phases(win).items()}}
+    return {k: m for k, m in masks.items() if m.any()}
 
 
 def _batches(win: WindowDataset, picks: np.ndarray, batch: int, device):
@@ -44,7 +53,8 @@ def _batches(win: WindowDataset, picks: np.ndarray, batch: int, device):
 
 def state_readout(model, data: ShardedDataset, windows: int = 512, seed: int = 0,
                   batch: int = 64) -> list[TermReadout]:
-    """Score the model's state head on `windows` windows of `data` drawn with `seed`."""
+    """Score the model's state head on `windows` windows of `data` drawn with `seed`: every term
+    over all of them, then over those in each phase of the task."""
     if model.state_head is None:
         raise ValueError(f"the {model.config.robot} model has no state head (trained with loss.state 0)")
     terms = data.layout.state_terms
@@ -61,14 +71,16 @@ def state_readout(model, data: ShardedDataset, windows: int = 512, seed: int = 0
             estimates.append(model.state(model.encode(obs)).cpu())
             targets.append(torch.stack([it["state"] for it in items]))
     est, tgt = torch.cat(estimates).double(), torch.cat(targets).double()
-    out, col = [], 0
-    for name, dim in terms:
-        e, t = est[:, col:col + dim], tgt[:, col:col + dim]
-        col += dim
-        err, blind = (e - t).norm(dim=1), (t - t.mean(0)).norm(dim=1)
-        large = t.norm(dim=1) >= t.norm(dim=1).quantile(0.75)
-        out.append(TermReadout(name, float(err.mean()), float(blind.mean()),
-                               float(err[large].mean()), float(blind[large].mean())))
+    out = []
+    for phase, m in _phase_masks(win, picks).items():
+        col = 0
+        for name, dim in terms:
+            e, t = est[m, col:col + dim], tgt[m, col:col + dim]
+            col += dim
+            err, blind = (e - t).norm(dim=1), (t - t.mean(0)).norm(dim=1)
+            large = t.norm(dim=1) >= t.norm(dim=1).quantile(0.75)
+            out.append(TermReadout(phase, name, int(m.sum()), float(err.mean()), float(blind.mean()),
+                                   float(err[large].mean()), float(blind[large].mean())))
     return out
 
 
@@ -103,13 +115,11 @@ def policy_readout(model, data: ShardedDataset, windows: int = 512, seed: int = 
             chosen.append(model.policy(model.encode(obs), history, obs.get("command"), obs["proprio"])[:, 0].cpu())
             expert.append(torch.stack([it["actions"][h] for it in items]))
     pi, ex = torch.cat(chosen).double(), torch.cat(expert).double()
-    masks = {"all": np.ones(len(picks), bool), **{k: v[picks] for k, v in window_phases(win).items()}}
     rows = []
-    for phase, m in masks.items():
-        if m.any():
-            e, p = ex[torch.from_numpy(m)], pi[torch.from_numpy(m)]
-            rms = lambda d: tuple(float(x) for x in d.pow(2).mean(0).sqrt())  # noqa: E731
-            rows.append(ActionReadout(phase, int(m.sum()), rms(p - e), rms(e - e.mean(0))))
+    for phase, m in _phase_masks(win, picks).items():
+        e, p = ex[torch.from_numpy(m)], pi[torch.from_numpy(m)]
+        rms = lambda d: tuple(float(x) for x in d.pow(2).mean(0).sqrt())  # noqa: E731
+        rows.append(ActionReadout(phase, int(m.sum()), rms(p - e), rms(e - e.mean(0))))
     return rows
 
 
@@ -123,10 +133,11 @@ def format_policy_readout(rows: list[ActionReadout], title: str) -> str:
 
 
 def format_readout(rows: list[TermReadout], title: str) -> str:
-    header = f"{'term':18} {'error':>9} {'blind':>9} {'error(top 25%)':>15} {'blind(top 25%)':>15}"
+    header = (f"{'phase':10} {'windows':>7} {'term':18} {'error':>9} {'blind':>9} {'error(top 25%)':>15} "
+              f"{'blind(top 25%)':>15}")
     lines = [title, header, "-" * len(header)]
-    lines += [f"{r.term:18} {r.error:9.4f} {r.blind:9.4f} {r.error_large:15.4f} {r.blind_large:15.4f}"
-              for r in rows]
+    lines += [f"{r.phase:10} {r.windows:7d} {r.term:18} {r.error:9.4f} {r.blind:9.4f} {r.error_large:15.4f} "
+              f"{r.blind_large:15.4f}" for r in rows]
     return "\n".join(lines)
 
 
