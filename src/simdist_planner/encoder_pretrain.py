@@ -101,13 +101,8 @@ def pretrain_image_backbone(model: WorldModel, source, cfg: PretrainConfig, devi
     reader.train()
     total, count, losses = 0.0, 0, []
     for step in range(cfg.encoder_steps):
-        rng = np.random.default_rng(_seed(cfg.seed, rank, step, 4))
-        if source.cum_weights is None:
-            picks = rng.integers(0, len(source.windows), cfg.batch_size)
-        else:
-            picks = np.searchsorted(source.cum_weights, rng.random(cfg.batch_size) * source.cum_weights[-1],
-                                    side="right")
-        rows = _rows(source, picks, names)
+        rows = _rows(source, source.draw(np.random.default_rng(_seed(cfg.seed, rank, step, 4)), cfg.batch_size),
+                     names)
         images = torch.from_numpy(np.stack([rows[f"images/{c}"] for c in mc.image.cameras], 1))
         images = images.permute(0, 1, 4, 2, 3).unsqueeze(1)  # (B, 1, n_cam, 3, h, w): one frame
         proprio = torch.from_numpy(rows["proprio"])

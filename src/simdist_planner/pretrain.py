@@ -150,15 +150,17 @@ class WindowSource(torch.utils.data.Dataset):
         if self.windows is None:
             return synthetic_windows(self.model_config, b, seed=_seed(self.cfg.seed, self.rank, step),
                                      system_seed=self.cfg.seed)
-        rng = np.random.default_rng(_seed(self.cfg.seed, self.rank, step, 0))
-        if self.cum_weights is None:
-            picks = rng.integers(0, len(self.windows), b)
-        else:
-            picks = np.searchsorted(self.cum_weights, rng.random(b) * self.cum_weights[-1], side="right")
+        picks = self.draw(np.random.default_rng(_seed(self.cfg.seed, self.rank, step, 0)), b)
         items = [self.windows[int(i)] for i in picks]
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0] if k != "obs"}
         batch.update({k: torch.stack([it["obs"][k] for it in items]) for k in items[0]["obs"]})
         return batch
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n window indices, uniform or by the phase weights."""
+        if self.cum_weights is None:
+            return rng.integers(0, len(self.windows), n)
+        return np.searchsorted(self.cum_weights, rng.random(n) * self.cum_weights[-1], side="right")
 
     def proprio_noise(self) -> torch.Tensor:
         """Per-dimension noise std of the proprio vector (ShardedDataset.obs_noise_std)."""
