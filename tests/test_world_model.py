@@ -76,7 +76,7 @@ def test_api_shapes(make):
     cmd = w["command"][:, h] if "command" in w else None
     assert model.reward(latents, w["actions"][:, h:], cmd).shape == (3, t)
     assert model.value(latents, cmd).shape == (3, t)
-    assert model.policy(z, hist, cmd).shape == (3, t, cfg.action_dim)
+    assert model.policy(z, hist, cmd, w["proprio"][:, h]).shape == (3, t, cfg.action_dim)
     # a shorter history and horizon work too (first steps of an episode, short plans)
     hist2 = model.encode_history(w["proprio"][:, h - 1:h], w["actions"][:, h - 1:h])
     assert model.dynamics(z, w["actions"][:, h:h + 2], hist2).shape == (3, 2, 16)

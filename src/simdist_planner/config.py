@@ -323,11 +323,14 @@ def ur5e_small_config(**overrides) -> WorldModelConfig:
 
     H = 14, not 5: the data's expert holds still and closed for 11 steps before it lifts
     (InsertionExpert.CLOSE_STEPS), and only a history longer than that shows when to lift.
+    pi reads the proprio directly too (`policy_proprio_skip`): a UR5e action is a delta on the
+    measured TCP, which z holds to a centimetre and the proprio to 0.2 mm (docs/experiments/peg_wide.md).
     """
     base = ur5e_config(
         image=ImageEncoderConfig(cameras=UR5E_CAMERAS, height=64, width=64, backbone="small_cnn"),
         loss=LossWeights(state=4.0),
         history=14,
+        policy_proprio_skip=True,
     )
     return base.replace(**overrides)
 
@@ -447,7 +450,11 @@ class PretrainConfig:
 PRETRAIN_PRESETS = {
     # 9000 x 32 on 400 peg + 600 start-phase episodes (64-67 k rows): 30-51 min on both
     # cores. Half as many steps (24 min) left a base policy that rarely grasped (docs/world_model.md)
-    "ur5e_peg": dict(model="ur5e_small", steps=9000, batch_size=32, warmup_steps=60, threads=2, preload="all"),
+    # The encoder stage stands in for the paper's ImageNet features (the backbone then frozen), and
+    # the last centimetre is drawn four times as often (docs/experiments/peg_wide.md, session 28).
+    "ur5e_peg": dict(model="ur5e_small", steps=9000, batch_size=32, warmup_steps=60, threads=2, preload="all",
+                     phase_weights={"at_hole": 4}, encoder_steps=12000, freeze_image_backbone=True,
+                     encoder_near_field={"bottom_to_hole": 0.005, "tcp_to_grasp": 0.005}),
     # 2000 optimiser steps of 128 windows: on fixed-friction data its base policy crossed the sim
     # slope 10 / 10 (2100 x 256: 1 / 5); on friction-randomised data 0 / 10 (docs/world_model.md)
     "go2": dict(model="go2", steps=2000, batch_size=128, warmup_steps=100, threads=2),
