@@ -115,6 +115,14 @@ class StepLayout:
     def state_dim(self) -> int:
         return sum(d for _, d in self.state_terms)
 
+    def state_slices(self) -> dict[str, slice]:
+        """{term: its columns of the state vector}, in layout order."""
+        out, offset = {}, 0
+        for name, dim in self.state_terms:
+            out[name] = slice(offset, offset + dim)
+            offset += dim
+        return out
+
     def step_shapes(self) -> dict[str, tuple[tuple[int, ...], type]]:
         """Per-row shape and dtype of every /steps dataset, keyed by its path under /steps."""
         shapes: dict[str, tuple[tuple[int, ...], type]] = {

@@ -38,10 +38,7 @@ class StateReader(nn.Module):
 
 def near_field_slices(layout, near_field: dict[str, float]) -> list[tuple[slice, float]]:
     """[(columns of the state vector, scale)] of the terms named in `near_field`."""
-    starts, offset = {}, 0
-    for name, dim in layout.state_terms:
-        starts[name] = slice(offset, offset + dim)
-        offset += dim
+    starts = layout.state_slices()
     unknown = sorted(set(near_field) - set(starts))
     if unknown:
         raise ValueError(f"encoder_near_field names {unknown}; the data's task state has the terms "

@@ -73,10 +73,8 @@ def state_readout(model, data: ShardedDataset, windows: int = 512, seed: int = 0
     est, tgt = torch.cat(estimates).double(), torch.cat(targets).double()
     out = []
     for phase, m in _phase_masks(win, picks).items():
-        col = 0
-        for name, dim in terms:
-            e, t = est[m, col:col + dim], tgt[m, col:col + dim]
-            col += dim
+        for name, cols in data.layout.state_slices().items():
+            e, t = est[m, cols], tgt[m, cols]
             err, blind = (e - t).norm(dim=1), (t - t.mean(0)).norm(dim=1)
             large = t.norm(dim=1) >= t.norm(dim=1).quantile(0.75)
             out.append(TermReadout(phase, name, int(m.sum()), float(err.mean()), float(blind.mean()),
