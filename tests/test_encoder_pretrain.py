@@ -13,7 +13,8 @@ import torch
 from simdist_planner.checkpoint import load_checkpoint
 from simdist_planner.config import PretrainConfig
 from simdist_planner.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
-from simdist_planner.encoder_pretrain import pretrain_image_backbone, state_targets
+from simdist_planner.encoder_pretrain import pretrain_image_backbone
+from simdist_planner.losses import near_field_slices, state_targets
 from simdist_planner.model import WorldModel
 from simdist_planner.pretrain import WindowSource, fit_scaler, pretrain
 
@@ -74,7 +75,7 @@ def _reader_error(reader, model, path, near):
     state = torch.from_numpy(np.concatenate([e["state"] for e in ep]))
     with torch.no_grad():
         pred = reader(images, model.scaler.normalize("proprio", proprio))
-    return float(((pred - state_targets(model, state, near)) ** 2).mean().sqrt())
+    return float(((pred - state_targets(model.scaler, state, near)) ** 2).mean().sqrt())
 
 
 def test_the_encoder_stage_teaches_the_backbone_to_read_the_state_from_the_image(data):
@@ -86,9 +87,7 @@ def test_the_encoder_stage_teaches_the_backbone_to_read_the_state_from_the_image
     assert len(losses) == 15 and losses[-1] < 0.3 * losses[0]
     # held-out rows (other blobs): the proprio is noise, so only a backbone that reads the image
     # can predict the state; the same reader with the backbone as it started cannot
-    from simdist_planner.encoder_pretrain import near_field_slices
-
-    near = near_field_slices(source.windows.dataset.layout, cfg.encoder_near_field)
+    near = near_field_slices(source.windows.dataset.layout, cfg.encoder_near_field, "encoder_near_field")
     trained = _reader_error(reader, model, data / "held_out", near)
     fresh = WorldModel(source.model_config)
     fresh.scaler.load_state_dict(model.scaler.state_dict())
@@ -119,7 +118,7 @@ def test_a_frozen_backbone_keeps_the_stage_s_weights_and_a_resumed_run_skips_the
     assert all(torch.equal(resumed[k], v) for k, v in straight.items())
 
 
-def test_encoder_stage_settings_are_checked(data):
+def test_encoder_stage_and_near_field_settings_are_checked(data):
     with pytest.raises(ValueError, match="freeze_image_backbone keeps a trained backbone"):
         _cfg(data, encoder_steps=0, freeze_image_backbone=True)
     with pytest.raises(ValueError, match="encoder_near_field must map state terms to positive scales"):
@@ -128,6 +127,10 @@ def test_encoder_stage_settings_are_checked(data):
         _cfg(data, data=(), synthetic=True)
     with pytest.raises(ValueError, match=r"encoder_near_field names \['hole'\]; .* terms \['blob'\]"):
         pretrain(_cfg(data, encoder_near_field={"hole": 0.005}), data / "bad", progress=False)
+    with pytest.raises(ValueError, match="state_near_field must map state terms to positive scales"):
+        _cfg(data, state_near_field={"blob": -1.0})
+    with pytest.raises(ValueError, match=r"state_near_field names \['hole'\]; .* terms \['blob'\]"):
+        pretrain(_cfg(data, encoder_steps=0, state_near_field={"hole": 0.005}), data / "bad_z", progress=False)
     with pytest.raises(ValueError, match="need a dataset with camera images and the task state"):
         pretrain(_cfg(data, model_overrides={"latent_dim": 16, "history": 2, "horizon": 3, "loss": {"state": 0.0}}),
                  data / "stateless", progress=False)
@@ -151,3 +154,16 @@ def test_two_ranks_with_a_frozen_backbone_end_with_identical_weights(data):
     a, b = metrics["rank_weights_sha256"]
     assert metrics["world_size"] == 2 and a == b
     assert "pretrain: encoder stage, 10 steps" in res.stdout
+
+
+def test_state_near_field_enters_the_state_term_of_pretraining(data):
+    """The same first step with and without `state_near_field`: only the state term changes
+    (the near-field copies of the blob's place join it), every other term is the same."""
+    def first_step(name, **kw):
+        run = pretrain(_cfg(data, encoder_steps=0, steps=1, log_every=1, **kw), data / name, progress=False)
+        return json.loads((run / "metrics.json").read_text())
+
+    plain, near = first_step("plain"), first_step("near", state_near_field={"blob": 0.005})
+    for term in ("latent", "reward", "value", "action"):
+        assert near[f"loss/{term}"] == pytest.approx(plain[f"loss/{term}"], rel=1e-6)
+    assert abs(near["loss/state"] - plain["loss/state"]) > 1e-3 * plain["loss/state"]

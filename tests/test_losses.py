@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from simdist_planner.config import AttentionConfig, ImageEncoderConfig, LossWeights, go2_config, ur5e_config
-from simdist_planner.losses import adaptation_loss, expert_mask, freeze_for_adaptation, world_model_loss
+from simdist_planner.dataset import StepLayout
+from simdist_planner.losses import (adaptation_loss, expert_mask, freeze_for_adaptation, near_field_slices,
+                                    world_model_loss)
 from simdist_planner.model import WorldModel
 from simdist_planner.synthetic import synthetic_windows
 
@@ -144,6 +146,32 @@ def test_overfit_drives_every_term_down_tenfold():
     last = world_model_loss(model, w).as_floats()
     for k in ("latent", "reward", "value", "action", "reconstruction", "state"):
         assert last[k] * 10 <= first[k], f"{k}: {first[k]:.4g} -> {last[k]:.4g}"
+
+
+def test_near_field_makes_millimetres_of_a_state_term_count():
+    """The state term with `near_field`: a guess 2 mm off a term whose spread is metres costs
+    next to nothing normalised, and tanh(2 mm / 5 mm)^2 more as a near-field copy; the state head
+    is set to output that guess for every window so the term is computed by hand."""
+    cfg = tiny_go2(loss=LossWeights(state=1.0), state_dim=3)
+    w = synthetic_windows(cfg, 4, seed=3)
+    model = fitted(cfg, w).eval()
+    w["state"] = torch.zeros_like(w["state"])  # every window at its target
+    guess = torch.tensor([0.002, 0.0, 0.0])
+    last = model.state_head.net[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.copy_(model.scaler.normalize("state", guess))
+    target_n = model.scaler.normalize("state", torch.zeros(3))
+    plain = ((model.scaler.normalize("state", guess) - target_n) ** 2).mean()
+    near = [(slice(0, 1), 0.005)]
+    torch.testing.assert_close(world_model_loss(model, w).state, plain)
+    by_hand = (3 * plain + torch.tanh(torch.tensor(0.4)) ** 2) / 4
+    torch.testing.assert_close(world_model_loss(model, w, near_field=near).state, by_hand)
+    assert by_hand > 100 * plain
+    layout = StepLayout(proprio_terms=(("joint_pos", 3),), action_dim=2, state_terms=(("hole", 2), ("grasp", 1)))
+    assert near_field_slices(layout, {"grasp": 0.01}, "state_near_field") == [(slice(2, 3), 0.01)]
+    with pytest.raises(ValueError, match=r"state_near_field names \['peg'\]; .* terms \['grasp', 'hole'\]"):
+        near_field_slices(layout, {"peg": 0.01}, "state_near_field")
 
 
 def test_state_term_trains_the_encoder_to_hold_the_task_state():

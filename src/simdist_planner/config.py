@@ -402,6 +402,9 @@ class PretrainConfig:
     # {state term: scale}: also predict tanh(term / scale), so that millimetres near a target
     # (e.g. {"bottom_to_hole": 0.005}) count as much as the term's spread over all the data.
     encoder_near_field: dict = field(default_factory=dict)
+    # The same for the state loss on z (LossWeights.state): the state head's output for these
+    # terms is also scored as tanh(term / scale), so z must keep the millimetres too.
+    state_near_field: dict = field(default_factory=dict)
     freeze_image_backbone: bool = False  # keep the backbone as the encoder stage left it
 
     def __post_init__(self) -> None:
@@ -427,10 +430,12 @@ class PretrainConfig:
         need(self.encoder_steps >= 0 and self.encoder_learning_rate > 0,
              "encoder_steps must be >= 0 and encoder_learning_rate positive")
         need(not (self.synthetic and self.encoder_steps), "encoder_steps need a dataset, not synthetic windows")
-        need(isinstance(self.encoder_near_field, dict) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-            for v in self.encoder_near_field.values()),
-            f"encoder_near_field must map state terms to positive scales, got {self.encoder_near_field!r}")
+        need(not (self.synthetic and self.state_near_field), "state_near_field needs a dataset, not synthetic windows")
+        for name in ("encoder_near_field", "state_near_field"):
+            near = getattr(self, name)
+            need(isinstance(near, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                for v in near.values()), f"{name} must map state terms to positive scales, got {near!r}")
         need(not self.freeze_image_backbone or self.encoder_steps > 0 or self.init_from,
              "freeze_image_backbone keeps a trained backbone: give encoder_steps or init_from")
         need(self.precision in ("auto", "bf16", "fp32"), f"precision must be auto, bf16 or fp32, got {self.precision!r}")

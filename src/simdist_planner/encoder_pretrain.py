@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from simdist_planner.config import PretrainConfig
+from simdist_planner.losses import near_field_slices, state_targets
 from simdist_planner.model import WorldModel
 from simdist_planner.pretrain import _augment_images, _seed
 from simdist_planner.transformers import MLP
@@ -34,25 +35,6 @@ class StateReader(nn.Module):
 
     def forward(self, images: torch.Tensor, proprio_n: torch.Tensor) -> torch.Tensor:
         return self.head(torch.cat([self.images(images), proprio_n], dim=-1))
-
-
-def near_field_slices(layout, near_field: dict[str, float]) -> list[tuple[slice, float]]:
-    """[(columns of the state vector, scale)] of the terms named in `near_field`."""
-    starts = layout.state_slices()
-    unknown = sorted(set(near_field) - set(starts))
-    if unknown:
-        raise ValueError(f"encoder_near_field names {unknown}; the data's task state has the terms "
-                         f"{sorted(starts) or 'none'}")
-    return [(starts[name], float(scale)) for name, scale in near_field.items()]
-
-
-def state_targets(model: WorldModel, state: torch.Tensor, near: list[tuple[slice, float]]) -> torch.Tensor:
-    """The scaler-normalised state (what the state loss on z predicts) and, per near-field term,
-    tanh(x / scale): steepest within +-scale, so millimetres at the target count as much as
-    decimetres elsewhere (normalised by the spread over all the data they would cost nothing)."""
-    parts = [model.scaler.normalize("state", state)]
-    parts += [torch.tanh(state[:, cols] / scale) for cols, scale in near]
-    return torch.cat(parts, dim=-1)
 
 
 def _rows(source, picks: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
@@ -84,7 +66,7 @@ def pretrain_image_backbone(model: WorldModel, source, cfg: PretrainConfig, devi
         raise ValueError("encoder_steps need a dataset with camera images and the task state "
                          "(loss.state > 0), to teach the image backbone to read it")
     layout = source.windows.dataset.layout
-    near = near_field_slices(layout, cfg.encoder_near_field)
+    near = near_field_slices(layout, cfg.encoder_near_field, "encoder_near_field")
     out_dim = mc.state_dim + sum(c.stop - c.start for c, _ in near)
     torch.manual_seed(_seed(cfg.seed, 3))
     reader = StateReader(model, out_dim).to(device)
@@ -112,7 +94,7 @@ def pretrain_image_backbone(model: WorldModel, source, cfg: PretrainConfig, devi
         for group in optimizer.param_groups:
             group["lr"] = encoder_lr(cfg, step)
         loss = F.mse_loss(reader(images, model.scaler.normalize("proprio", proprio)),
-                          state_targets(model, state, near))
+                          state_targets(model.scaler, state, near))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

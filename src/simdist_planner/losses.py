@@ -5,10 +5,11 @@ with the official weights latent 1 / reward 1 / value 1 / action 4 (config.loss)
 mask 1_e = cumulative product of the expert flags along the horizon: once a corrupted action
 enters the chunk, no later action is a target for pi. Each term is a mean over its elements.
 Optional terms outside the paper: reconstruction (the Table I ablation) and the privileged task
-state read from z_t (LossWeights.state).
+state read from z_t (LossWeights.state), with near-field copies of named terms (`near_field`).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ from simdist_planner.config import LossWeights
 from simdist_planner.model import WorldModel, unwrap
 
 TERMS = ("latent", "reward", "value", "action", "reconstruction", "state")
+NearField = Sequence[tuple[slice, float]]  # (columns of the state vector, scale) per term
 
 
 @dataclass
@@ -45,9 +47,31 @@ def latent_loss(pred: dict) -> torch.Tensor:
     return ((pred["latents"] - pred["target_latents"]) ** 2).mean()
 
 
-def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None = None) -> LossTerms:
+def near_field_slices(layout, near_field: dict[str, float], setting: str) -> NearField:
+    """[(columns of the state vector, scale)] of the terms named in `near_field` (the setting
+    `setting` of PretrainConfig, named in the error)."""
+    starts = layout.state_slices()
+    unknown = sorted(set(near_field) - set(starts))
+    if unknown:
+        raise ValueError(f"{setting} names {unknown}; the data's task state has the terms "
+                         f"{sorted(starts) or 'none'}")
+    return [(starts[name], float(scale)) for name, scale in near_field.items()]
+
+
+def state_targets(scaler, state: torch.Tensor, near: NearField) -> torch.Tensor:
+    """The scaler-normalised state and, per near-field term, tanh(x / scale): steepest within
+    +-scale, so millimetres at a target count as much as decimetres elsewhere (normalised by the
+    term's spread over all the data, 19 cm for the peg's offset from the hole, they cost nothing)."""
+    parts = [scaler.normalize("state", state)]
+    parts += [torch.tanh(state[..., cols] / scale) for cols, scale in near]
+    return torch.cat(parts, dim=-1)
+
+
+def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None = None,
+                     near_field: NearField = ()) -> LossTerms:
     """Eq. 2 for one batch of windows; `model` may be wrapped in DDP / torch.compile; `weights`
-    default to the model config's."""
+    default to the model config's. `near_field` (near_field_slices) adds tanh copies of those
+    state columns to the state term, read from the state head's denormalised output."""
     core = unwrap(model)
     w = weights or core.config.loss
     pred = _float(model(window))  # losses in fp32 also under bf16 autocast
@@ -77,9 +101,11 @@ def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None
         if "state" not in window:
             raise ValueError("loss.state > 0 needs the privileged task state in the window "
                              "('state'); shards generated before it was stored have none")
-        target = scaler.normalize("state", window["state"].float())
-        _check_shape("state", target, pred["state"].shape)
-        state = ((pred["state"] - target) ** 2).mean()
+        _check_shape("state", window["state"], pred["state"].shape)
+        target = state_targets(scaler, window["state"].float(), near_field)
+        guess = torch.cat([pred["state"], *(torch.tanh(scaler.denormalize("state", pred["state"])[..., cols] / scale)
+                                            for cols, scale in near_field)], dim=-1)
+        state = ((guess - target) ** 2).mean()
     total = (w.latent * latent + w.reward * reward + w.value * value + w.action * action
              + w.reconstruction * recon + w.state * state)
     return LossTerms(total, latent, reward, value, action, recon, state)

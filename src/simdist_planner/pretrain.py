@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 from simdist_planner.checkpoint import load_checkpoint, read_config, replace_dir, save_checkpoint
 from simdist_planner.config import (CONFIG_FACTORIES, PRETRAIN_PRESETS, SMALL_BACKBONES, PretrainConfig,
                                     WorldModelConfig)
-from simdist_planner.losses import TERMS, world_model_loss
+from simdist_planner.losses import TERMS, near_field_slices, world_model_loss
 from simdist_planner.model import WorldModel
 from simdist_planner.synthetic import synthetic_windows
 
@@ -422,6 +422,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
             print(f"pretrain: encoder stage, {cfg.encoder_steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     if cfg.freeze_image_backbone:
         model.encoder.images.backbone.requires_grad_(False)
+    near = (near_field_slices(source.windows.dataset.layout, cfg.state_near_field, "state_near_field")
+            if cfg.state_near_field else ())
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0))
 
     start = 0
@@ -470,7 +472,7 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
         for group in optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            terms = world_model_loss(train_model, batch)
+            terms = world_model_loss(train_model, batch, near_field=near)
         optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
         if cfg.grad_clip > 0:
@@ -561,7 +563,7 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
     parser.add_argument("--no-progress", action="store_true")
     fields = PretrainConfig.__dataclass_fields__
     for name in fields:
-        if name in ("data", "model_overrides", "phase_weights", "encoder_near_field"):
+        if name in ("data", "model_overrides", "phase_weights", "encoder_near_field", "state_near_field"):
             continue
         flag = "--" + name.replace("_", "-")
         ftype = fields[name].type
@@ -579,6 +581,8 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
                         help='JSON {phase: weight} of the task\'s step phases, e.g. \'{"closing": 10}\'')
     parser.add_argument("--encoder-near-field", type=json.loads, default=None,
                         help='JSON {state term: scale} for the encoder stage, e.g. \'{"bottom_to_hole": 0.005}\'')
+    parser.add_argument("--state-near-field", type=json.loads, default=None,
+                        help="JSON {state term: scale} for the state loss on z, as --encoder-near-field")
     args = parser.parse_args(argv)
     values = dict(PRETRAIN_PRESETS[args.preset]) if args.preset else {}
     for name in fields:
