@@ -456,10 +456,12 @@ PRETRAIN_PRESETS = {
     # 9000 x 32 on 400 peg + 600 start-phase episodes (64-67 k rows): 30-51 min on both
     # cores. Half as many steps (24 min) left a base policy that rarely grasped (docs/world_model.md)
     # The encoder stage stands in for the paper's ImageNet features (the backbone then frozen), and
-    # the last centimetre is drawn four times as often (docs/experiments/peg_wide.md, session 28).
+    # the last centimetre is drawn four times as often (docs/experiments/peg_wide.md, session 28);
+    # the near-field terms are scored on z too (session 29).
     "ur5e_peg": dict(model="ur5e_small", steps=9000, batch_size=32, warmup_steps=60, threads=2, preload="all",
                      phase_weights={"at_hole": 4}, encoder_steps=12000, freeze_image_backbone=True,
-                     encoder_near_field={"bottom_to_hole": 0.005, "tcp_to_grasp": 0.005}),
+                     encoder_near_field={"bottom_to_hole": 0.005, "tcp_to_grasp": 0.005},
+                     state_near_field={"bottom_to_hole": 0.005, "tcp_to_grasp": 0.005}),
     # 2000 optimiser steps of 128 windows: on fixed-friction data its base policy crossed the sim
     # slope 10 / 10 (2100 x 256: 1 / 5); on friction-randomised data 0 / 10 (docs/world_model.md)
     "go2": dict(model="go2", steps=2000, batch_size=128, warmup_steps=100, threads=2),
