@@ -451,6 +451,8 @@ class PretrainConfig:
         return _from_plain(cls, data, "pretrain config")
 
 
+# The peg's terms whose millimetres matter (the hole's clearance is 1 mm per side), with their scale.
+PEG_NEAR_FIELD = {"bottom_to_hole": 0.005, "tcp_to_grasp": 0.005}
 # Small defaults that train on this 2-core CPU in under an hour (see docs/world_model.md).
 PRETRAIN_PRESETS = {
     # 9000 x 32 on 400 peg + 600 start-phase episodes (64-67 k rows): 30-51 min on both
@@ -460,8 +462,7 @@ PRETRAIN_PRESETS = {
     # the near-field terms are scored on z too (session 29).
     "ur5e_peg": dict(model="ur5e_small", steps=9000, batch_size=32, warmup_steps=60, threads=2, preload="all",
                      phase_weights={"at_hole": 4}, encoder_steps=12000, freeze_image_backbone=True,
-                     encoder_near_field={"bottom_to_hole": 0.005, "tcp_to_grasp": 0.005},
-                     state_near_field={"bottom_to_hole": 0.005, "tcp_to_grasp": 0.005}),
+                     encoder_near_field=PEG_NEAR_FIELD, state_near_field=PEG_NEAR_FIELD),
     # 2000 optimiser steps of 128 windows: on fixed-friction data its base policy crossed the sim
     # slope 10 / 10 (2100 x 256: 1 / 5); on friction-randomised data 0 / 10 (docs/world_model.md)
     "go2": dict(model="go2", steps=2000, batch_size=128, warmup_steps=100, threads=2),

@@ -103,8 +103,7 @@ def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None
                              "('state'); shards generated before it was stored have none")
         _check_shape("state", window["state"], pred["state"].shape)
         target = state_targets(scaler, window["state"].float(), near_field)
-        guess = torch.cat([pred["state"], *(torch.tanh(scaler.denormalize("state", pred["state"])[..., cols] / scale)
-                                            for cols, scale in near_field)], dim=-1)
+        guess = state_targets(scaler, scaler.denormalize("state", pred["state"]), near_field)
         state = ((guess - target) ** 2).mean()
     total = (w.latent * latent + w.reward * reward + w.value * value + w.action * action
              + w.reconstruction * recon + w.state * state)
