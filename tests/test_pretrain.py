@@ -320,3 +320,48 @@ def test_resume_refuses_different_settings(tmp_path):
     pretrain(synthetic_cfg(steps=2, checkpoint_every=2), tmp_path / "run", progress=False)
     with pytest.raises(ValueError, match=r"cannot resume .*batch_size: run has 4, now 8"):
         pretrain(synthetic_cfg(steps=4, batch_size=8), tmp_path / "run", progress=False)
+
+
+def test_weight_average_follows_its_ramp_then_its_decay():
+    from simdist_planner.pretrain import WeightAverage
+
+    net = torch.nn.BatchNorm1d(2)  # float weights and an integer buffer (num_batches_tracked)
+    with torch.no_grad():
+        net.weight.fill_(1.0)
+    avg = WeightAverage(net, decay=0.99)
+    with torch.no_grad():
+        net.weight.fill_(3.0)
+        net.num_batches_tracked.fill_(5)
+    avg.update(net, step=0)  # the ramp: keeps min(0.99, 1 / 10) of the old average
+    torch.testing.assert_close(avg.model.weight, torch.full((2,), 0.1 * 1.0 + 0.9 * 3.0))
+    assert int(avg.model.num_batches_tracked) == 5 and not avg.model.weight.requires_grad
+    with torch.no_grad():
+        net.weight.fill_(-1.0)
+    avg.update(net, step=10_000)  # past the ramp: the decay
+    torch.testing.assert_close(avg.model.weight, torch.full((2,), 0.99 * 2.8 + 0.01 * -1.0))
+    torch.testing.assert_close(net.weight.detach(), torch.full((2,), -1.0))  # the trained model is left alone
+
+
+def test_ema_run_writes_the_average_trains_as_without_and_resumes_exactly(tmp_path):
+    cfg = synthetic_cfg(steps=12, checkpoint_every=100, log_every=100, ema_decay=0.9)
+    plain = load_checkpoint(pretrain(dataclasses.replace(cfg, ema_decay=0.0), tmp_path / "plain", progress=False))
+    ema = load_checkpoint(pretrain(cfg, tmp_path / "ema", progress=False))
+    raw = load_checkpoint(tmp_path / "ema" / "train_state" / "model")
+    p, e, r = plain.state_dict(), ema.state_dict(), raw.state_dict()
+    assert all(torch.equal(p[k], r[k]) for k in p)  # the average does not change what is trained
+    assert not all(torch.equal(p[k], e[k]) for k in p)  # and the model written is the average
+    assert json.loads((tmp_path / "ema" / "model" / "metrics.json").read_text())["ema_decay"] == 0.9
+
+    stopped = tmp_path / "stopped"
+    pretrain(dataclasses.replace(cfg, time_limit_s=1e-9), stopped, progress=False)
+    assert (stopped / "train_state" / "ema").is_dir()
+    resumed = load_checkpoint(pretrain(cfg, stopped, progress=False)).state_dict()
+    assert all(torch.equal(e[k], resumed[k]) for k in e)
+
+    # a train state saved without the average cannot resume a run that keeps one
+    pretrain(dataclasses.replace(cfg, ema_decay=0.0, time_limit_s=1e-9), tmp_path / "no_avg", progress=False)
+    (tmp_path / "no_avg" / "pretrain.json").write_text(json.dumps(cfg.to_dict()))
+    with pytest.raises(ValueError, match="no ema/ weight average"):
+        pretrain(cfg, tmp_path / "no_avg", progress=False)
+    with pytest.raises(ValueError, match=r"ema_decay must be in \[0, 1\)"):
+        synthetic_cfg(ema_decay=1.0)

@@ -406,6 +406,10 @@ class PretrainConfig:
     # terms is also scored as tanh(term / scale), so z must keep the millimetres too.
     state_near_field: dict = field(default_factory=dict)
     freeze_image_backbone: bool = False  # keep the backbone as the encoder stage left it
+    # 0 = off; else checkpoints and the final model hold an exponential moving average of the
+    # weights (per step: decay, ramped up as min(decay, (1 + step) / (10 + step))), so the model
+    # is not whichever point the last steps' noise left it at (docs/experiments/peg_wide.md, session 29).
+    ema_decay: float = 0.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -438,6 +442,7 @@ class PretrainConfig:
                 for v in near.values()), f"{name} must map state terms to positive scales, got {near!r}")
         need(not self.freeze_image_backbone or self.encoder_steps > 0 or self.init_from,
              "freeze_image_backbone keeps a trained backbone: give encoder_steps or init_from")
+        need(0.0 <= self.ema_decay < 1.0, f"ema_decay must be in [0, 1), got {self.ema_decay}")
         need(self.precision in ("auto", "bf16", "fp32"), f"precision must be auto, bf16 or fp32, got {self.precision!r}")
 
     def replace(self, **changes) -> "PretrainConfig":

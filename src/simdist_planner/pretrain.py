@@ -10,18 +10,20 @@ with the stds stored in the dataset, and for cameras brightness / contrast / shi
 
 Run directory:
     pretrain.json              the PretrainConfig (a resumed run must match it)
-    train_state/               model checkpoint + optimizer.safetensors + state.json (exact resume)
+    train_state/               model checkpoint + optimizer.safetensors + state.json (exact resume),
+                               ema/ with the weight average when ema_decay > 0
     checkpoints/step-NNNNNNN/  periodic world-model checkpoints (the last few are kept)
-    model/                     the final world-model checkpoint
+    model/                     the final world-model checkpoint (the weight average with ema_decay > 0)
     tb/                        TensorBoard scalars: every loss term, lr, windows/s
 
 Exact resume: every random draw of step s (window indices, augmentation noise, dropout) comes
 from generators seeded by (seed, rank, s), and the learning rate is a function of s, so the
-optimizer moments and the step counter are the whole training state.
+optimizer moments, the step counter and the weight average are the whole training state.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -298,6 +300,30 @@ def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: 
 
 
 # ------------------------------------------------------------------------------ train state
+class WeightAverage:
+    """Exponential moving average of a model's weights and float buffers (PretrainConfig.ema_decay).
+
+    Runs that reach the same losses can end with base policies that insert 0 % or 48 % of the time
+    (docs/experiments/peg_wide.md, session 29): the last steps' noise decides. The average of the
+    last ~1 / (1 - decay) steps does not hinge on one of them.
+    """
+
+    def __init__(self, model: WorldModel, decay: float):
+        self.decay = decay
+        self.model = copy.deepcopy(model).requires_grad_(False).eval()
+
+    @torch.no_grad()
+    def update(self, model: WorldModel, step: int) -> None:
+        """Fold in the weights after optimiser step `step` (0-based); early steps weigh more
+        (the ramp), so the average does not start out as mostly the initial weights."""
+        keep = min(self.decay, (1 + step) / (10 + step))
+        for avg, new in zip(self.model.state_dict().values(), model.state_dict().values()):
+            if avg.is_floating_point():
+                avg.lerp_(new, 1.0 - keep)
+            else:
+                avg.copy_(new)
+
+
 def _atomic_dir(final: pathlib.Path):
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
@@ -305,11 +331,13 @@ def _atomic_dir(final: pathlib.Path):
 
 
 def save_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.optim.Optimizer,
-                     step: int, metrics: dict) -> None:
+                     step: int, metrics: dict, ema: WeightAverage | None = None) -> None:
     final = out / "train_state"
     tmp = _atomic_dir(final)
     try:
         save_checkpoint(model, tmp / "model", metrics={"step": step, **metrics})
+        if ema is not None:
+            save_checkpoint(ema.model, tmp / "ema", metrics={"step": step, "ema_decay": ema.decay})
         index = {p: i for i, p in enumerate(model.parameters())}
         tensors = {}
         for p, state in optimizer.state.items():
@@ -324,8 +352,9 @@ def save_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.opti
         raise
 
 
-def load_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.optim.Optimizer) -> int:
-    """Restore weights and Adam moments in place; returns the step to continue from."""
+def load_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.optim.Optimizer,
+                     ema: WeightAverage | None = None) -> int:
+    """Restore weights, Adam moments and the weight average in place; returns the step to continue from."""
     root = out / "train_state"
     state = json.loads((root / "state.json").read_text())
     if state.get("format_version") != STATE_FORMAT_VERSION or state.get("optimizer") != type(optimizer).__name__:
@@ -353,6 +382,10 @@ def load_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.opti
     sd = optimizer.state_dict()
     sd["state"] = {trained[id(params[i])]: st for i, st in per_param.items()}
     optimizer.load_state_dict(sd)
+    if ema is not None:
+        if not (root / "ema").is_dir():
+            raise ValueError(f"{root}: no ema/ weight average to resume (the run was saved without ema_decay)")
+        ema.model.load_state_dict(load_checkpoint(root / "ema", expect=model.config).state_dict())
     return int(state["step"])
 
 
@@ -426,10 +459,12 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
             if cfg.state_near_field else ())
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0))
 
+    ema = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+    kept = model if ema is None else ema.model  # what checkpoints and the final model hold
     start = 0
     if resuming:
         _check_resume_config(out, cfg)
-        start = load_train_state(out, model, optimizer)
+        start = load_train_state(out, model, optimizer, ema)
     if world > 1:
         dist.barrier()  # every rank has read the old pretrain.json before rank 0 rewrites it
     if rank == 0:
@@ -478,6 +513,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
+        if ema is not None:
+            ema.update(model, step)
         values = terms.as_floats()
         if not math.isfinite(values["total"]):
             raise FloatingPointError(f"pretrain: loss became {values['total']} at step {step}: {values}")
@@ -500,8 +537,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
             count, t_log = 0, now
         if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:
             if rank == 0:
-                save_train_state(out, model, optimizer, done, metrics)
-                save_checkpoint(model, out / "checkpoints" / f"step-{done:07d}", metrics={"step": done, **metrics})
+                save_train_state(out, model, optimizer, done, metrics, ema)
+                save_checkpoint(kept, out / "checkpoints" / f"step-{done:07d}", metrics={"step": done, **metrics})
                 _prune(out / "checkpoints", cfg.keep_checkpoints)
             if world > 1:
                 dist.barrier()
@@ -516,8 +553,9 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if rank == 0:
         final = {"step": done, **metrics, "world_size": world, "rank_weights_sha256": digests,
                  "seconds_this_run": time.perf_counter() - t_start, "steps_this_run": done - start,
-                 "stopped_at_time_limit": done < cfg.steps, "model_config": cfg.model}
-        save_checkpoint(model, out / "model", metrics=final)
+                 "stopped_at_time_limit": done < cfg.steps, "model_config": cfg.model,
+                 "ema_decay": cfg.ema_decay}
+        save_checkpoint(kept, out / "model", metrics=final)
         if writer is not None:
             writer.close()
     if world > 1:
