@@ -1,6 +1,8 @@
 """Observation -> model-input conversion, the history buffer, the Agent and the evaluation table."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -188,12 +190,17 @@ def test_cli_prints_the_table(tmp_path, capsys):
     task = make_task("go2_flat")
     save_checkpoint(_tiny_model("go2", task.spec), tmp_path / "ckpt")
     task.close()
-    assert main(["--task", "go2_flat", "--checkpoint", str(tmp_path / "ckpt"), "--episodes", "1",
+    assert main(["--task", "go2_flat", "--checkpoint", str(tmp_path / "ckpt"), "--episodes", "2", "--seed", "3",
                  "--max-steps", "2", "--agents", "policy,planner", "--samples", "24", "--elites", "6",
-                 "--iterations", "1", "--no-progress"]) == 0
+                 "--iterations", "1", "--no-progress", "--episodes-out", str(tmp_path / "episodes.jsonl")]) == 0
     out = capsys.readouterr().out
-    assert "go2_flat sim: 1 episodes per agent, seeds 0..0" in out
+    assert "go2_flat sim: 2 episodes per agent, seeds 3..4" in out
     assert [line.split()[0] for line in out.strip().splitlines()[-2:]] == ["policy", "planner"]
+    # one line per episode, with the task's report of the episode's last step
+    episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert [(e["agent"], e["seed"], e["steps"]) for e in episodes] == [
+        ("policy", 3, 2), ("policy", 4, 2), ("planner", 3, 2), ("planner", 4, 2)]
+    assert all(e["end"]["distance"] == e["distance"] and "fallen" in e["end"] for e in episodes)
 
 
 def test_cli_planner_overrides_reach_the_planner():

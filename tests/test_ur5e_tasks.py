@@ -42,6 +42,9 @@ def test_task_resets_steps_renders_and_scores(name):
         rewards.append(res.reward)
         assert 0.0 <= res.reward <= 1.0 and not res.success
     assert rewards[-1] > rewards[0]  # approaching the grasp point raises the dense reward
+    p = obs.privileged  # the step's report (simdist-eval --episodes-out): where the object ended
+    assert res.info == {"step": 8, "depth": float(p["depth"][0]), "twist": float(p["twist"][0]),
+                        "xy_err": float(p["xy_err"][0]), "tilt": float(p["tilt"][0]), "held": False}
     with pytest.raises(ValueError, match="NaN"):
         task.step(np.full(7, np.nan))
     with pytest.raises(ValueError, match="shape"):

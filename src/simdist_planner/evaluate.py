@@ -8,13 +8,17 @@ Every agent runs the same seeded episodes (seed, seed + 1, ...; the seed resets 
 the agent). The table gives the success rate, the mean episode return (sum of the task's
 privileged reward), the mean distance travelled (Go2), the mean episode length, episodes per
 minute, and how many episodes the agent aborted on an error (counted as failures).
+`--episodes-out FILE` also writes one JSON line per episode with the task's report of its last
+step (the peg task: depth, xy error, tilt, whether it is held), to see where failures end.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import pathlib
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -106,6 +110,8 @@ class EpisodeStats:
     steps: int
     seconds: float
     error: str = ""  # why the agent aborted the episode, if it did
+    seed: int = -1
+    end: dict = field(default_factory=dict)  # the task's info of the last step taken
 
 
 @dataclass(frozen=True)
@@ -126,19 +132,19 @@ def run_episode(task: Task, policy: Policy, seed: int) -> EpisodeStats:
     start = time.perf_counter()
     obs = task.reset(seed)
     policy.reset(seed)
-    total, distance, steps, success = 0.0, math.nan, 0, False
+    total, distance, steps, success, end = 0.0, math.nan, 0, False, {}
     try:
         while steps < task.max_steps:
             result = task.step(policy.act(obs))
-            obs, steps = result.obs, steps + 1
+            obs, steps, end = result.obs, steps + 1, result.info
             total += result.reward
             distance = float(result.info.get("distance", math.nan))
             success = result.success
             if result.terminated or result.truncated:
                 break
     except (PlannerError, ObservationError) as err:
-        return EpisodeStats(False, total, distance, steps, time.perf_counter() - start, str(err))
-    return EpisodeStats(bool(success), total, distance, steps, time.perf_counter() - start)
+        return EpisodeStats(False, total, distance, steps, time.perf_counter() - start, str(err), seed, end)
+    return EpisodeStats(bool(success), total, distance, steps, time.perf_counter() - start, "", seed, end)
 
 
 def summarize(agent: str, stats: list[EpisodeStats]) -> AgentSummary:
@@ -157,18 +163,21 @@ def summarize(agent: str, stats: list[EpisodeStats]) -> AgentSummary:
 
 
 def evaluate(task: Task, agents: dict[str, Policy], episodes: int, seed: int = 0,
-             progress: bool = True) -> list[AgentSummary]:
-    """Run every agent on the same `episodes` seeds; one summary per agent, in order."""
+             progress: bool = True, episodes_out=None) -> list[AgentSummary]:
+    """Run every agent on the same `episodes` seeds; one summary per agent, in order.
+    `episodes_out`: a JSON-lines file that gets each episode's stats as it ends."""
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     from tqdm import tqdm
 
     summaries = []
     for name, policy in agents.items():
-        stats = [
-            run_episode(task, policy, seed + i)
-            for i in tqdm(range(episodes), desc=f"{task.name} {name}", unit="ep", disable=not progress)
-        ]
+        stats = []
+        for i in tqdm(range(episodes), desc=f"{task.name} {name}", unit="ep", disable=not progress):
+            stats.append(run_episode(task, policy, seed + i))
+            if episodes_out is not None:
+                with open(episodes_out, "a") as f:
+                    f.write(json.dumps({"agent": name, **asdict(stats[-1])}, default=float) + "\n")
         summaries.append(summarize(name, stats))
     return summaries
 
@@ -253,6 +262,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="where each step's planner mean starts: the shifted previous mean or pi's chunk")
     p.add_argument("--policy-prior", type=float, default=None,
                    help="planner ranking cost of a candidate's squared distance from pi's chunk (default 0, official)")
+    p.add_argument("--episodes-out", type=pathlib.Path, default=None,
+                   help="append one JSON line per episode (stats and the task's last-step report)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--ablation", action="store_true", help="run the Table I ablation harness instead")
     p.add_argument("--small", action="store_true", help="with --ablation: the ~15-minute small setting")
@@ -284,7 +295,7 @@ def main(argv=None) -> int:
     task = make_task(args.task, args.variant, **task_overrides(args.task, args.region, args.max_steps, model))
     try:
         agents = build_agents(names, task, model, args.device, **_planner_overrides(args))
-        summaries = evaluate(task, agents, args.episodes, args.seed, not args.no_progress)
+        summaries = evaluate(task, agents, args.episodes, args.seed, not args.no_progress, args.episodes_out)
     finally:
         task.close()
     region = f" ({args.region or 'wide'})" if args.task in UR5E_TASKS else ""

@@ -204,7 +204,10 @@ class UR5eInsertionTask(Task):
         return StepResult(obs, reward, terminated=success or fell or diverged,
                           truncated=self._t >= self.max_steps and not success, success=success,
                           info={"step": self._t, "depth": float(obs.privileged["depth"][0]),
-                                "twist": float(obs.privileged["twist"][0])})
+                                "twist": float(obs.privileged["twist"][0]),
+                                "xy_err": float(obs.privileged["xy_err"][0]),
+                                "tilt": float(obs.privileged["tilt"][0]),
+                                "held": self.grasped(obs.privileged)})
 
     def is_success(self, priv: dict[str, np.ndarray]) -> bool:
         c = self.cfg
