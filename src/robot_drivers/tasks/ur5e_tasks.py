@@ -161,11 +161,8 @@ def grasp_yaw_error(priv: dict[str, np.ndarray]) -> float:
 
 # The privileged task state (Task.state_terms): where the object is relative to the hand and
 # to the hole, how it sits and whether it is held. Units: m, rad, fractions and flags.
-# `axis_xy` is the object's axis in world x, y (sin of the tilt, towards where it leans): the
-# expert turns the hand against it to keep the held peg upright, which `tilt`'s magnitude alone
-# does not say (docs/experiments/peg_wide.md, session 30).
 STATE_TERMS = (("tcp_to_grasp", 3), ("bottom_to_hole", 3), ("grasp_yaw_error", 1), ("tilt", 1),
-               ("depth", 1), ("gripper", 1), ("grasped", 1), ("seated", 1), ("twist", 1), ("axis_xy", 2))
+               ("depth", 1), ("gripper", 1), ("grasped", 1), ("seated", 1), ("twist", 1))
 
 
 STATE_SLICES = term_slices(STATE_TERMS)  # term name -> its columns in the task state
@@ -224,7 +221,7 @@ class UR5eInsertionTask(Task):
         return np.concatenate([
             p["obj_grasp"] - p["tcp_pos"], p["obj_bottom"] - p["hole"],
             [yaw, p["tilt"][0], p["depth"][0], p["gripper"][0], float(self.grasped(p)),
-             p["seated"][0], twist], p["obj_mat"][:2, 2]]).astype(np.float32)
+             p["seated"][0], twist]]).astype(np.float32)
 
     def grasped(self, priv: dict[str, np.ndarray]) -> bool:
         near = np.linalg.norm(priv["tcp_pos"] - priv["obj_grasp"]) < 0.015
@@ -335,7 +332,7 @@ def step_phases(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """
     phases = {"closing": _closing_phase(rows["action"])}
     state = rows.get("state")
-    if state is not None and state.shape[1:] == (sum(n for _, n in STATE_TERMS),):
+    if state is not None and state.shape[1:] == (STATE_SLICES["twist"].stop,):
         b2h, held = state[:, STATE_SLICES["bottom_to_hole"]], state[:, STATE_SLICES["grasped"]][:, 0]
         phases["at_hole"] = ((held > 0.5) & (np.linalg.norm(b2h[:, :2], axis=1) < AT_HOLE_XY)
                              & (b2h[:, 2] < AT_HOLE_Z))
