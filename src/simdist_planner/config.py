@@ -407,8 +407,8 @@ class PretrainConfig:
     state_near_field: dict = field(default_factory=dict)
     freeze_image_backbone: bool = False  # keep the backbone as the encoder stage left it
     # 0 = off; else checkpoints and the final model hold an exponential moving average of the
-    # weights (per step: decay, ramped up as min(decay, (1 + step) / (10 + step))), so the model
-    # is not whichever point the last steps' noise left it at (docs/experiments/peg_wide.md, session 29).
+    # weights (per step: decay, ramped up as min(decay, (1 + step) / (10 + step))) instead of the
+    # last step's. Off in the presets: on the peg it did not change pi's success (session 30).
     ema_decay: float = 0.0
 
     def __post_init__(self) -> None:

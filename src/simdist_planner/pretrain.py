@@ -303,9 +303,10 @@ def _augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: 
 class WeightAverage:
     """Exponential moving average of a model's weights and float buffers (PretrainConfig.ema_decay).
 
-    Runs that reach the same losses can end with base policies that insert 0 % or 48 % of the time
-    (docs/experiments/peg_wide.md, session 29): the last steps' noise decides. The average of the
-    last ~1 / (1 - decay) steps does not hinge on one of them.
+    The usual remedy for a model that swings between checkpoints: the average of the last
+    ~1 / (1 - decay) steps does not hinge on one of them. On the peg preset, whose runs end with
+    base policies inserting 0 % to about 50 % of the time at equal losses, it changed nothing measured
+    (docs/experiments/peg_wide.md, session 30).
     """
 
     def __init__(self, model: WorldModel, decay: float):
@@ -551,6 +552,7 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if len(set(digests)) != 1:
         raise RuntimeError(f"pretrain: ranks ended with different weights: {digests}")
     if rank == 0:
+        # rank_weights_sha256 hashes the trained weights (train_state/model), not an average
         final = {"step": done, **metrics, "world_size": world, "rank_weights_sha256": digests,
                  "seconds_this_run": time.perf_counter() - t_start, "steps_this_run": done - start,
                  "stopped_at_time_limit": done < cfg.steps, "model_config": cfg.model,
