@@ -18,7 +18,7 @@ import json
 import math
 import pathlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -109,9 +109,9 @@ class EpisodeStats:
     distance: float  # NaN where the task reports none
     steps: int
     seconds: float
+    seed: int
+    end: dict  # the task's info of the last step taken
     error: str = ""  # why the agent aborted the episode, if it did
-    seed: int = -1
-    end: dict = field(default_factory=dict)  # the task's info of the last step taken
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,8 @@ def run_episode(task: Task, policy: Policy, seed: int) -> EpisodeStats:
             if result.terminated or result.truncated:
                 break
     except (PlannerError, ObservationError) as err:
-        return EpisodeStats(False, total, distance, steps, time.perf_counter() - start, str(err), seed, end)
-    return EpisodeStats(bool(success), total, distance, steps, time.perf_counter() - start, "", seed, end)
+        return EpisodeStats(False, total, distance, steps, time.perf_counter() - start, seed, end, str(err))
+    return EpisodeStats(bool(success), total, distance, steps, time.perf_counter() - start, seed, end)
 
 
 def summarize(agent: str, stats: list[EpisodeStats]) -> AgentSummary:
