@@ -31,6 +31,7 @@ setup(
             "simdist-eval = simdist_planner.evaluate:main",
             "simdist-probe = simdist_planner.probe:main",
             "simdist-readout = simdist_planner.readout:main",
+            "simdist-select-checkpoint = simdist_planner.checkpoint_selection:main",
             "simdist-adapt-experiment = simdist_adapter.experiment:main",
             "simforcing-train = sim_video_world_model.train:main",
             "simforcing-eval = sim_video_world_model.evaluate:main",

@@ -148,9 +148,11 @@ def pretrain_config(row: AblationRow, task: str, mixed: pathlib.Path, expert: pa
     else:
         data = dict(data=(str(mixed),), fraction=row.fraction)
     preset = PRETRAIN_PRESETS["ur5e_peg" if _ur5e(task) else "go2"]
+    # one checkpoint, the last step's: the rows compare recipes, not checkpoint selections
     return PretrainConfig(**{**preset, "steps": scale.train_steps, "batch_size": scale.batch_size,
                              "warmup_steps": max(1, scale.train_steps // 20),
-                             "checkpoint_every": scale.train_steps, "model_overrides": overrides, **data})
+                             "checkpoint_every": scale.train_steps, "checkpoint_selection": None,
+                             "model_overrides": overrides, **data})
 
 
 def selected_dataset(cfg) -> ShardedDataset:

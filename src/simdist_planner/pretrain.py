@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -39,8 +40,9 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from simdist_planner.checkpoint import load_checkpoint, read_config, replace_dir, save_checkpoint
-from simdist_planner.config import (CONFIG_FACTORIES, PRETRAIN_PRESETS, SMALL_BACKBONES, PretrainConfig,
-                                    WorldModelConfig)
+from simdist_planner.checkpoint_selection import check_fits, select_checkpoint
+from simdist_planner.config import (CONFIG_FACTORIES, PRETRAIN_PRESETS, SMALL_BACKBONES, CheckpointSelection,
+                                    PretrainConfig, WorldModelConfig)
 from simdist_planner.losses import TERMS, near_field_slices, world_model_loss
 from simdist_planner.model import WorldModel
 from simdist_planner.synthetic import synthetic_windows
@@ -440,6 +442,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
         missing, unexpected = model.load_state_dict(loaded, strict=not added)
         if unexpected or set(missing) != new:
             raise ValueError(f"warm start from {cfg.init_from}: missing {missing}, unexpected {unexpected}")
+    if cfg.checkpoint_selection is not None and rank == 0:  # a wrong task fails now, not after the run
+        check_fits(cfg.checkpoint_selection, model)
     model.to(dev)
     resuming = (out / "train_state" / "state.json").is_file()
     if cfg.encoder_steps and not resuming:  # the stage's result lives on in the model's weights
@@ -562,6 +566,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
             writer.close()
     if world > 1:
         dist.barrier()
+    if rank == 0 and cfg.checkpoint_selection is not None and done == cfg.steps:
+        select_checkpoint(out, cfg.checkpoint_selection, device)
     return out / "model"
 
 
@@ -603,7 +609,8 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
     parser.add_argument("--no-progress", action="store_true")
     fields = PretrainConfig.__dataclass_fields__
     for name in fields:
-        if name in ("data", "model_overrides", "phase_weights", "encoder_near_field", "state_near_field"):
+        if name in ("data", "model_overrides", "phase_weights", "encoder_near_field", "state_near_field",
+                    "checkpoint_selection"):
             continue
         flag = "--" + name.replace("_", "-")
         ftype = fields[name].type
@@ -623,15 +630,22 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
                         help='JSON {state term: scale} for the encoder stage, e.g. \'{"bottom_to_hole": 0.005}\'')
     parser.add_argument("--state-near-field", type=json.loads, default=None,
                         help="JSON {state term: scale} for the state loss on z, as --encoder-near-field")
+    parser.add_argument("--checkpoint-selection", type=json.loads, default=argparse.SUPPRESS,
+                        help='JSON CheckpointSelection fields over the preset\'s, e.g. \'{"task": "peg", '
+                             '"region": "wide", "workers": 2}\'; null = the last step is the model')
     args = parser.parse_args(argv)
     values = dict(PRETRAIN_PRESETS[args.preset]) if args.preset else {}
     for name in fields:
         v = getattr(args, name, None)
-        if v is not None:
+        if v is not None and name != "checkpoint_selection":
             values[name] = tuple(v) if isinstance(v, list) else v
     try:
+        if "checkpoint_selection" in vars(args):  # null clears the preset's; an object amends it
+            given, base = args.checkpoint_selection, values.get("checkpoint_selection")
+            values["checkpoint_selection"] = None if given is None else (
+                dataclasses.replace(base, **given) if base is not None else CheckpointSelection(**given))
         return PretrainConfig(**values), args
-    except ValueError as err:
+    except (TypeError, ValueError) as err:
         parser.error(str(err))
 
 
