@@ -17,6 +17,7 @@ reported and skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
@@ -108,17 +109,17 @@ def select_checkpoint(run, selection: CheckpointSelection, device: str = "cpu", 
     jobs = [(p, selection, device) for p in paths]
     log(f"checkpoint selection: pi of {len(paths)} checkpoints on {selection.task} ({selection.variant}), "
         f"seeds {selection.seed}..{selection.seed + selection.episodes - 1}, {selection.workers} worker(s)")
-    if selection.workers == 1:
-        rows = []
-        for job in jobs:
-            rows.append(score_checkpoint(*job))
-            log(_describe(rows[-1]))
-    else:
-        with ProcessPoolExecutor(min(selection.workers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
-            rows = []
-            for row in pool.map(_score_in_worker, jobs):
-                rows.append(row)
-                log(_describe(row))
+    rows = []
+    with contextlib.ExitStack() as stack:
+        if selection.workers == 1:
+            scores = (score_checkpoint(*job) for job in jobs)
+        else:
+            pool = stack.enter_context(ProcessPoolExecutor(min(selection.workers, len(jobs)),
+                                                           mp_context=mp.get_context("spawn")))
+            scores = pool.map(_score_in_worker, jobs)
+        for row in scores:
+            rows.append(row)
+            log(_describe(row))
     best = best_of(rows)
     model = load_checkpoint(best["checkpoint"], device="cpu")
     previous = read_metrics(run / "model") if (run / "model").is_dir() else {}
