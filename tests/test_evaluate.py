@@ -207,12 +207,12 @@ def test_cli_planner_overrides_reach_the_planner():
     """--samples/--elites/--temperature/--mixture-coef/--policy-noise/--init-std/--warm-start/
     --policy-prior replace the robot's defaults, nothing else."""
     from robot_drivers.tasks import make_task
-    from simdist_planner.evaluate import _planner_overrides, build_agents, parse_args
+    from simdist_planner.evaluate import build_agents, parse_args, planner_overrides
 
     args = parse_args(["--samples", "24", "--elites", "6", "--temperature", "7.5", "--mixture-coef", "0.25",
                        "--policy-noise", "0.02", "--init-std", "0.3", "--warm-start", "policy",
                        "--policy-prior", "20"])
-    overrides = _planner_overrides(args)
+    overrides = planner_overrides(args)
     assert overrides == {"num_samples": 24, "num_elites": 6, "temperature": 7.5, "mixture_coef": 0.25,
                          "policy_noise_std": 0.02, "init_std": 0.3, "warm_start": "policy",
                          "policy_prior": 20.0}

@@ -53,6 +53,11 @@ def test_cli_settings_reach_the_config():
     cfg = parse_args(["--checkpoint", "ckpt", "--workers", "6", "--adapt-warmup", "50", "--samples", "64",
                       "--methods", "simdist,base_policy"])
     assert cfg.workers == 6 and cfg.adapt.warmup_steps == 50 and cfg.planner == {"num_samples": 64}
-    assert cfg.methods == ("simdist", "base_policy")
+    assert cfg.methods == ("simdist", "base_policy") and cfg.region is None
+    # the same planner flags as simdist-eval, and the UR5e start region
+    cfg = parse_args(["--checkpoint", "ckpt", "--task", "peg", "--region", "narrow", "--mixture-coef", "0.5",
+                      "--policy-noise", "0.002", "--policy-prior", "200", "--warm-start", "policy"])
+    assert cfg.region == "narrow" and cfg.planner == {"mixture_coef": 0.5, "policy_noise_std": 0.002,
+                                                      "policy_prior": 200.0, "warm_start": "policy"}
     with pytest.raises(ValueError, match="workers"):
         ExperimentConfig(checkpoint="ckpt", workers=0)

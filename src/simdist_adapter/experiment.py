@@ -30,7 +30,7 @@ from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
 from simdist_adapter.registry import ModelRegistry
 from simdist_planner.checkpoint import load_checkpoint
 from simdist_planner.dataset import ShardWriter, StepLayout, episode_record, shard_name
-from simdist_planner.evaluate import Agent, task_overrides
+from simdist_planner.evaluate import Agent, add_planner_arguments, planner_overrides, task_overrides
 from simdist_planner.observation import ObservationError, observation_arrays
 from simdist_planner.planner import MPPIPlanner, PlannerError, planner_config_for
 
@@ -46,6 +46,7 @@ EVAL_SEED, COLLECT_SEED = 0, 100_000  # evaluation and data-collection seeds nev
 @dataclass
 class ExperimentConfig:
     task: str = "slippery_slope"
+    region: str | None = None  # UR5e start region (None: wide); the Go2 tasks have none
     checkpoint: str = ""
     out: str = "artifacts/adapt_experiment"
     methods: tuple[str, ...] = ("simdist", "unfreeze_encoder", "unfreeze_value", "base_policy")
@@ -184,7 +185,7 @@ class Experiment:
         self.out = pathlib.Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.pretrained = load_checkpoint(config.checkpoint, device=config.device)
-        overrides = task_overrides(config.task, max_steps=config.max_steps, model=self.pretrained)
+        overrides = task_overrides(config.task, config.region, config.max_steps, self.pretrained)
         probe = make_task(config.task, "real", **overrides)  # each runner builds its own
         self.spec = probe.spec
         probe.close()
@@ -376,6 +377,7 @@ def parse_args(argv=None) -> ExperimentConfig:
     p = argparse.ArgumentParser(prog="simdist-adapt-experiment", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", default="slippery_slope", help="slippery_slope | foam | peg | table_leg")
+    p.add_argument("--region", default=None, choices=("narrow", "wide"), help="UR5e start region (default wide)")
     p.add_argument("--checkpoint", required=True, help="pretrained world-model checkpoint (simdist-pretrain)")
     p.add_argument("--out", default="artifacts/adapt_experiment")
     p.add_argument("--methods", default=",".join(METHODS))
@@ -385,9 +387,7 @@ def parse_args(argv=None) -> ExperimentConfig:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--workers", type=int, default=1, help="processes running episodes side by side")
-    p.add_argument("--samples", type=int, default=None, help="planner Gaussian samples (default: official)")
-    p.add_argument("--iterations", type=int, default=None)
-    p.add_argument("--elites", type=int, default=None)
+    add_planner_arguments(p)
     p.add_argument("--adapt-steps", type=int, default=2000, help="optimiser steps per adaptation round")
     p.add_argument("--adapt-lr", type=float, default=2e-4)
     p.add_argument("--adapt-warmup", type=int, default=AdaptConfig.warmup_steps, help="linear warm-up steps")
@@ -396,12 +396,10 @@ def parse_args(argv=None) -> ExperimentConfig:
     p.add_argument("--max-sim-loss-increase", type=float, default=AdaptConfig.max_sim_loss_increase,
                    help="gate: refuse a candidate whose sim latent loss rose by more (relative)")
     a = p.parse_args(argv)
-    planner = {k: v for k, v in (("num_samples", a.samples), ("iterations", a.iterations),
-                                 ("num_elites", a.elites)) if v is not None}
     return ExperimentConfig(
-        task=a.task, checkpoint=a.checkpoint, out=a.out, methods=tuple(a.methods.split(",")),
+        task=a.task, region=a.region, checkpoint=a.checkpoint, out=a.out, methods=tuple(a.methods.split(",")),
         rounds=a.rounds, episodes_per_round=a.episodes_per_round, eval_episodes=a.eval_episodes,
-        max_steps=a.max_steps, device=a.device, workers=a.workers, planner=planner,
+        max_steps=a.max_steps, device=a.device, workers=a.workers, planner=planner_overrides(a),
         adapt=AdaptConfig(max_steps=a.adapt_steps, lr=a.adapt_lr, warmup_steps=a.adapt_warmup, holdout=0.1,
                           sim_data=a.sim_data, sim_replay=a.sim_replay,
                           max_sim_loss_increase=a.max_sim_loss_increase))

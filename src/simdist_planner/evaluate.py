@@ -234,19 +234,14 @@ def build_agents(names, task: Task, model=None, device="cpu", **planner_override
     return agents
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="simdist-eval", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="peg", help="peg | table_leg | go2_flat | go2_slope (default peg)")
-    p.add_argument("--variant", default="sim", choices=("sim", "real"),
-                   help="the task's simulation or its hardware stand-in (e.g. slippery_slope real)")
-    p.add_argument("--region", default=None, choices=("narrow", "wide"), help="UR5e start region (default wide)")
-    p.add_argument("--checkpoint", default=None, help="world-model checkpoint directory")
-    p.add_argument("--agents", default=None, help=f"comma list from {AGENTS} (default: all possible)")
-    p.add_argument("--episodes", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0, help="first episode seed")
-    p.add_argument("--max-steps", type=int, default=None, help="episode length in steps (default: the task's)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+# CLI flag -> PlannerConfig field; shared by simdist-eval and simdist-adapt-experiment.
+PLANNER_FLAGS = {"samples": "num_samples", "iterations": "iterations", "elites": "num_elites",
+                 "temperature": "temperature", "mixture_coef": "mixture_coef", "policy_noise": "policy_noise_std",
+                 "init_std": "init_std", "warm_start": "warm_start", "policy_prior": "policy_prior"}
+
+
+def add_planner_arguments(p: argparse.ArgumentParser) -> None:
+    """The planner's settings as flags (each defaults to the robot's PlannerConfig)."""
     p.add_argument("--samples", type=int, default=None, help="planner Gaussian samples (default: official)")
     p.add_argument("--iterations", type=int, default=None, help="planner iterations (default: official)")
     p.add_argument("--elites", type=int, default=None, help="planner elites (default: official)")
@@ -262,6 +257,27 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="where each step's planner mean starts: the shifted previous mean or pi's chunk")
     p.add_argument("--policy-prior", type=float, default=None,
                    help="planner ranking cost of a candidate's squared distance from pi's chunk (default 0, official)")
+
+
+def planner_overrides(args) -> dict:
+    """The PlannerConfig overrides the user set (flags left at None keep the robot's value)."""
+    return {field: getattr(args, arg) for arg, field in PLANNER_FLAGS.items() if getattr(args, arg) is not None}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="simdist-eval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="peg", help="peg | table_leg | go2_flat | go2_slope (default peg)")
+    p.add_argument("--variant", default="sim", choices=("sim", "real"),
+                   help="the task's simulation or its hardware stand-in (e.g. slippery_slope real)")
+    p.add_argument("--region", default=None, choices=("narrow", "wide"), help="UR5e start region (default wide)")
+    p.add_argument("--checkpoint", default=None, help="world-model checkpoint directory")
+    p.add_argument("--agents", default=None, help=f"comma list from {AGENTS} (default: all possible)")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0, help="first episode seed")
+    p.add_argument("--max-steps", type=int, default=None, help="episode length in steps (default: the task's)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_planner_arguments(p)
     p.add_argument("--episodes-out", type=pathlib.Path, default=None,
                    help="append one JSON line per episode (stats and the task's last-step report)")
     p.add_argument("--no-progress", action="store_true")
@@ -269,13 +285,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="with --ablation: the ~15-minute small setting")
     p.add_argument("--workdir", default=None, help="with --ablation: where datasets and checkpoints go")
     return p.parse_args(argv)
-
-
-def _planner_overrides(args) -> dict:
-    names = {"samples": "num_samples", "iterations": "iterations", "elites": "num_elites",
-             "temperature": "temperature", "mixture_coef": "mixture_coef", "policy_noise": "policy_noise_std",
-             "init_std": "init_std", "warm_start": "warm_start", "policy_prior": "policy_prior"}
-    return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
 
 
 def main(argv=None) -> int:
@@ -294,7 +303,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"simdist-eval: --max-steps must be >= 1, got {args.max_steps}")
     task = make_task(args.task, args.variant, **task_overrides(args.task, args.region, args.max_steps, model))
     try:
-        agents = build_agents(names, task, model, args.device, **_planner_overrides(args))
+        agents = build_agents(names, task, model, args.device, **planner_overrides(args))
         summaries = evaluate(task, agents, args.episodes, args.seed, not args.no_progress, args.episodes_out)
     finally:
         task.close()
