@@ -5,6 +5,7 @@ the machinery: every figure lands in results.json, adaptation touches the regist
 zero-shot evaluation, and that episodes in spawned workers reproduce the in-process run exactly.
 """
 import json
+import math
 
 import pytest
 
@@ -46,6 +47,8 @@ def test_workers_reproduce_the_in_process_experiment(tmp_path):
     assert simdist["rounds"][0]["deployed"] and [h["version"] for h in history] == ["v0000", "v0001"]
     assert history[-1]["metrics"]["episodes"] == 3 and history[-1]["metrics"]["transitions"] > 0
     assert all(c["errors"] == 0 for r in saved["methods"].values() for c in r["curve"])
+    returns = [c["mean_return"] for r in saved["methods"].values() for c in r["curve"]]
+    assert all(math.isfinite(x) for x in returns) and len(set(returns)) > 1  # summed per episode, not a constant
     assert len(saved["plots"]) >= 2 and "simdist" in format_table(saved)
 
 

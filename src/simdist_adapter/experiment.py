@@ -73,6 +73,7 @@ class Episode:
     distance: float
     steps: int
     error: str
+    episode_return: float = 0.0  # sum of the task's privileged rewards (the UR5e tasks have no distance)
     rows: list[dict] = field(default_factory=list)  # observation arrays o_0..o_L
     actions: list[np.ndarray] = field(default_factory=list)
     values: list[float] = field(default_factory=list)  # planner's v^_{t+1} per step
@@ -93,6 +94,7 @@ def run_episode(task: Task, agent: Agent, seed: int, record: bool) -> Episode:
             result = task.step(action)
             ep.actions.append(action)
             obs, ep.steps = result.obs, ep.steps + 1
+            ep.episode_return += float(result.reward)
             ep.distance = float(result.info.get("distance", math.nan))
             ep.success = bool(result.success)
             if result.terminated or result.truncated:
@@ -202,6 +204,7 @@ class Experiment:
             eps = self.pool.run(checkpoint, planner, range(EVAL_SEED, EVAL_SEED + self.cfg.eval_episodes), False)
             dist = [e.distance for e in eps if not math.isnan(e.distance)]
             self._scores[key] = ({"success_rate": float(np.mean([e.success for e in eps])),
+                                  "mean_return": float(np.mean([e.episode_return for e in eps])),
                                   "mean_distance": float(np.mean(dist)) if dist else None,
                                   "errors": sum(bool(e.error) for e in eps)}, eps)
         return self._scores[key]
@@ -361,7 +364,8 @@ class Experiment:
 
 
 def format_table(results: dict) -> str:
-    lines = [f"{'method':18} {'real eps':>8} {'success':>8} {'distance':>9} {'held-out loss before->after':>30}"]
+    lines = [f"{'method':18} {'real eps':>8} {'success':>8} {'return':>8} {'distance':>9} "
+             f"{'held-out loss before->after':>30}"]
     for name, r in results["methods"].items():
         for k, c in enumerate(r["curve"]):
             loss = ""
@@ -369,7 +373,8 @@ def format_table(results: dict) -> str:
                 rd = r["rounds"][k - 1]
                 loss = f"{rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f}{'' if rd['deployed'] else ' (refused)'}"
             dist = "-" if c["mean_distance"] is None else f"{c['mean_distance']:.2f}"
-            lines.append(f"{name:18} {c['real_episodes']:8d} {c['success_rate']:8.2f} {dist:>9} {loss:>30}")
+            lines.append(f"{name:18} {c['real_episodes']:8d} {c['success_rate']:8.2f} {c['mean_return']:8.2f} "
+                         f"{dist:>9} {loss:>30}")
     return "\n".join(lines)
 
 
