@@ -30,9 +30,10 @@ from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
 from simdist_adapter.registry import ModelRegistry
 from simdist_planner.checkpoint import load_checkpoint
 from simdist_planner.dataset import ShardWriter, StepLayout, episode_record, shard_name
-from simdist_planner.evaluate import Agent, add_planner_arguments, planner_overrides, task_overrides
+from simdist_planner.evaluate import (Agent, add_planner_arguments, build_agents, planner_overrides,
+                                      task_overrides)
 from simdist_planner.observation import ObservationError, observation_arrays
-from simdist_planner.planner import MPPIPlanner, PlannerError, planner_config_for
+from simdist_planner.planner import PlannerError
 
 METHODS = {
     "simdist": {},
@@ -128,12 +129,8 @@ class EpisodeRunner:
         return self._models[checkpoint]
 
     def agent(self, checkpoint: str, planner: bool) -> Agent:
-        model = self.model(checkpoint)
-        mppi = None
-        if planner:
-            pc = planner_config_for(self.task.spec, horizon=model.config.horizon, **self.planner)
-            mppi = MPPIPlanner(model, pc, self.device)
-        return Agent(model, self.task.spec, mppi, self.device)
+        name = "planner" if planner else "policy"
+        return build_agents([name], self.task, self.model(checkpoint), self.device, **self.planner)[name]
 
     def episode(self, checkpoint: str, planner: bool, seed: int, record: bool) -> Episode:
         return run_episode(self.task, self.agent(checkpoint, planner), seed, record)
