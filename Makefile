@@ -16,7 +16,7 @@ export OMP_NUM_THREADS ?= 2
 
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-all demo bench clean
+.PHONY: venv lint test test-all demo bench clean
 
 $(STAMP): requirements.txt setup.py
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -26,10 +26,16 @@ $(STAMP): requirements.txt setup.py
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# Style and the import contract (pyproject.toml): ruff lint + format check, then import-linter.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: $(STAMP)
+test-all: lint
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)

@@ -26,18 +26,19 @@ setup(
     entry_points={
         "console_scripts": [
             # offline tools
-            "simdist-generate = simdist_planner.datagen:main",
-            "simdist-pretrain = simdist_planner.pretrain:main",
-            "simdist-eval = simdist_planner.evaluate:main",
-            "simdist-probe = simdist_planner.probe:main",
-            "simdist-readout = simdist_planner.readout:main",
-            "simdist-select-checkpoint = simdist_planner.checkpoint_selection:main",
+            "simdist-generate = simdist_planner.cli.generate:main",
+            "simdist-pretrain = simdist_planner.cli.pretrain:main",
+            "simdist-eval = simdist_planner.cli.evaluate:main",
+            "simdist-probe = simdist_planner.cli.probe:main",
+            "simdist-readout = simdist_planner.cli.readout:main",
+            "simdist-ablation = simdist_planner.cli.ablation:main",
+            "simdist-select-checkpoint = simdist_planner.cli.select_checkpoint:main",
             "simdist-adapt-experiment = simdist_adapter.experiment:main",
             "simforcing-train = sim_video_world_model.train:main",
             "simforcing-eval = sim_video_world_model.evaluate:main",
-            "simdist = simdist_planner.launcher:main",
+            "simdist = simdist_planner.cli.simdist:main",
             # ROS 2 nodes (one executable each)
-            "planner_node = simdist_planner.planner_node:main",
+            "planner_node = simdist_planner.ros.planner_node:main",
             "adapter_node = simdist_adapter.adapter_node:main",
             "recorder_node = simdist_adapter.recorder_node:main",
             "replay_node = simdist_adapter.replay_node:main",

@@ -19,9 +19,9 @@ import time
 import numpy as np
 import torch
 
-from simdist_planner.config import go2_config, ur5e_config
-from simdist_planner.model import WorldModel
-from simdist_planner.planner import MPPIPlanner, go2_planner_config, ur5e_planner_config
+from simdist_planner.model.config import go2_config, ur5e_config
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.planning.planner import MPPIPlanner, go2_planner_config, ur5e_planner_config
 
 # Robot -> (model config factory, planner config factory, control rate the robot runs at in Hz).
 ROBOTS = {

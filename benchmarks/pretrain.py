@@ -18,11 +18,12 @@ import time
 import torch
 
 from robot_drivers.tasks.ur5e_tasks import STATE_TERMS
-from simdist_planner.config import CONFIG_FACTORIES, PRETRAIN_PRESETS, PretrainConfig
-from simdist_planner.losses import world_model_loss
-from simdist_planner.model import WorldModel
-from simdist_planner.pretrain import AugmentedWindows, WindowSource
-from simdist_planner.synthetic import synthetic_windows
+from simdist_planner.data.synthetic import synthetic_windows
+from simdist_planner.model.config import CONFIG_FACTORIES
+from simdist_planner.model.losses import world_model_loss
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.training.config import PRETRAIN_PRESETS, PretrainConfig
+from simdist_planner.training.sampler import AugmentedWindows, WindowSource
 
 PRESET_OF_MODEL = {preset["model"]: name for name, preset in PRETRAIN_PRESETS.items()}
 

@@ -29,7 +29,20 @@ import tempfile
 import time
 
 import numpy as np
+import rclpy
+import torch
 import yaml
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.node import Node
+from sensor_msgs.msg import JointState
+from trajectory_msgs.msg import JointTrajectory
+
+from robot_drivers import ros_msgs
+from robot_drivers.specs import robot_spec
+from simdist_planner.model.checkpoint import save_checkpoint
+from simdist_planner.model.config import go2_config, ur5e_small_config
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.ros.planner_node import QOS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")
@@ -37,12 +50,6 @@ GRAPHS = {"ur5e": "peg", "go2": "go2_slope"}
 
 
 def make_checkpoint(robot: str, path: pathlib.Path) -> str:
-    import torch
-
-    from simdist_planner.checkpoint import save_checkpoint
-    from simdist_planner.config import go2_config, ur5e_small_config
-    from simdist_planner.model import WorldModel
-    from robot_drivers.specs import robot_spec
 
     spec = robot_spec(robot)
     config = ur5e_small_config(proprio_dim=spec.proprio_dim) if robot == "ur5e" else go2_config(proprio_dim=spec.proprio_dim)
@@ -52,14 +59,6 @@ def make_checkpoint(robot: str, path: pathlib.Path) -> str:
 
 
 def measure(robot: str, seconds: float, samples: int | None, iterations: int | None, workdir: pathlib.Path) -> dict:
-    import rclpy
-    from diagnostic_msgs.msg import DiagnosticArray
-    from rclpy.node import Node
-    from sensor_msgs.msg import JointState
-    from trajectory_msgs.msg import JointTrajectory
-
-    from robot_drivers import ros_msgs
-    from simdist_planner.planner_node import QOS
 
     graph = GRAPHS[robot]
     params = yaml.safe_load((ROOT / "config" / f"{graph}.yaml").read_text())

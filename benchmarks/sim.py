@@ -3,7 +3,7 @@
     python benchmarks/sim.py [--tasks peg,go2_flat] [--physics-steps 2000] [--frames 20]
                              [--gen-steps 100] [--windows 500]
 
-For every task in robot_drivers.tasks.TASKS that builds (others are listed with the reason):
+For every task in robot_drivers.registry.TASKS that builds (others are listed with the reason):
 - physics: raw mj_step calls per second on the task's model (from its reset state),
 - frames: rendered camera images per second (one observe() renders every camera),
 - control: full task.step() calls per second (physics + control + rendering + reward),
@@ -21,7 +21,13 @@ import pathlib
 import tempfile
 import time
 
+import mujoco
 import numpy as np
+import torch
+
+from robot_drivers import registry
+from simdist_planner.data.dataset import ShardedDataset, ShardWriter, WindowDataset, shard_name
+from simdist_planner.evaluation import datagen
 
 
 def _rate(n: int, fn) -> float:
@@ -32,14 +38,9 @@ def _rate(n: int, fn) -> float:
 
 
 def bench_task(name: str, args) -> dict:
-    import mujoco
-
-    from robot_drivers import tasks
-    from simdist_planner import datagen
-    from simdist_planner.dataset import ShardedDataset, ShardWriter, WindowDataset, shard_name
 
     row: dict = {"task": name}
-    task = tasks.make_task(name)
+    task = registry.make_task(name)
     try:
         spec = task.spec
         obs = task.reset(0)
@@ -51,7 +52,7 @@ def bench_task(name: str, args) -> dict:
             fps = _rate(args.frames, backend.observe) * len(spec.cameras)
             row["frames_s"] = fps
             row["frame"] = f"{len(spec.cameras)}x{spec.image_shape[0]}x{spec.image_shape[1]}"
-        policy = tasks.expert_ladder(task)[0]
+        policy = registry.expert_ladder(task)[0]
         policy.reset(0)
         actions = []
         for _ in range(args.frames):
@@ -98,12 +99,10 @@ def main(argv=None) -> None:
     p.add_argument("--windows", type=int, default=500)
     args = p.parse_args(argv)
 
-    import torch
 
     torch.set_num_threads(1)
-    from robot_drivers import tasks
 
-    names = args.tasks.split(",") if args.tasks else list(tasks.TASKS)
+    names = args.tasks.split(",") if args.tasks else list(registry.TASKS)
     load = os.getloadavg()[0]
     print(f"# sim benchmark, load average {load:.1f} on {os.cpu_count()} CPUs, "
           f"MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}")

@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from simdist_planner.config import go2_config, ur5e_config
-from simdist_planner.model import WorldModel
+from simdist_planner.model.config import go2_config, ur5e_config
+from simdist_planner.model.world_model import WorldModel
 
 
 def _sync(device: torch.device) -> None:

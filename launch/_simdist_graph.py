@@ -8,7 +8,7 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
 
-from simdist_planner import launch_description as desc
+from simdist_planner.ros import launch_description as desc
 
 
 def _nodes(context, graph_name):

@@ -11,7 +11,7 @@ import pytest
 from simdist_adapter.bags import EpisodeBag, list_episode_bags
 from simdist_adapter.demo import run_graph
 from simdist_adapter.registry import ModelRegistry
-from simdist_planner.checkpoint import save_checkpoint
+from simdist_planner.model.checkpoint import save_checkpoint
 from test_adapter import small_model
 
 TINY = {

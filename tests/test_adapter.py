@@ -1,9 +1,12 @@
 """Real-world adaptation library: bags -> D_real -> Eq. 3 on f -> gate -> registry / rollback."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from rclpy.serialization import serialize_message
 
+import simdist_adapter.finetune as finetune
 from robot_drivers.interface import Command, CommandKind, ProprioTerm, RobotSpec
 from robot_drivers.ros_msgs import command_to_msg, height_map_to_msg, pack_proprio, proprio_names
 from simdist_adapter.adapter import adapt_round, gate
@@ -11,9 +14,16 @@ from simdist_adapter.bags import EpisodeBagWriter, EpisodeMeta
 from simdist_adapter.finetune import AdaptConfig, finetune_dynamics, latent_loss, real_windows
 from simdist_adapter.real_data import build_real_dataset, segments_from_bag
 from simdist_adapter.registry import ModelRegistry, RegistryError
-from simdist_planner.checkpoint import weight_tensors
-from simdist_planner.config import AttentionConfig, go2_config
-from simdist_planner.model import WorldModel
+from simdist_planner.data.dataset import (
+    EpisodeRecord,
+    ShardedDataset,
+    ShardWriter,
+    StepLayout,
+    shard_name,
+)
+from simdist_planner.model.checkpoint import save_checkpoint, weight_tensors
+from simdist_planner.model.config import AttentionConfig, go2_config
+from simdist_planner.model.world_model import WorldModel
 
 SPEC = RobotSpec(
     name="go2", action_dim=12, control_rate_hz=50.0,
@@ -89,9 +99,7 @@ def test_corrupt_bag_is_skipped_and_nothing_else_lost(bags, tmp_path, caplog):
 def test_simulation_demonstrations_join_d_real_without_their_task_state(bags, tmp_path):
     """Demos are simulation-format shards; one that stores the privileged task state (which no
     robot can record) is copied in without it, and one of another robot's layout is refused."""
-    import dataclasses
 
-    from simdist_planner.dataset import EpisodeRecord, ShardedDataset, ShardWriter, StepLayout, shard_name
 
     layout = dataclasses.replace(StepLayout.from_spec(SPEC), state_terms=(("slip", 2),))
     rng = np.random.default_rng(0)
@@ -157,9 +165,6 @@ def test_gate_refuses_a_candidate_that_forgot_the_simulation():
 
 
 def test_sim_replay_mixes_sim_windows_into_every_batch_and_guard_reports(bags, tmp_path, monkeypatch):
-    import simdist_adapter.finetune as finetune
-    from simdist_planner.dataset import ShardedDataset
-
     build_real_dataset(bags, tmp_path / "d_real", SPEC)
     sim_bags = [write_episode_bag(tmp_path / f"sim{i}", seed=50 + i) for i in range(3)]
     build_real_dataset(sim_bags, tmp_path / "sim", SPEC)
@@ -191,8 +196,6 @@ def test_sim_replay_mixes_sim_windows_into_every_batch_and_guard_reports(bags, t
 
 
 def test_round_deploys_gates_and_rolls_back_exactly(bags, tmp_path):
-    from simdist_planner.checkpoint import save_checkpoint
-
     pretrained = save_checkpoint(small_model(), tmp_path / "pretrained")
     registry = ModelRegistry(tmp_path / "registry")
     registry.init_from(pretrained)

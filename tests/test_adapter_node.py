@@ -13,8 +13,8 @@ from std_srvs.srv import Trigger
 
 from simdist_adapter.adapter_node import STATUS_TOPIC, AdapterNode
 from simdist_adapter.registry import ModelRegistry
-from simdist_planner.checkpoint import save_checkpoint, weight_tensors
-from simdist_planner.planner_node import PlannerNode
+from simdist_planner.model.checkpoint import save_checkpoint, weight_tensors
+from simdist_planner.ros.planner_node import PlannerNode
 from test_adapter import small_model, write_episode_bag
 
 

@@ -21,7 +21,14 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from simdist_adapter.bags import BagError, EpisodeBag, EpisodeBagWriter, EpisodeMeta, list_episode_bags
+from simdist_adapter.bags import (
+    TYPESTORE,
+    BagError,
+    EpisodeBag,
+    EpisodeBagWriter,
+    EpisodeMeta,
+    list_episode_bags,
+)
 from simdist_adapter.recorder_node import RECORD_QOS
 
 RECORDER = str(pathlib.Path(sys.executable).parent / "recorder_node")
@@ -174,8 +181,6 @@ def test_sigterm_finalises_the_open_bag_and_sigkill_is_reported(tmp_path, record
 
 
 def _small_bag(path: pathlib.Path, n: int = 300) -> pathlib.Path:
-    from simdist_adapter.bags import TYPESTORE
-
     t = TYPESTORE.types
     with EpisodeBagWriter(path, EpisodeMeta(task="peg", seed=1, success=False, complete=True)) as bag:
         bag.add_topic("/joint_states", "sensor_msgs/JointState")

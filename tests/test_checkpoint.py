@@ -6,11 +6,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from simdist_planner.checkpoint import CheckpointError, load_checkpoint, read_metrics, save_checkpoint
-from simdist_planner.config import AttentionConfig, go2_config
-from simdist_planner.model import WorldModel
-from simdist_planner.synthetic import synthetic_windows
-
+from simdist_planner.data.synthetic import synthetic_windows
+from simdist_planner.model.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    read_metrics,
+    save_checkpoint,
+)
+from simdist_planner.model.config import AttentionConfig, go2_config
+from simdist_planner.model.world_model import WorldModel
 
 
 def tiny_cfg(**kw):

@@ -6,11 +6,21 @@ import json
 import pytest
 import torch
 
-from simdist_planner.checkpoint import load_checkpoint, read_metrics, save_checkpoint
-from simdist_planner.checkpoint_selection import SelectionError, best_of, main, select_checkpoint
-from simdist_planner.config import CheckpointSelection, PretrainConfig, go2_config
-from simdist_planner.model import WorldModel
-from simdist_planner.pretrain import parse_args, pretrain
+from robot_drivers.registry import make_task
+from simdist_planner.cli.pretrain import main as pretrain_main
+from simdist_planner.cli.pretrain import parse_args
+from simdist_planner.cli.select_checkpoint import main
+from simdist_planner.evaluation.agents import build_agents
+from simdist_planner.evaluation.checkpoint_selection import (
+    SelectionError,
+    best_of,
+    select_checkpoint,
+)
+from simdist_planner.evaluation.evaluate import evaluate, task_overrides
+from simdist_planner.model.checkpoint import load_checkpoint, read_metrics, save_checkpoint
+from simdist_planner.model.config import go2_config
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.training.config import CheckpointSelection
 
 GO2 = CheckpointSelection(task="go2_flat", episodes=2, seed=7, max_steps=3)
 TINY = {"latent_dim": 16, "history": 3, "horizon": 4}
@@ -23,8 +33,6 @@ def _go2_model(seed: int) -> WorldModel:
 
 def _pi_scores(path, selection: CheckpointSelection):
     """pi of one checkpoint through the evaluation's own public path (the reference)."""
-    from robot_drivers.tasks import make_task
-    from simdist_planner.evaluate import build_agents, evaluate, task_overrides
 
     model = load_checkpoint(path)
     task = make_task(selection.task, **task_overrides(selection.task, None, selection.max_steps, model))
@@ -97,19 +105,22 @@ def test_nothing_to_score_is_an_error_that_leaves_the_model_alone(tmp_path):
 
 
 def test_pretraining_with_selection_ends_on_the_best_checkpoint(tmp_path):
-    cfg = PretrainConfig(model="go2", synthetic=True, model_overrides=TINY, steps=8, batch_size=4,
-                         warmup_steps=2, checkpoint_every=4, keep_checkpoints=2, log_every=4, workers=0,
-                         checkpoint_selection=GO2)
-    final = pretrain(cfg, tmp_path / "run", progress=False)
+    # simdist-pretrain trains, then scores the kept checkpoints and installs the best as model/
+    flags = ["--model", "go2", "--synthetic", "true", "--model-overrides", json.dumps(TINY),
+             "--steps", "8", "--batch-size", "4", "--warmup-steps", "2", "--checkpoint-every", "4",
+             "--keep-checkpoints", "2", "--log-every", "4", "--workers", "0", "--no-progress",
+             "--checkpoint-selection", json.dumps(dataclasses.asdict(GO2))]
+    pretrain_main([*flags, "--out", str(tmp_path / "run")])
+    final = tmp_path / "run" / "model"
     report = json.loads((tmp_path / "run" / "selection.json").read_text())
     assert [r["step"] for r in report["checkpoints"]] == [4, 8]
     assert _same_weights(final, tmp_path / "run" / "checkpoints" / f"step-{report['selected_step']:07d}")
     assert json.loads((tmp_path / "run" / "pretrain.json").read_text())["checkpoint_selection"]["task"] == "go2_flat"
 
     # a task the model cannot drive fails before any training
-    wrong = cfg.replace(checkpoint_selection=CheckpointSelection(task="peg", region="wide"))
+    wrong = dataclasses.asdict(CheckpointSelection(task="peg", region="wide"))
     with pytest.raises(ValueError, match="proprio_dim"):
-        pretrain(wrong, tmp_path / "wrong", progress=False)
+        pretrain_main([*flags[:-1], json.dumps(wrong), "--out", str(tmp_path / "wrong")])
     assert not (tmp_path / "wrong" / "train_state").exists()
 
 

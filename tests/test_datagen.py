@@ -9,19 +9,26 @@ import time
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import toy_task
 from conftest import ROOT
-from robot_drivers import tasks
-from simdist_planner import datagen
-from simdist_planner.dataset import ShardedDataset, WindowDataset, shard_name
+from robot_drivers import registry
+from robot_drivers.interface import ProprioTerm, RobotSpec
+from simdist_planner.cli import generate
+from simdist_planner.data.dataset import ShardedDataset, WindowDataset, shard_name
+from simdist_planner.evaluation import datagen
+from simdist_planner.evaluation.agents import policy_chunk
+from simdist_planner.model.checkpoint import load_checkpoint
+from simdist_planner.training.config import PretrainConfig
+from simdist_planner.training.loop import pretrain
 
 TOY_ROBOT = toy_task.robot_data_config(None)
 
 
 @pytest.fixture(autouse=True)
 def toy(monkeypatch):
-    monkeypatch.setitem(tasks.TASKS, "toy", toy_task.ENTRY)
+    monkeypatch.setitem(registry.TASKS, "toy", toy_task.ENTRY)
     monkeypatch.setitem(datagen.ROBOT_DATA_CONFIGS, "toy", toy_task.robot_data_config)
 
 
@@ -116,7 +123,7 @@ def test_noised_actions_differ_from_the_policy_and_clean_ones_do_not(tmp_path):
     datagen.generate(cfg, tmp_path, progress=False)
     ds = ShardedDataset(tmp_path)
     ladder = toy_task.expert_ladder(None)
-    task = tasks.make_task("toy", **cfg.task_overrides)
+    task = registry.make_task("toy", **cfg.task_overrides)
     for i in range(ds.num_episodes):
         info, ep = ds.episode_info(i), ds.episode(i)
         obs = task.reset(info["seed"])  # the recorded episode replays from its seed
@@ -160,7 +167,7 @@ def test_torchrun_ranks_write_the_shards_workers_would(tmp_path, monkeypatch):
     assert [p.name for p in (tmp_path / "ranks").iterdir()] == [shard_name(1)]
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    datagen.main(["--task", "toy", "--episodes", "5", "--seed", "4", "--out", str(tmp_path / "ranks"),
+    generate.main(["--task", "toy", "--episodes", "5", "--seed", "4", "--out", str(tmp_path / "ranks"),
                   "--no-progress"])
     by_rank = contents(tmp_path / "ranks")
     for s in (0, 1):
@@ -220,7 +227,7 @@ def test_resume_sets_an_unreadable_shard_aside_and_starts_it_again(tmp_path):
 # simdist-generate in a child process, with the toy task registered
 TOY_CLI = (
     "import sys; sys.path.insert(0, %r)\n"
-    "import toy_task, simdist_planner.datagen as d\n"
+    "import toy_task, simdist_planner.cli.generate as d\n"
     "toy_task.register()\n"
     "sys.exit(d.main(sys.argv[1:]))\n"
 ) % str(ROOT / "tests")
@@ -272,7 +279,7 @@ def test_values_and_rewards_come_from_the_task(tmp_path):
     datagen.generate(config(3, seed=2), tmp_path, progress=False)
     ds = ShardedDataset(tmp_path)
     value = toy_task.expert_value(None)
-    task = tasks.make_task("toy")
+    task = registry.make_task("toy")
     assert ds.layout.state_terms == (("goal_offset", 2),)
     for i in range(ds.num_episodes):
         ep, info = ds.episode(i), ds.episode_info(i)
@@ -329,8 +336,6 @@ def test_go2_data_randomises_friction_as_the_official_environment_and_runs_overr
 
 
 def test_ur5e_noise_scales_with_the_action_bounds():
-    from robot_drivers.interface import ProprioTerm, RobotSpec
-
     spec = RobotSpec("ur5e", 7, 5.0, (ProprioTerm("joint_pos", 6),),
                      action_low=(-0.02,) * 3 + (-0.1,) * 3 + (0.0,),
                      action_high=(0.02,) * 3 + (0.1,) * 3 + (1.0,))
@@ -345,7 +350,7 @@ def test_ur5e_noise_scales_with_the_action_bounds():
 
 
 def test_cli_writes_a_readable_dataset(tmp_path, capsys):
-    rc = datagen.main(["--task", "toy", "--episodes", "3", "--out", str(tmp_path), "--seed", "5",
+    rc = generate.main(["--task", "toy", "--episodes", "3", "--out", str(tmp_path), "--seed", "5",
                        "--no-progress"])
     assert rc == 0
     ds = ShardedDataset(tmp_path)
@@ -360,7 +365,7 @@ def test_cli_writes_a_readable_dataset(tmp_path, capsys):
 
 
 def _real_task_dataset(tmp_path, task, max_steps):
-    probe = tasks.make_task(task)
+    probe = registry.make_task(task)
     spec = probe.spec
     probe.close()
     robot = datagen.robot_data_config(spec)
@@ -396,8 +401,6 @@ def test_peg_generates_camera_windows(tmp_path):
 
 def _learner_checkpoint(tmp_path):
     """A world model for the camera-less toy robot, pretrained for a few steps."""
-    from simdist_planner.config import PretrainConfig
-    from simdist_planner.pretrain import pretrain
 
     datagen.generate(config(episodes=6, task_overrides={"cameras": ()}), tmp_path / "d", progress=False)
     cfg = PretrainConfig(model="go2", data=(str(tmp_path / "d"),), steps=3, batch_size=8,
@@ -409,10 +412,7 @@ def _learner_checkpoint(tmp_path):
 def test_learner_driven_episodes_label_pi_states_with_expert_stretches(tmp_path):
     """DAgger-style data: pi (fed the executed actions) drives, the expert takes over in
     stretches of the configured lengths, and only its actions are flagged as expert targets."""
-    import torch
 
-    from simdist_planner.checkpoint import load_checkpoint
-    from simdist_planner.evaluate import policy_chunk
 
     ckpt = _learner_checkpoint(tmp_path)
     learner = datagen.LearnerConfig(str(ckpt), learner_steps=(2, 4), expert_steps=(3, 5))
@@ -457,7 +457,7 @@ def test_learner_config_is_checked(tmp_path):
     with pytest.raises(ValueError, match="learner_steps"):
         datagen.LearnerConfig("ckpt", learner_steps=(0, 3))
     ckpt = _learner_checkpoint(tmp_path)
-    cli = datagen.build_config(datagen.parse_args(
+    cli = generate.build_config(generate.parse_args(
         ["--task", "toy", "--out", "o", "--learner", str(ckpt), "--expert-steps", "4", "6"]))
     assert cli.learner == datagen.LearnerConfig(str(ckpt.resolve()), (3, 12), (4, 6), "cpu")
     # a camera-less model cannot drive the toy with a camera

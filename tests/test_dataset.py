@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from simdist_planner.dataset import (
+from simdist_planner.data.dataset import (
     SCHEMA_VERSION,
     DatasetError,
     EpisodeRecord,

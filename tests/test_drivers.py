@@ -1,34 +1,58 @@
 """Driver nodes: MuJoCo lockstep on DDS, and the hardware backends' translation logic without hardware."""
+import importlib.util
 import json
 import socket
 import subprocess
 import sys
+import threading
 
+import mujoco
 import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray
 from geometry_msgs.msg import PoseStamped
 from rclpy.parameter import Parameter
 from rosgraph_msgs.msg import Clock as ClockMsg
-from sensor_msgs.msg import Image, JointState
+from sensor_msgs.msg import Image, Imu, JointState
 from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from robot_drivers.go2.config import DEFAULT_POSE_UNITREE, UNITREE_JOINT_NAMES
+from robot_drivers.go2_sdk_driver_node import Go2SdkDriverNode
 from robot_drivers.hardware.go2_sdk import (
-    LOWCMD_SIZE, POS_STOP, VEL_STOP, Go2SdkBackend, Go2SdkConfig, LowCmd, crc32_mpeg2, import_sdk,
-    lowcmd_crc, pack_lowcmd, unitree_crc,
+    LOWCMD_SIZE,
+    POS_STOP,
+    VEL_STOP,
+    Go2SdkBackend,
+    Go2SdkConfig,
+    LowCmd,
+    crc32_mpeg2,
+    import_sdk,
+    lowcmd_crc,
+    pack_lowcmd,
+    unitree_crc,
 )
-from robot_drivers.hardware.ur5e_rtde import RTDE_PORT, UR5eRtdeBackend, UR5eRtdeConfig, connect_ur5e
+from robot_drivers.hardware.robotiq import RobotiqGripper
+from robot_drivers.hardware.ur5e_rtde import (
+    RTDE_PORT,
+    UR5eRtdeBackend,
+    UR5eRtdeConfig,
+    connect_ur5e,
+)
+from robot_drivers.ingestion_node import IngestionNode
 from robot_drivers.interface import Command, CommandKind, FaultLevel
 from robot_drivers.mujoco_driver_node import CLOCK_START_NS, MujocoDriverNode, SimEpisode
-from robot_drivers.tasks import make_task
+from robot_drivers.registry import make_task
+from robot_drivers.safety_node import SafetyNode
+from robot_drivers.ur5e.backend import MujocoUR5eBackend
+from robot_drivers.ur5e.config import SceneConfig
+from robot_drivers.ur5e.so3 import rotvec_to_mat
 from robot_drivers.ur5e_rtde_driver_node import UR5eRtdeDriverNode
 from robot_ros_helpers import RosHarness, diagnostics_text
 from simdist_adapter.recorder_node import RecorderNode
-from simdist_planner.launch_description import RECORDER_READY_TOPIC
+from simdist_planner.ros.launch_description import RECORDER_READY_TOPIC
 
 
 # --- MuJoCo driver ---------------------------------------------------------------------------
@@ -253,11 +277,7 @@ def _ur5e(clock, world_yaw=np.pi):
 def test_ur5e_rtde_frames_match_the_mujoco_model():
     """The sim world is the controller base frame (UR5e DH kinematics) and the default TCP offset
     is the sim's flange -> pinch transform, so the real proprio means what the sim's does."""
-    import mujoco
 
-    from robot_drivers.ur5e.backend import MujocoUR5eBackend
-    from robot_drivers.ur5e.config import SceneConfig
-    from robot_drivers.ur5e.so3 import rotvec_to_mat
 
     sim = MujocoUR5eBackend(SceneConfig(cameras=()))
     m, d = sim.model, sim.data
@@ -440,11 +460,8 @@ def test_go2_lowcmd_joint_order_units_and_damping_on_fault():
 
 
 def test_unitree_sdk_import_error_says_how_to_install():
-    try:
-        import unitree_sdk2py  # noqa: F401
+    if importlib.util.find_spec("unitree_sdk2py") is not None:
         pytest.skip("unitree_sdk2py is installed here")
-    except ImportError:
-        pass
     with pytest.raises(ImportError, match="github.com/unitreerobotics/unitree_sdk2_python"):
         import_sdk()
     proc = subprocess.run([sys.executable, "-m", "robot_drivers.go2_sdk_driver_node", "--ros-args",
@@ -455,8 +472,6 @@ def test_unitree_sdk_import_error_says_how_to_install():
 def _lockstep_run(domain: int, ticks: int) -> tuple[list, list, MujocoDriverNode]:
     """driver -> ingestion -> (the probe as planner) -> safety -> driver, on /clock, tick by tick.
     The probe's "policy" depends on the observation, so any nondeterminism would show."""
-    from robot_drivers.ingestion_node import IngestionNode
-    from robot_drivers.safety_node import SafetyNode
 
     ros = RosHarness(domain)
     try:
@@ -518,9 +533,6 @@ def test_mujoco_driver_realtime_mode_holds_without_commands(ros_domain):
 
 
 def test_go2_driver_node_damps_and_reports_when_lowstate_stops(ros_domain):
-    from sensor_msgs.msg import Imu
-
-    from robot_drivers.go2_sdk_driver_node import Go2SdkDriverNode
 
     sent = []
     backend = Go2SdkBackend(sent.append, LowCmd, Go2SdkConfig(lowcmd_rate_hz=100.0, lowstate_timeout_s=0.2))
@@ -556,9 +568,6 @@ def test_go2_driver_node_damps_and_reports_when_lowstate_stops(ros_domain):
 
 
 def test_robotiq_socket_protocol():
-    import threading
-
-    from robot_drivers.hardware.robotiq import RobotiqGripper
 
     ours, robot = socket.socketpair()
     seen = []

@@ -10,13 +10,21 @@ import numpy as np
 import pytest
 import torch
 
-from simdist_planner.checkpoint import load_checkpoint
-from simdist_planner.config import PretrainConfig
-from simdist_planner.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
-from simdist_planner.encoder_pretrain import pretrain_image_backbone
-from simdist_planner.losses import near_field_slices, state_targets
-from simdist_planner.model import WorldModel
-from simdist_planner.pretrain import WindowSource, fit_scaler, pretrain
+from simdist_planner.data.dataset import (
+    EpisodeRecord,
+    ShardedDataset,
+    ShardWriter,
+    StepLayout,
+    shard_name,
+)
+from simdist_planner.model.checkpoint import load_checkpoint
+from simdist_planner.model.losses import near_field_slices, state_targets
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.training.config import PretrainConfig
+from simdist_planner.training.encoder_stage import pretrain_image_backbone
+from simdist_planner.training.loop import pretrain
+from simdist_planner.training.sampler import WindowSource
+from simdist_planner.training.scaler_fit import fit_scaler
 
 SIZE = 16
 
@@ -66,7 +74,6 @@ def data(tmp_path):
 
 def _reader_error(reader, model, path, near):
     """The reader's RMS error on every row of the shards in `path`, in units of the targets."""
-    from simdist_planner.dataset import ShardedDataset
 
     rows = ShardedDataset(path)
     ep = [rows.episode(i) for i in range(rows.num_episodes)]
@@ -142,7 +149,7 @@ def test_two_ranks_with_a_frozen_backbone_end_with_identical_weights(data):
     _blob_shard(data / "two", episodes=4, seed=2, shard=0)
     _blob_shard(data / "two", episodes=4, seed=3, shard=1)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "simdist_planner.pretrain", "--model", "ur5e_small", "--data", str(data / "two"),
+           "-m", "simdist_planner.cli.pretrain", "--model", "ur5e_small", "--data", str(data / "two"),
            "--model-overrides", json.dumps({"latent_dim": 16, "history": 2, "horizon": 3}),
            "--steps", "2", "--batch-size", "8", "--warmup-steps", "1", "--workers", "0",
            "--encoder-steps", "10", "--encoder-near-field", '{"blob": 0.005}', "--freeze-image-backbone", "true",

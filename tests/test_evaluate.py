@@ -8,7 +8,23 @@ import pytest
 import torch
 
 from robot_drivers.interface import Observation, ProprioTerm, RobotSpec
-from simdist_planner.observation import (
+from robot_drivers.registry import make_task
+from simdist_planner.cli.common import planner_overrides
+from simdist_planner.cli.evaluate import main, parse_args
+from simdist_planner.evaluation.ablation import (
+    ROWS,
+    AblationScale,
+    format_ablation_table,
+    generate_data,
+    pretrain_config,
+    selected_dataset,
+)
+from simdist_planner.evaluation.agents import Agent, build_agents
+from simdist_planner.evaluation.evaluate import evaluate, format_table, task_overrides
+from simdist_planner.model.checkpoint import save_checkpoint
+from simdist_planner.model.config import ImageEncoderConfig, go2_config, ur5e_small_config
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.planning.observation import (
     ObservationError,
     ObservationHistory,
     observation_to_inputs,
@@ -117,9 +133,6 @@ def test_history_repeats_first_observation_then_rolls():
 
 # ---------------------------------------------------------------- Agent and evaluation on tasks
 def _tiny_model(robot: str, spec: RobotSpec):
-    from simdist_planner.config import ImageEncoderConfig, go2_config, ur5e_small_config
-    from simdist_planner.model import WorldModel
-
     torch.manual_seed(0)
     if robot == "go2":
         cfg = go2_config(latent_dim=16, history=3, horizon=3)
@@ -134,8 +147,6 @@ SMALL_PLANNER = dict(num_samples=24, num_elites=6, iterations=2)
 
 
 def test_agent_rejects_a_model_for_another_robot():
-    from simdist_planner.evaluate import Agent
-
     model = _tiny_model("go2", DOG)
     with pytest.raises(ValueError, match="proprio_dim 35 != robot 3"):
         Agent(model, DOG)
@@ -143,9 +154,6 @@ def test_agent_rejects_a_model_for_another_robot():
 
 @pytest.mark.parametrize("task_name", ["peg", "go2_flat"])
 def test_evaluation_table_has_a_row_per_agent(task_name):
-    from robot_drivers.tasks import make_task
-    from simdist_planner.evaluate import build_agents, evaluate, format_table, task_overrides
-
     probe = make_task(task_name, **task_overrides(task_name, max_steps=3))
     model = _tiny_model("go2" if task_name.startswith("go2") else "ur5e", probe.spec)
     probe.close()
@@ -167,9 +175,6 @@ def test_evaluation_table_has_a_row_per_agent(task_name):
 
 
 def test_planner_error_ends_the_episode_as_a_counted_failure():
-    from robot_drivers.tasks import make_task
-    from simdist_planner.evaluate import build_agents, evaluate, task_overrides
-
     task = make_task("go2_flat", **task_overrides("go2_flat", max_steps=3))
     model = _tiny_model("go2", task.spec)
     with torch.no_grad():
@@ -183,10 +188,6 @@ def test_planner_error_ends_the_episode_as_a_counted_failure():
 
 
 def test_cli_prints_the_table(tmp_path, capsys):
-    from robot_drivers.tasks import make_task
-    from simdist_planner.checkpoint import save_checkpoint
-    from simdist_planner.evaluate import main
-
     task = make_task("go2_flat")
     save_checkpoint(_tiny_model("go2", task.spec), tmp_path / "ckpt")
     task.close()
@@ -206,8 +207,6 @@ def test_cli_prints_the_table(tmp_path, capsys):
 def test_cli_planner_overrides_reach_the_planner():
     """--samples/--elites/--temperature/--mixture-coef/--policy-noise/--init-std/--warm-start/
     --policy-prior replace the robot's defaults, nothing else."""
-    from robot_drivers.tasks import make_task
-    from simdist_planner.evaluate import build_agents, parse_args, planner_overrides
 
     args = parse_args(["--samples", "24", "--elites", "6", "--temperature", "7.5", "--mixture-coef", "0.25",
                        "--policy-noise", "0.02", "--init-std", "0.3", "--warm-start", "policy",
@@ -226,10 +225,6 @@ def test_cli_planner_overrides_reach_the_planner():
 
 
 def test_cli_evaluates_the_hardware_stand_in(tmp_path, capsys):
-    from robot_drivers.tasks import make_task
-    from simdist_planner.checkpoint import save_checkpoint
-    from simdist_planner.evaluate import main
-
     task = make_task("slippery_slope", "real")
     save_checkpoint(_tiny_model("go2", task.spec), tmp_path / "ckpt")
     task.close()
@@ -244,8 +239,6 @@ def test_cli_evaluates_the_hardware_stand_in(tmp_path, capsys):
 
 # ---------------------------------------------------------------- ablation harness pieces
 def test_ablation_table_prints_paper_figures_beside_ours():
-    from simdist_planner.ablation import ROWS, format_ablation_table
-
     table = format_ablation_table({"full data": {"peg": 0.5, "go2_flat": 3.25}}, ("peg", "go2_flat"), "T")
     lines = table.splitlines()
     assert [line[:20].strip() for line in lines[3:]] == [r.name for r in ROWS]
@@ -255,8 +248,6 @@ def test_ablation_table_prints_paper_figures_beside_ours():
 
 
 def test_ablation_data_selection_nests_and_matches_volume(tmp_path):
-    from simdist_planner.ablation import ROWS, AblationScale, generate_data, pretrain_config, selected_dataset
-
     scale = AblationScale(name="test", tasks=("go2_flat",), episodes={"go2_flat": 10},
                           max_steps={"go2_flat": 12}, train_steps=1, batch_size=2, eval_episodes=1)
     mixed, expert = generate_data("go2_flat", scale, tmp_path)

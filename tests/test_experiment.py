@@ -11,7 +11,7 @@ import pytest
 
 from simdist_adapter.experiment import Experiment, ExperimentConfig, format_table, parse_args
 from simdist_adapter.finetune import AdaptConfig
-from simdist_planner.checkpoint import save_checkpoint
+from simdist_planner.model.checkpoint import save_checkpoint
 from test_adapter import small_model
 
 

@@ -6,12 +6,23 @@ import numpy as np
 import pytest
 
 from robot_drivers.go2 import (
-    DEFAULT_POSE_UNITREE, EXPERT_OBS_DIM, EXPERT_OBS_SLICES, ActuationConfig, Go2Config,
-    MujocoGo2Backend, SlopePanel, TerrainConfig, build_expert_observation, pd_torque,
-    to_menagerie, to_unitree,
+    DEFAULT_POSE_UNITREE,
+    EXPERT_OBS_DIM,
+    EXPERT_OBS_SLICES,
+    ActuationConfig,
+    Go2Config,
+    MujocoGo2Backend,
+    SlopePanel,
+    TerrainConfig,
+    build_expert_observation,
+    pd_torque,
+    to_menagerie,
+    to_unitree,
 )
 from robot_drivers.go2.config import (
-    MENAGERIE_JOINT_NAMES, UNITREE_FROM_MENAGERIE, UNITREE_JOINT_NAMES,
+    MENAGERIE_JOINT_NAMES,
+    UNITREE_FROM_MENAGERIE,
+    UNITREE_JOINT_NAMES,
 )
 from robot_drivers.go2.observation import grid_to_scan, scan_to_grid
 from robot_drivers.go2.scene import MUJOCO_DEFAULT_SOLIMP

@@ -5,9 +5,12 @@ import numpy as np
 import pytest
 
 from robot_drivers.experts.go2 import (
-    TorchScriptGo2Policy, experts_dir, load_go2_critic, load_go2_ladder,
+    TorchScriptGo2Policy,
+    experts_dir,
+    load_go2_critic,
+    load_go2_ladder,
 )
-from robot_drivers.tasks import expert_ladder, expert_value, make_task
+from robot_drivers.registry import expert_ladder, expert_value, make_task
 from robot_drivers.tasks.go2_tasks import FOAM_GAP, GO2_TASKS, SLIPPERY_SLOPE_GAP, rollout
 
 

@@ -11,7 +11,7 @@ from trajectory_msgs.msg import JointTrajectory
 from robot_drivers import ros_msgs
 from robot_drivers.ingestion import Ingestion, IngestionConfig, StreamError, resize
 from robot_drivers.ingestion_node import IngestionNode
-from robot_drivers.interface import Command, CommandKind
+from robot_drivers.interface import Command, CommandKind, Observation, ProprioTerm, RobotSpec
 from robot_drivers.safety_node import SafetyNode
 from robot_ros_helpers import RosHarness, diagnostics_text
 
@@ -153,8 +153,6 @@ def test_ingestion_node_bad_input_withholds_observation(ros_domain):
 
 
 def test_observation_assembler_and_command_packing():
-    from robot_drivers.interface import Observation, ProprioTerm, RobotSpec
-
     spec = RobotSpec(name="go2", action_dim=12, control_rate_hz=50.0, proprio_terms=(ProprioTerm("q", 2),),
                      height_map_shape=(3, 2), command_dim=1)
     asm = ros_msgs.ObservationAssembler(cameras=("front",), has_height_map=True, spec=spec)

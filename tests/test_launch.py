@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import yaml
 
-from simdist_planner import launch_description as desc
-from simdist_planner import launcher
+from simdist_adapter.bags import TYPESTORE, EpisodeBagWriter, EpisodeMeta
+from simdist_planner.ros import launch_description as desc
+from simdist_planner.ros import launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")
@@ -98,7 +99,7 @@ NODE_MODULES = {
     "go2_driver": "robot_drivers.go2_sdk_driver_node",
     "video_prediction": "sim_video_world_model.video_node",
     "adapter": "simdist_adapter.adapter_node",
-    "planner": "simdist_planner.planner_node",
+    "planner": "simdist_planner.ros.planner_node",
     "recorder": "simdist_adapter.recorder_node",
     "replay": "simdist_adapter.replay_node",
     "ingestion": "robot_drivers.ingestion_node",
@@ -143,7 +144,6 @@ def test_launch_files_parse_and_read_the_shared_description():
 
 def _replay_bag(path, seconds: int):
     """A bag whose replay takes `seconds` (one /joint_states message per second)."""
-    from simdist_adapter.bags import TYPESTORE, EpisodeBagWriter, EpisodeMeta
 
     t = TYPESTORE.types
     msg = t["sensor_msgs/msg/JointState"](

@@ -2,13 +2,23 @@
 import pytest
 import torch
 
-from simdist_planner.config import AttentionConfig, ImageEncoderConfig, LossWeights, go2_config, ur5e_config
-from simdist_planner.dataset import StepLayout
-from simdist_planner.losses import (adaptation_loss, expert_mask, freeze_for_adaptation, near_field_slices,
-                                    world_model_loss)
-from simdist_planner.model import WorldModel
-from simdist_planner.synthetic import synthetic_windows
-
+from simdist_planner.data.dataset import StepLayout
+from simdist_planner.data.synthetic import synthetic_windows
+from simdist_planner.model.config import (
+    AttentionConfig,
+    ImageEncoderConfig,
+    LossWeights,
+    go2_config,
+    ur5e_config,
+)
+from simdist_planner.model.losses import (
+    adaptation_loss,
+    expert_mask,
+    freeze_for_adaptation,
+    near_field_slices,
+    world_model_loss,
+)
+from simdist_planner.model.world_model import WorldModel
 
 
 def tiny_go2(**kw):

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from simdist_planner.planner import (
+from simdist_planner.model.config import (
+    UR5E_CAMERAS,
+    ImageEncoderConfig,
+    go2_config,
+    ur5e_small_config,
+)
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.planning.planner import (
     GO2_TEMPERATURE,
     MPPIPlanner,
     PlannerConfig,
@@ -20,6 +27,7 @@ from simdist_planner.planner import (
     go2_planner_config,
     ur5e_planner_config,
 )
+from test_world_model import count_kv_rows
 
 A, H = 2, 3
 
@@ -362,9 +370,6 @@ def _real_inputs(cfg):
 
 @pytest.mark.parametrize("robot", ["go2", "ur5e"])
 def test_runs_on_real_world_model(robot):
-    from simdist_planner.config import ImageEncoderConfig, UR5E_CAMERAS, go2_config, ur5e_small_config
-    from simdist_planner.model import WorldModel
-
     torch.manual_seed(0)
     if robot == "go2":
         cfg = go2_config(latent_dim=16, history=4, horizon=4)
@@ -404,10 +409,6 @@ class _Uncached:
 
 @pytest.mark.parametrize("kind", ["chunked", "autoregressive"])
 def test_dynamics_context_is_built_once_per_step_and_keeps_the_plan(kind):
-    from simdist_planner.config import go2_config
-    from simdist_planner.model import WorldModel
-    from test_world_model import count_kv_rows
-
     torch.manual_seed(0)
     cfg = go2_config(latent_dim=16, history=4, horizon=4, dynamics_kind=kind)
     config = go2_planner_config([-1.0] * 12, [1.0] * 12, horizon=4, num_samples=40, num_elites=8, iterations=3)

@@ -24,7 +24,10 @@ from trajectory_msgs.msg import JointTrajectory
 from robot_drivers import ros_msgs
 from robot_drivers.interface import Observation
 from robot_drivers.specs import robot_spec
-from simdist_planner.planner_node import QOS
+from simdist_planner.model.checkpoint import save_checkpoint
+from simdist_planner.model.config import AttentionConfig, ur5e_small_config
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.ros.planner_node import QOS
 
 PLANNER = str(pathlib.Path(sys.executable).parent / "planner_node")
 SPEC = robot_spec("ur5e")
@@ -32,9 +35,6 @@ SPEC = robot_spec("ur5e")
 
 def make_checkpoint(path, seed=0, scale=1.0, **overrides):
     """A small random UR5e world model saved with the world-model engineer's save_checkpoint."""
-    from simdist_planner.checkpoint import save_checkpoint
-    from simdist_planner.config import AttentionConfig, ur5e_small_config
-    from simdist_planner.model import WorldModel
 
     torch.manual_seed(seed)
     config = ur5e_small_config(

@@ -11,11 +11,24 @@ import numpy as np
 import pytest
 import torch
 
-from simdist_planner.checkpoint import load_checkpoint
-from simdist_planner.config import PRETRAIN_PRESETS, PretrainConfig
-from simdist_planner.model import WorldModel
-from simdist_planner.pretrain import (WindowSource, augment, fit_scaler, lr_at, parse_args, pretrain,
-                                     weights_sha256)
+from robot_drivers.tasks.ur5e_tasks import STATE_SLICES, STATE_TERMS
+from simdist_planner.cli.pretrain import parse_args
+from simdist_planner.data.dataset import (
+    EpisodeRecord,
+    ShardedDataset,
+    ShardWriter,
+    StepLayout,
+    shard_name,
+)
+from simdist_planner.model.checkpoint import load_checkpoint
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.training.augment import augment
+from simdist_planner.training.config import PRETRAIN_PRESETS, PretrainConfig
+from simdist_planner.training.ema import WeightAverage
+from simdist_planner.training.loop import lr_at, pretrain
+from simdist_planner.training.sampler import WindowSource
+from simdist_planner.training.scaler_fit import fit_scaler
+from simdist_planner.training.train_state import weights_sha256
 
 TINY = {"latent_dim": 16, "history": 3, "horizon": 4}
 
@@ -47,7 +60,6 @@ def test_learning_rate_schedule():
 def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),), action=None, task="peg", state=None):
     """Three 12-row episodes of random rows; `action` (12, A) replaces the random 2-d actions,
     `state` (12, S) or one per episode (3, 12, S) the random task state."""
-    from simdist_planner.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
 
     layout = StepLayout(proprio_terms=(("joint_pos", 3), ("gripper", 1)),
                         action_dim=2 if action is None else action.shape[1],
@@ -144,7 +156,6 @@ def test_the_scaler_sees_a_rare_flag_as_often_as_the_data_holds_it(tmp_path, mon
     _write_ur5e_like_shard(tmp_path / "data", state_terms=(("seated", 1),), state=state)
     cfg = PretrainConfig(model="ur5e_small", data=(str(tmp_path / "data"),), workers=0,
                          model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
-    from simdist_planner.dataset import ShardedDataset
 
     read_names = []
     real_read = ShardedDataset.read
@@ -209,7 +220,6 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
     with pytest.raises(ValueError, match="need a dataset"):
         synthetic_cfg(phase_weights={"closing": 2})
     # with the peg's own task state logged, the last centimetre above the hole can be weighted too
-    from robot_drivers.tasks.ur5e_tasks import STATE_SLICES, STATE_TERMS
 
     state = np.zeros((12, sum(n for _, n in STATE_TERMS)), np.float32)
     state[:, STATE_SLICES["bottom_to_hole"]] = [0.0, 0.0, 0.1]
@@ -234,7 +244,7 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
 def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
     cfg = synthetic_cfg(steps=4, checkpoint_every=2, log_every=2)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "simdist_planner.pretrain", *cli_args(cfg, tmp_path / "ddp")]
+           "-m", "simdist_planner.cli.pretrain", *cli_args(cfg, tmp_path / "ddp")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
@@ -249,7 +259,7 @@ def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
 
 def test_kill_and_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
     cfg = synthetic_cfg(steps=40, checkpoint_every=2, log_every=2)
-    proc = subprocess.Popen([sys.executable, "-m", "simdist_planner.pretrain", *cli_args(cfg, tmp_path / "killed")],
+    proc = subprocess.Popen([sys.executable, "-m", "simdist_planner.cli.pretrain", *cli_args(cfg, tmp_path / "killed")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     state = tmp_path / "killed" / "train_state" / "state.json"
@@ -323,8 +333,6 @@ def test_resume_refuses_different_settings(tmp_path):
 
 
 def test_weight_average_follows_its_ramp_then_its_decay():
-    from simdist_planner.pretrain import WeightAverage
-
     net = torch.nn.BatchNorm1d(2)  # float weights and an integer buffer (num_batches_tracked)
     with torch.no_grad():
         net.weight.fill_(1.0)

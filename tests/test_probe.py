@@ -7,18 +7,20 @@ import numpy as np
 import pytest
 import torch
 
-from robot_drivers.tasks import expert_ladder, expert_value, make_task
-from simdist_planner.evaluate import Agent, policy_chunk, task_overrides
-from simdist_planner.observation import observation_to_inputs
-from simdist_planner.probe import EXPERT, PI, ChunkProbe, ProbeConfig, main, rank_correlation
+from robot_drivers.registry import expert_ladder, expert_value, make_task
+from simdist_planner.cli.probe import main
+from simdist_planner.evaluation.agents import Agent, policy_chunk
+from simdist_planner.evaluation.evaluate import task_overrides
+from simdist_planner.evaluation.probe import EXPERT, PI, ChunkProbe, ProbeConfig, rank_correlation
+from simdist_planner.model.checkpoint import save_checkpoint
+from simdist_planner.model.config import ImageEncoderConfig, go2_config, ur5e_small_config
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.planning.observation import observation_to_inputs
 
 SMALL_PLANNER = dict(num_samples=24, num_elites=6, iterations=2)
 
 
 def tiny_go2_model(history: int = 3, seed: int = 0):
-    from simdist_planner.config import go2_config
-    from simdist_planner.model import WorldModel
-
     torch.manual_seed(seed)
     return WorldModel(go2_config(latent_dim=16, history=history, horizon=3)).eval()
 
@@ -120,8 +122,6 @@ def test_models_must_share_history_and_horizon():
 
 
 def test_cli_prints_a_row_per_model_and_writes_every_state(tmp_path, capsys):
-    from simdist_planner.checkpoint import save_checkpoint
-
     save_checkpoint(tiny_go2_model(seed=0), tmp_path / "a")
     save_checkpoint(tiny_go2_model(seed=1), tmp_path / "b")
     out = tmp_path / "probe.json"
@@ -146,9 +146,6 @@ def test_a_task_that_cannot_be_copied_needs_a_twin():
 
 
 def tiny_ur5e_model(spec):
-    from simdist_planner.config import ImageEncoderConfig, ur5e_small_config
-    from simdist_planner.model import WorldModel
-
     torch.manual_seed(0)
     image = ImageEncoderConfig(spec.cameras, 32, 32, backbone="small_cnn", small_cnn_channels=(8, 8),
                                small_cnn_features=16)

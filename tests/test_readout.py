@@ -3,21 +3,26 @@ state from a blind one, and pi's error against the expert tells a pi that follow
 that acts the mean, overall and per task phase."""
 import numpy as np
 import pytest
-import torch
 
 import toy_task
-from robot_drivers import tasks
-from simdist_planner import datagen
-from simdist_planner.checkpoint import load_checkpoint
-from simdist_planner.config import PretrainConfig
-from simdist_planner.dataset import ShardedDataset
-from simdist_planner.pretrain import pretrain
-from simdist_planner.readout import format_policy_readout, format_readout, main, policy_readout, state_readout
+from robot_drivers import registry
+from simdist_planner.cli.readout import main
+from simdist_planner.data.dataset import ShardedDataset
+from simdist_planner.evaluation import datagen
+from simdist_planner.evaluation.readout import (
+    format_policy_readout,
+    format_readout,
+    policy_readout,
+    state_readout,
+)
+from simdist_planner.model.checkpoint import load_checkpoint
+from simdist_planner.training.config import PretrainConfig
+from simdist_planner.training.loop import pretrain
 
 
 @pytest.fixture(autouse=True)
 def toy(monkeypatch):
-    monkeypatch.setitem(tasks.TASKS, "toy", toy_task.ENTRY)
+    monkeypatch.setitem(registry.TASKS, "toy", toy_task.ENTRY)
     monkeypatch.setitem(datagen.ROBOT_DATA_CONFIGS, "toy", toy_task.robot_data_config)
 
 

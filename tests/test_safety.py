@@ -1,5 +1,6 @@
 """Safety supervisor: limits, watchdog, NaN rejection, stale stop, e-stop (core and node on DDS)."""
 import math
+import time
 
 import numpy as np
 import pytest
@@ -7,11 +8,14 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import Parameter as ParameterMsg
 from rcl_interfaces.msg import ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
+from rclpy.node import Node
+from rclpy.parameter import Parameter
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
+from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind
 from robot_drivers.safety import GO2_DEFAULT_POSE, GO2_JOINT_HIGH, SafetyConfig, SafetySupervisor
 from robot_drivers.safety_node import SafetyNode
@@ -120,8 +124,6 @@ def _param(name, value):
 
 
 def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
-    from rclpy.parameter import Parameter
-
     ros = RosHarness(ros_domain)
     try:
         node = ros.add(SafetyNode(context=ros.context, parameter_overrides=[
@@ -203,11 +205,7 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
 
 
 def test_diagnostics_levels_immediate_publish_and_stale(ros_domain):
-    import time
 
-    from rclpy.node import Node
-
-    from robot_drivers.diagnostics import Diagnostics, Level
 
     ros = RosHarness(ros_domain)
     try:

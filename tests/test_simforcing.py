@@ -1,20 +1,38 @@
 """SimForcing core: conditioning, objective, scheduler, guidance, data, checkpoints, tiny train + infer."""
 import json
 import os
+import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
+from sim_video_world_model import metrics
 from sim_video_world_model.backbones import build_backbone
-from sim_video_world_model.config import BackboneConfig, ObjectiveConfig, TinyBackboneConfig, TrainConfig, Variant
+from sim_video_world_model.checkpoint import load_bundle
+from sim_video_world_model.config import (
+    BackboneConfig,
+    ObjectiveConfig,
+    TinyBackboneConfig,
+    TrainConfig,
+    Variant,
+)
+from sim_video_world_model.evaluate import EvalConfig, Scorer, evaluate_run
+from sim_video_world_model.metrics import frechet_distance
 from sim_video_world_model.objective import StudentObjective, corrupt_sim_latent, latent_motion
 from sim_video_world_model.paired_data import (
-    PairedVideoDataset, PairedWindows, normalize_actions, synthetic_pairs, SyntheticWorldConfig,
+    PairedVideoDataset,
+    PairedWindows,
+    SyntheticWorldConfig,
+    normalize_actions,
+    synthetic_pairs,
 )
 from sim_video_world_model.pipeline import SimForcingPipeline
 from sim_video_world_model.scheduler import FlowMatchScheduler, warmup_cosine
-from sim_video_world_model.train import make_student
+from sim_video_world_model.train import RunConfig, make_student, run
 
 TINY = TinyBackboneConfig(latent_channels=4, ae_channels=8, hidden=32, heads=2, layers=2, ffn=64,
                           action_hidden=16, action_layers=1, action_heads=2)
@@ -190,9 +208,6 @@ def test_paired_windows_roundtrip_and_normalisation(tmp_path):
 
 @pytest.mark.e2e
 def test_tiny_train_then_infer_and_resume(tmp_path):
-    from sim_video_world_model.checkpoint import load_bundle
-    from sim_video_world_model.train import RunConfig, run
-
     data = str(tmp_path / "pairs.h5")
     synthetic_pairs(4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0).save(data)
     steps = dict(batch_size=4, log_every=1, save_every=2)
@@ -219,7 +234,6 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
                  sim_steps=1, real_steps=2, guidance=0.6).video
     assert video.shape == (1, 3, 5, 16, 16) and torch.isfinite(video).all()
     # evaluation: table rows for both students, the w sweep, the latency grid and the PNG
-    from sim_video_world_model.evaluate import EvalConfig, Scorer, evaluate_run
 
     ecfg = EvalConfig(sim_steps=1, real_steps=2, sweep=(0.0, 1.0), latency_sim_steps=(1,), latency_real_steps=(1, 2),
                       latency_guidance=(0.0, 1.0), latency_reps=1, guidance=1.0)
@@ -251,10 +265,6 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_ddp_gloo_two_ranks(tmp_path):
-    import random
-    import subprocess
-    import sys
-
     data = str(tmp_path / "pairs.h5")
     synthetic_pairs(4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0).save(data)
     config = tmp_path / "run.json"
@@ -273,9 +283,6 @@ def test_torchrun_ddp_gloo_two_ranks(tmp_path):
 
 
 def test_metrics_zero_for_identical_and_growing_with_corruption(tmp_path):
-    from safetensors.torch import save_file
-
-    from sim_video_world_model import metrics
 
     torch.manual_seed(0)
     video = torch.rand(3, 3, 2, 32, 32) * 2 - 1
@@ -300,8 +307,6 @@ def test_metrics_zero_for_identical_and_growing_with_corruption(tmp_path):
 
 
 def test_frechet_distance_matches_the_covariance_formula():
-    from sim_video_world_model.metrics import frechet_distance
-
     def reference(a, b):
         a, b = a.double(), b.double()
         s_a, s_b = torch.cov(a.T), torch.cov(b.T)

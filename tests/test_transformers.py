@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from simdist_planner.transformers import Attention, Dropout, dropout
+from simdist_planner.model.transformers import Attention, Dropout, dropout
 
 
 @pytest.mark.parametrize("p", [0.05, 0.2, 0.5])

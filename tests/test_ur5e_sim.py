@@ -1,4 +1,7 @@
 """UR5e scene composition, servoL-like controller, backend contract, rendering and robot mask."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -136,10 +139,8 @@ def test_a_process_that_renders_can_then_build_an_optimiser():
     """Mesa's EGL context makes a later first import of triton segfault; torch imports triton
     lazily when an optimiser is built, so the camera rig loads it first (ur5e/render.py). In a
     subprocess: a crash there must not take the test run with it."""
-    import subprocess
-    import sys
 
-    code = ("from robot_drivers.tasks import make_task\n"
+    code = ("from robot_drivers.registry import make_task\n"
             "obs = make_task('peg', image_size=(32, 32)).reset(0)\n"
             "assert obs.images['wrist'].shape == (32, 32, 3)\n"
             "import torch\n"

@@ -1,6 +1,7 @@
 """UR5e Peg / Table Leg tasks: reset/step/render/score, expert bars, ladder, V^e, the sim-to-real
 gap, and TorchScript policy loading."""
 import dataclasses
+import zipfile
 
 import mujoco
 import numpy as np
@@ -9,10 +10,32 @@ import torch
 
 from robot_drivers.experts.torchscript import load_torchscript_policy
 from robot_drivers.experts.ur5e import (
-    CARRY, LADDER, PHASE_NAMES, TCP_HOME_MAT, Degradation, InsertionExpert, ValueFitConfig,
-    discounted_returns, expert_value, rollout)
-from robot_drivers.tasks import expert_ladder, make_task, step_phases
-from robot_drivers.tasks.ur5e_tasks import GAMMA, LIFT_DZ, OBJECT, REGIONS, RealGap, real_gap
+    CARRY,
+    CLOSE,
+    DESCEND,
+    LADDER,
+    PHASE_NAMES,
+    TCP_HOME_MAT,
+    Degradation,
+    InsertionExpert,
+    ValueFitConfig,
+    discounted_returns,
+    expert_value,
+    rollout,
+)
+from robot_drivers.registry import expert_ladder, make_task, step_phases
+from robot_drivers.tasks.ur5e_tasks import (
+    GAMMA,
+    LIFT_DZ,
+    OBJECT,
+    REGIONS,
+    STATE_SLICES,
+    STATE_TERMS,
+    RealGap,
+    grasp_yaw_error,
+    real_gap,
+)
+from simdist_planner.model.config import ur5e_small_config
 
 TASKS = ("peg", "table_leg")
 
@@ -344,7 +367,6 @@ def test_expert_holds_the_close_a_fixed_count_then_lifts():
     moved it there), holds still with the gripper closed for exactly CLOSE_STEPS steps and lifts
     on the next, so the small model's action history (H > CLOSE_STEPS) shows when it lifts; the
     pads have turned the peg square by then (experts/ur5e.py)."""
-    from simdist_planner.config import ur5e_small_config
 
     k = InsertionExpert.CLOSE_STEPS
     assert ur5e_small_config().history >= k + 1  # the lift step and the hold before it differ
@@ -412,8 +434,6 @@ def test_closing_phase_runs_from_the_first_close_through_its_lift():
 
 
 def test_at_hole_phase_is_a_held_object_close_above_the_hole():
-    from robot_drivers.tasks.ur5e_tasks import STATE_SLICES, STATE_TERMS
-
     b2h = np.array([[0.0, 0.0, 0.010], [0.02, -0.01, 0.0], [0.02, 0.02, 0.0], [0.0, 0.0, 0.02],
                     [0.0, 0.0, -0.01], [0.0, 0.0, 0.0]])  # bottom minus hole (m)
     state = np.zeros((len(b2h), sum(n for _, n in STATE_TERMS)), np.float32)
@@ -451,7 +471,6 @@ def test_torchscript_errors(tmp_path):
     junk.write_bytes(b"not a model at all")
     with pytest.raises(ValueError, match="not a TorchScript archive"):
         load_torchscript_policy(junk, _obs_fn)
-    import zipfile
     fake = tmp_path / "fake.pt"
     with zipfile.ZipFile(fake, "w") as z:
         z.writestr("data.txt", "hello")
@@ -478,8 +497,6 @@ def test_task_state_tracks_the_object_relative_to_hand_and_hole():
     """The privileged task state (stored for the state loss) follows the expert's episode:
     the grasp point relative to the TCP, the peg's yaw to the hand (the hand keeps its yaw and
     the closing pads turn the peg square), then the grasp."""
-    from robot_drivers.experts.ur5e import CLOSE, DESCEND
-    from robot_drivers.tasks.ur5e_tasks import STATE_TERMS, grasp_yaw_error
 
     task = make_task("peg", cameras=())
     assert task.state_terms == STATE_TERMS and sum(d for _, d in STATE_TERMS) == 13

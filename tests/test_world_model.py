@@ -4,8 +4,11 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+import torchvision
+from safetensors.torch import save_file
 
-from simdist_planner.config import (
+from simdist_planner.data.synthetic import synthetic_windows
+from simdist_planner.model.config import (
     AttentionConfig,
     ImageEncoderConfig,
     WorldModelConfig,
@@ -13,8 +16,8 @@ from simdist_planner.config import (
     ur5e_config,
     ur5e_small_config,
 )
-from simdist_planner.model import WorldModel
-from simdist_planner.synthetic import synthetic_windows
+from simdist_planner.model.encoders import KeypointCNN
+from simdist_planner.model.world_model import WorldModel
 
 OFFICIAL_GO2_PARAMS = 668_494
 OFFICIAL_GO2_DYNAMICS = 133_506
@@ -228,9 +231,6 @@ def test_config_round_trip_and_validation():
 
 
 def test_resnet_weights_load_from_local_file(tmp_path):
-    import torchvision
-    from safetensors.torch import save_file
-
     ref = torchvision.models.resnet18(weights=None)
     file = tmp_path / "resnet18.safetensors"
     save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(file))
@@ -312,7 +312,6 @@ def test_cached_dynamics_context_on_cuda(kind):
 def test_keypoint_cnn_learns_where_a_small_dot_is():
     """A 2 x 2 pixel dot in a 32 x 32 image: the spatial-softmax encoder regresses its position
     within a few hundred steps (what the UR5e encoder must do with the peg)."""
-    from simdist_planner.encoders import KeypointCNN
 
     torch.manual_seed(0)
     cfg = ImageEncoderConfig(("a",), 32, 32, backbone="keypoint_cnn", small_cnn_channels=(8, 8, 8),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from robot_drivers import registry
 from robot_drivers.interface import (
     Command,
     CommandKind,
@@ -17,8 +18,10 @@ from robot_drivers.interface import (
     RobotSpec,
 )
 from robot_drivers.tasks.base import StepResult, Task
+from simdist_planner.evaluation import datagen
+from simdist_planner.evaluation.datagen import NoiseConfig, RobotDataConfig
 
-ENTRY = "toy_task:make_toy_task"  # value for robot_drivers.tasks.TASKS["toy"]
+ENTRY = "toy_task:make_toy_task"  # value for robot_drivers.registry.TASKS["toy"]
 DT = 0.1
 
 
@@ -155,7 +158,6 @@ def expert_value(task):
 
 def robot_data_config(spec):
     """Generation settings for the toy robot (the bursts of the UR5e, two action dims)."""
-    from simdist_planner.datagen import NoiseConfig, RobotDataConfig
 
     return RobotDataConfig(
         noise=NoiseConfig(
@@ -168,8 +170,6 @@ def robot_data_config(spec):
 
 def register():
     """For subprocesses that run the CLI on the toy task (tests use monkeypatch instead)."""
-    from robot_drivers import tasks
-    from simdist_planner import datagen
 
-    tasks.TASKS["toy"] = ENTRY
+    registry.TASKS["toy"] = ENTRY
     datagen.ROBOT_DATA_CONFIGS["toy"] = robot_data_config

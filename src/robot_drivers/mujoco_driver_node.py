@@ -22,9 +22,9 @@ from geometry_msgs.msg import PoseStamped
 from nav_msgs.msg import Odometry
 from rclpy.clock import Clock, ClockType
 from rclpy.executors import ExternalShutdownException
-from rclpy.task import Future
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.task import Future
 from rosgraph_msgs.msg import Clock as ClockMsg
 from sensor_msgs.msg import Image, Imu, JointState
 from std_msgs.msg import Bool, String
@@ -36,7 +36,7 @@ from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.go2.config import Go2Config
 from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
 from robot_drivers.node_params import NodeParams, Param
-from robot_drivers.tasks import make_task
+from robot_drivers.registry import make_task
 from robot_drivers.tasks.base import Task
 from robot_drivers.ur5e.config import SceneConfig
 

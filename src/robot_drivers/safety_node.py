@@ -25,7 +25,12 @@ from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.safety import (
-    GO2_DEFAULT_POSE, GO2_JOINT_HIGH, GO2_JOINT_LOW, Decision, SafetyConfig, SafetySupervisor,
+    GO2_DEFAULT_POSE,
+    GO2_JOINT_HIGH,
+    GO2_JOINT_LOW,
+    Decision,
+    SafetyConfig,
+    SafetySupervisor,
 )
 
 PARAMS = (

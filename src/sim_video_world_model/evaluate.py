@@ -18,11 +18,19 @@ import time
 
 import torch
 
+from sim_video_world_model import metrics
 from sim_video_world_model.checkpoint import ModelBundle, load_bundle
-from sim_video_world_model.config import Variant
-from sim_video_world_model.paired_data import PairedVideoDataset, PairedWindows
+from sim_video_world_model.config import BackboneConfig, TinyBackboneConfig, TrainConfig, Variant
+from sim_video_world_model.paired_data import (
+    MujocoPairsConfig,
+    PairedVideoDataset,
+    PairedWindows,
+    mujoco_pairs,
+    synthetic_pairs,
+)
 from sim_video_world_model.pipeline import SimForcingPipeline
 from sim_video_world_model.scheduler import FlowMatchScheduler
+from sim_video_world_model.train import RunConfig, run
 
 log = logging.getLogger("simforcing.eval")
 
@@ -67,8 +75,6 @@ class Scorer:
 
     def __init__(self, lpips_backbone: str | None = None, lpips_heads: str | None = None,
                  fid_weights: str | None = None, fvd_weights: str | None = None):
-        from sim_video_world_model import metrics
-
         self.m = metrics
         self.extra = {}
         if lpips_backbone and lpips_heads:
@@ -112,10 +118,10 @@ def latency_grid(bundle: ModelBundle, item: dict, cfg: EvalConfig) -> list[dict]
 
 def qualitative_grid(gt: torch.Tensor, rows: dict[str, torch.Tensor], path: str, samples: int = 2) -> None:
     """PNG: per sample, ground truth then each method, one row of frames each."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
     def strip(video):  # (3, T, H, W) -> (H, T*W, 3) uint8
         v = ((video.clamp(-1, 1) + 1) * 127.5).round().byte().permute(2, 1, 3, 0)
@@ -188,21 +194,11 @@ def format_markdown(result: dict) -> str:
 
 
 def small_run(out: str, device: str, source: str | None = None) -> dict:
-    """Data (MuJoCo peg when robot_drivers' tasks load, else synthetic) -> training -> evaluation."""
-    from sim_video_world_model.config import BackboneConfig, TinyBackboneConfig, TrainConfig
-    from sim_video_world_model.paired_data import MujocoPairsConfig, mujoco_pairs, synthetic_pairs
-    from sim_video_world_model.train import RunConfig, run
-
+    """Data (the MuJoCo peg by default, or `source`: a task or "synthetic") -> training -> evaluation."""
     os.makedirs(out, exist_ok=True)
     train_file, heldout_file = os.path.join(out, "train.h5"), os.path.join(out, "heldout.h5")
     if not (os.path.isfile(train_file) and os.path.isfile(heldout_file)):
-        if source is None:
-            try:
-                import robot_drivers.tasks.ur5e_tasks  # noqa: F401
-
-                source = "peg"
-            except ImportError:
-                source = "synthetic"
+        source = source or "peg"
         if source == "synthetic":
             synthetic_pairs(48, num_frames=9, steps=24, stride=4, seed=1).save(train_file)
             synthetic_pairs(8, num_frames=9, steps=24, stride=8, seed=2).save(heldout_file)
@@ -229,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heldout", help="held-out paired-window HDF5 file")
     p.add_argument("--out", required=True)
     p.add_argument("--small", action="store_true", help="generate data, train every variant and evaluate (15-30 min on a CPU)")
-    p.add_argument("--source", help="--small data source: 'peg', 'table_leg' or 'synthetic' (default: peg if available)")
+    p.add_argument("--source", help="--small data source: 'peg', 'table_leg' or 'synthetic' (default: peg)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--sim-steps", type=int, default=5)
     p.add_argument("--real-steps", type=int, default=10)

@@ -12,8 +12,14 @@ import os
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
-from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
+from torchmetrics.functional.image import (
+    peak_signal_noise_ratio,
+    structural_similarity_index_measure,
+)
+from torchvision.models import alexnet, inception_v3
+from torchvision.models.video import r3d_18
 
 
 def _frames01(video: torch.Tensor) -> torch.Tensor:
@@ -44,8 +50,6 @@ def read_state(path: str) -> dict[str, torch.Tensor]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"metric weights not found: {path}")
     if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
         return load_file(path)
     return torch.load(path, map_location="cpu", weights_only=True)
 
@@ -71,7 +75,6 @@ class LPIPS(nn.Module):
 
     def __init__(self, backbone_weights: str | None = None, head_weights: str | None = None):
         super().__init__()
-        from torchvision.models import alexnet
 
         self.features = alexnet(weights=None).features
         if backbone_weights:
@@ -137,7 +140,6 @@ class FrechetInceptionDistance(nn.Module):
 
     def __init__(self, weights: str | None = None, size: int = 299):
         super().__init__()
-        from torchvision.models import inception_v3
 
         if size < 75:
             raise ValueError(f"Inception-v3 needs inputs of at least 75x75, got size {size}")
@@ -164,7 +166,6 @@ class FrechetVideoDistance(nn.Module):
 
     def __init__(self, weights: str | None = None, size: int = 112):
         super().__init__()
-        from torchvision.models.video import r3d_18
 
         self.size = size
         net = r3d_18(weights=None)

@@ -9,14 +9,18 @@ synthetic moving-arm world used for tests and CPU-scale experiments.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import h5py
+import mujoco
 import numpy as np
 import torch
+
+from robot_drivers.registry import expert_ladder, make_task
 
 FILE_VERSION = 1
 
@@ -245,8 +249,6 @@ class JointStateMaskRenderer:
         self.backend, self.camera = backend, camera
 
     def __call__(self, image: np.ndarray, joint_pos: np.ndarray | None) -> np.ndarray:
-        import mujoco
-
         if joint_pos is None:
             raise ValueError("JointStateMaskRenderer needs the measured joint positions (obs.joint_pos)")
         b = self.backend
@@ -277,7 +279,6 @@ def mujoco_pairs(num_episodes: int, num_frames: int = 9, stride: int = 4, cfg: M
     task) in the "real" variant too. The sim stream is the sim rendering masked by MuJoCo's
     segmentation; the real stream gets camera noise; real masks come from `segmenter` (default: the
     joint-state mask renderer through the real variant's calibrated camera)."""
-    from robot_drivers.tasks import expert_ladder, make_task
 
     cfg = cfg or MujocoPairsConfig()
     kw = dict(image_size=(cfg.size, cfg.size), cameras=(cfg.camera,))
@@ -331,7 +332,6 @@ def mujoco_pairs(num_episodes: int, num_frames: int = 9, stride: int = 4, cfg: M
 
 def main(argv: list[str] | None = None) -> None:
     """python -m sim_video_world_model.paired_data --source peg --episodes 40 --out pairs.h5"""
-    import argparse
 
     p = argparse.ArgumentParser(description="Write paired sim/real video windows to an HDF5 file.")
     p.add_argument("--source", default="peg", help="'synthetic' or a UR5e task name (peg, table_leg)")

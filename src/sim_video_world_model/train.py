@@ -18,14 +18,30 @@ import os
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 from sim_video_world_model.backbones import build_backbone
 from sim_video_world_model.backbones.base import VideoAutoencoder, VideoDenoiser
-from sim_video_world_model.checkpoint import ModelBundle, load_bundle, load_optimizer, save_bundle, save_optimizer
-from sim_video_world_model.config import BackboneConfig, ObjectiveConfig, TrainConfig, Variant, from_dict, to_dict
+from sim_video_world_model.checkpoint import (
+    ModelBundle,
+    load_bundle,
+    load_optimizer,
+    save_bundle,
+    save_optimizer,
+)
+from sim_video_world_model.config import (
+    BackboneConfig,
+    ObjectiveConfig,
+    TrainConfig,
+    Variant,
+    from_dict,
+    to_dict,
+)
 from sim_video_world_model.objective import StudentObjective, TeacherObjective
 from sim_video_world_model.paired_data import PairedVideoDataset, PairedWindows
 from sim_video_world_model.scheduler import warmup_cosine
@@ -49,7 +65,6 @@ def init_distributed(device: str) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
-    import torch.distributed as dist
 
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
@@ -70,7 +85,6 @@ def fit(name: str, module: nn.Module, loss_fn: Callable, data: torch.utils.data.
 
     `loss_fn(model, batch, generator) -> (loss, metrics)`; `save(path)` writes the model checkpoint.
     """
-    from tqdm import tqdm
 
     device = next(module.parameters()).device
     cuda = device.type == "cuda"
@@ -282,8 +296,6 @@ def run(cfg: RunConfig, data_path: str, out: str, stages: list[str], variants: l
             "action_low": windows.action_low.tolist(), "action_high": windows.action_high.tolist()}
     writer = None
     if dist.main:
-        from torch.utils.tensorboard import SummaryWriter
-
         os.makedirs(out, exist_ok=True)
         writer = SummaryWriter(os.path.join(out, "tensorboard"))
         with open(os.path.join(out, "run_config.json"), "w") as f:

@@ -33,7 +33,14 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from robot_drivers.node_params import NodeParams, Param
-from sim_video_world_model.predictor import PredictSettings, RequestError, VideoPredictor, check_device
+from robot_drivers.registry import make_task
+from sim_video_world_model.paired_data import JointStateMaskRenderer
+from sim_video_world_model.predictor import (
+    PredictSettings,
+    RequestError,
+    VideoPredictor,
+    check_device,
+)
 
 PARAMS = (
     Param("checkpoint", "", "SimForcing student checkpoint directory (simforcing-train output)", read_only=True),
@@ -91,8 +98,6 @@ class VideoPredictionNode(Node):
 
     def _make_segmenter(self, task: str):
         """Robot mask from the measured joints through the task's calibrated ("real") camera model."""
-        from robot_drivers.tasks import make_task
-        from sim_video_world_model.paired_data import JointStateMaskRenderer
 
         calibrated = make_task(task, "real", image_size=self.predictor.image_size, cameras=(self.camera,))
         return JointStateMaskRenderer(calibrated.backend, self.camera)

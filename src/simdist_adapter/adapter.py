@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from robot_drivers.interface import RobotSpec
 from simdist_adapter.finetune import AdaptConfig, finetune_dynamics, real_windows
+from simdist_adapter.real_data import build_real_dataset
 from simdist_adapter.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,6 @@ def adapt_on_dataset(registry: ModelRegistry, d_real, config: AdaptConfig, progr
 def adapt_round(registry: ModelRegistry, bags, spec: RobotSpec, workdir, config: AdaptConfig,
                 demos=None, progress=None) -> RoundReport:
     """Build D_real from all `bags` (+ demos), then `adapt_on_dataset`."""
-    from simdist_adapter.real_data import build_real_dataset  # bags need rclpy; the rest does not
 
     d_real = pathlib.Path(workdir) / "d_real"
     built = build_real_dataset(bags, d_real, spec, demos=demos)

@@ -16,6 +16,7 @@ import pathlib
 import time
 
 import rclpy
+import torch
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from rclpy.executors import ExternalShutdownException
@@ -25,7 +26,10 @@ from std_srvs.srv import Trigger
 
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.specs import robot_spec
+from simdist_adapter.adapter import adapt_round
 from simdist_adapter.bags import SIDECAR, BagError, EpisodeMeta, list_episode_bags
+from simdist_adapter.finetune import AdaptConfig
 from simdist_adapter.registry import ModelRegistry, RegistryError
 
 STATUS_TOPIC = "/simdist/adapter/status"
@@ -66,11 +70,7 @@ def _check(name: str, value, values: dict) -> str | None:
 
 def run_round(args: dict) -> dict:
     """Worker-process entry: one adaptation round; progress lines go to args['progress_file']."""
-    import torch
 
-    from simdist_adapter.adapter import adapt_round
-    from simdist_adapter.finetune import AdaptConfig
-    from robot_drivers.specs import robot_spec
 
     torch.set_num_threads(1)
     progress_file = pathlib.Path(args["progress_file"])

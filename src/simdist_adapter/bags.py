@@ -19,6 +19,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import yaml
 from rosbags.rosbag2 import Reader, StoragePlugin, Writer
 from rosbags.typesys import Stores, get_typestore
 
@@ -191,7 +192,6 @@ class EpisodeBag:
         sidecar = self.path / SIDECAR
         if sidecar.is_file():
             return EpisodeMeta.from_json(sidecar.read_text(), str(sidecar))
-        import yaml
 
         info = yaml.safe_load((self.path / "metadata.yaml").read_text()) or {}
         custom = info.get("rosbag2_bagfile_information", {}).get("custom_data") or {}

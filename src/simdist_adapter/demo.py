@@ -26,7 +26,11 @@ import subprocess
 import sys
 import time
 
+import rclpy
 import yaml
+from std_msgs.msg import String
+
+from simdist_planner.ros.launch_description import config_path
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
@@ -65,7 +69,6 @@ def pretrained_checkpoint(out: pathlib.Path, episodes: int, steps: int) -> pathl
 
 def demo_params(out: pathlib.Path, bags: pathlib.Path, episodes: int, overrides: dict) -> pathlib.Path:
     """config/go2_slope.yaml with `overrides` ({node: {parameter: value}}) and the loop's paths."""
-    from simdist_planner.launch_description import config_path
 
     params = yaml.safe_load(config_path("go2_slope").read_text())
     for node, values in overrides.items():
@@ -82,8 +85,6 @@ class Watcher:
     """Counts finished episodes per phase from the graph's own topics."""
 
     def __init__(self, node):
-        from std_msgs.msg import String
-
         self.phase = "zero_shot"
         self.results: dict[str, list[bool]] = {"zero_shot": [], "during_adaptation": [], "adapted": []}
         self.rounds: list[dict] = []
@@ -122,7 +123,6 @@ class Watcher:
 def run_graph(out: pathlib.Path, checkpoint: pathlib.Path, episodes: int, timeout_s: float,
               overrides: dict = DEMO_PARAMS, domain: str | None = None) -> Watcher:
     """Run the loop until `episodes` adapted episodes finished (or the time limit)."""
-    import rclpy
 
     bags = out / "bags"
     domain = domain or str(random.Random(os.getpid()).randint(101, 200))
@@ -159,10 +159,10 @@ def run_graph(out: pathlib.Path, checkpoint: pathlib.Path, episodes: int, timeou
 
 
 def plot(out: pathlib.Path, watcher: Watcher) -> pathlib.Path:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
     fig, ax = plt.subplots(figsize=(7, 3))
     x = 0

@@ -14,9 +14,11 @@ fine-tuning, our analogue of the paper's Fig. 8).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import json
 import math
+import multiprocessing
 import pathlib
 import time
 from dataclasses import dataclass, field
@@ -24,16 +26,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from robot_drivers.tasks import Task, make_task
+from robot_drivers.registry import make_task
+from robot_drivers.tasks.base import Task
 from simdist_adapter.adapter import adapt_on_dataset
 from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
 from simdist_adapter.registry import ModelRegistry
-from simdist_planner.checkpoint import load_checkpoint
-from simdist_planner.dataset import ShardWriter, StepLayout, episode_record, shard_name
-from simdist_planner.evaluate import (Agent, add_planner_arguments, build_agents, planner_overrides,
-                                      task_overrides)
-from simdist_planner.observation import ObservationError, observation_arrays
-from simdist_planner.planner import PlannerError
+from simdist_planner.cli.common import add_planner_arguments, planner_overrides
+from simdist_planner.data.dataset import ShardWriter, StepLayout, episode_record, shard_name
+from simdist_planner.evaluation.agents import Agent, build_agents
+from simdist_planner.evaluation.evaluate import task_overrides
+from simdist_planner.model.checkpoint import load_checkpoint
+from simdist_planner.planning.observation import ObservationError, observation_arrays
+from simdist_planner.planning.planner import PlannerError
 
 METHODS = {
     "simdist": {},
@@ -157,9 +161,6 @@ class EpisodePool:
         self._local = EpisodeRunner(*args) if workers == 1 else None
         self._pool = None
         if workers > 1:
-            import concurrent.futures
-            import multiprocessing
-
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 workers, mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker, initargs=args)
@@ -271,10 +272,10 @@ class Experiment:
 
     # -- plots
     def plot(self, results: dict, episodes: dict) -> list[str]:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
         files = []
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -354,7 +355,7 @@ class Experiment:
         path = self.out / name
         fig.tight_layout()
         fig.savefig(path, dpi=100)
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
         plt.close(fig)
         return str(path)

@@ -22,8 +22,15 @@ from trajectory_msgs.msg import JointTrajectory
 from robot_drivers.interface import CommandKind, Observation, RobotSpec
 from robot_drivers.ros_msgs import ObservationAssembler, command_from_msg, stamp_ns
 from simdist_adapter.bags import BagError, EpisodeBag, list_episode_bags
-from simdist_planner.dataset import EpisodeRecord, ShardedDataset, ShardWriter, StepLayout, episode_record, shard_name
-from simdist_planner.observation import ObservationError, observation_arrays
+from simdist_planner.data.dataset import (
+    EpisodeRecord,
+    ShardedDataset,
+    ShardWriter,
+    StepLayout,
+    episode_record,
+    shard_name,
+)
+from simdist_planner.planning.observation import ObservationError, observation_arrays
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ that writer has matched our reader yet, and a volatile writer does not resend wh
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pathlib
@@ -32,7 +33,7 @@ from std_msgs.msg import Bool
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
 from simdist_adapter.bags import TYPESTORE, BagError, EpisodeBagWriter, EpisodeMeta, ros_type_name
-from simdist_planner.launch_description import RECORDER_READY_TOPIC
+from simdist_planner.ros.launch_description import RECORDER_READY_TOPIC
 
 # Deep, reliable queues: a recorder that falls behind must buffer, not drop.
 RECORD_QOS = QoSProfile(
@@ -290,7 +291,6 @@ class RecorderNode(Node):
 
 def _message_class(msgtype: str):
     """The rclpy message class of 'pkg/msg/Name'."""
-    import importlib
 
     pkg, _, name = msgtype.split("/")
     return getattr(importlib.import_module(f"{pkg}.msg"), name)

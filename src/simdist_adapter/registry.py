@@ -16,8 +16,8 @@ import pathlib
 import time
 import uuid
 
-from simdist_planner.checkpoint import load_checkpoint, save_checkpoint
-from simdist_planner.model import WorldModel
+from simdist_planner.model.checkpoint import load_checkpoint, save_checkpoint
+from simdist_planner.model.world_model import WorldModel
 
 
 class RegistryError(RuntimeError):

@@ -1,1 +1,1 @@
-"""simdist_planner."""
+"""World-model planning with SimDist: model <- data <- planning <- training <- evaluation <- ros / cli."""

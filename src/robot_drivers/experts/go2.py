@@ -21,6 +21,7 @@ import torch
 
 from robot_drivers.go2.observation import EXPERT_OBS_DIM
 from robot_drivers.interface import Observation
+from robot_drivers.tasks.base import Policy, Task
 
 EXPERTS_ENV = "SIMDIST_GO2_EXPERTS"
 EXPERT_ITERATION = 4999
@@ -127,3 +128,13 @@ def load_go2_critic(directory: str | os.PathLike | None = None,
                     device: str = "cpu") -> TorchScriptGo2Critic:
     return TorchScriptGo2Critic(experts_dir(directory) / "critics" / f"critic_{EXPERT_ITERATION}.pt",
                                 device)
+
+
+def expert_ladder(task: Task) -> list[Policy]:
+    """policy_4999 (the expert) then its PPO checkpoints, best to worst (every Go2 task)."""
+    return load_go2_ladder()
+
+
+def expert_value(task: Task):
+    """V^e: the official critic on obs.privileged['expert_obs'] (every Go2 task)."""
+    return load_go2_critic()

@@ -42,7 +42,7 @@ import numpy as np
 
 from robot_drivers.cache import cache_dir, save_npz_atomic
 from robot_drivers.interface import Observation
-from robot_drivers.tasks.ur5e_tasks import GAMMA, UR5eInsertionTask
+from robot_drivers.tasks.ur5e_tasks import GAMMA, UR5eInsertionTask, make_ur5e_task
 from robot_drivers.ur5e.so3 import mat_to_rotvec, rotvec_to_mat, rotz, tcp_yaw, wrap_angle
 
 TCP_HOME_MAT = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # pointing down
@@ -460,7 +460,6 @@ def _cache_path(task_cfg, cfg: ValueFitConfig) -> pathlib.Path:
 
 def expert_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()) -> ExpertValue:
     """V^e of the task's exact SIM expert (Wide region), fitted once and cached as an .npz file."""
-    from robot_drivers.tasks.ur5e_tasks import make_ur5e_task
 
     sim = make_ur5e_task(task.name, "sim", cameras=(), region="wide")
     path = _cache_path(sim.cfg, cfg)

@@ -12,19 +12,40 @@ import mujoco
 import numpy as np
 
 from robot_drivers.go2.config import (
-    DEFAULT_POSE_UNITREE, MENAGERIE_JOINT_NAMES, UNITREE_JOINT_NAMES, ActuationConfig,
-    Go2Config, to_menagerie, to_unitree,
+    DEFAULT_POSE_UNITREE,
+    MENAGERIE_JOINT_NAMES,
+    UNITREE_JOINT_NAMES,
+    ActuationConfig,
+    Go2Config,
+    to_menagerie,
+    to_unitree,
 )
 from robot_drivers.go2.observation import (
-    NOMINAL_MATERIAL, PROPRIO_TERMS, Go2State, build_expert_observation, build_proprio, height_scan_term,
+    NOMINAL_MATERIAL,
+    PROPRIO_TERMS,
+    Go2State,
+    build_expert_observation,
+    build_proprio,
+    height_scan_term,
     scan_to_grid,
 )
 from robot_drivers.go2.scene import TERRAIN_GROUP, TerrainConfig, build_go2_model
 from robot_drivers.go2.sensors import (
-    HeightScanner, foot_wrenches, ground_z, terrain_contact, yaw_of,
+    HeightScanner,
+    foot_wrenches,
+    ground_z,
+    terrain_contact,
+    yaw_of,
 )
 from robot_drivers.interface import (
-    Command, CommandKind, Fault, FaultLevel, Observation, ProprioTerm, RobotBackend, RobotSpec,
+    Command,
+    CommandKind,
+    Fault,
+    FaultLevel,
+    Observation,
+    ProprioTerm,
+    RobotBackend,
+    RobotSpec,
     validate_command,
 )
 

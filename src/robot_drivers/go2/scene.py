@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 import mujoco
+import mujoco_menagerie
 import numpy as np
 
 from robot_drivers.go2.config import Go2Config
@@ -87,10 +88,6 @@ class TerrainConfig:
 
 def menagerie_go2_path() -> str:
     """The menagerie go2.xml, resolved by `mujoco_menagerie` (offline through MENAGERIE_ROOT)."""
-    try:
-        import mujoco_menagerie
-    except ImportError as e:  # pragma: no cover - requirements.txt pins it
-        raise RuntimeError("mujoco-menagerie is not installed; pip install -r requirements.txt") from e
     try:
         return str(mujoco_menagerie.get("unitree_go2").xml("go2"))
     except Exception as e:

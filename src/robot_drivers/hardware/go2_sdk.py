@@ -21,7 +21,13 @@ from robot_drivers.go2.backend import go2_spec
 from robot_drivers.go2.config import DEFAULT_POSE_UNITREE, Go2Config
 from robot_drivers.go2.observation import Go2State, build_proprio
 from robot_drivers.interface import (
-    Command, CommandKind, Fault, FaultLevel, Observation, RobotBackend, validate_command,
+    Command,
+    CommandKind,
+    Fault,
+    FaultLevel,
+    Observation,
+    RobotBackend,
+    validate_command,
 )
 
 SDK_URL = "https://github.com/unitreerobotics/unitree_sdk2_python"
@@ -122,9 +128,13 @@ def lowcmd_crc(cmd) -> int:
 def import_sdk():
     """The unitree_sdk2py modules this backend uses, or an ImportError saying how to install them."""
     try:
-        from unitree_sdk2py.core.channel import ChannelFactoryInitialize, ChannelPublisher, ChannelSubscriber
-        from unitree_sdk2py.idl.default import unitree_go_msg_dds__LowCmd_
-        from unitree_sdk2py.idl.unitree_go.msg.dds_ import LowCmd_, LowState_
+        from unitree_sdk2py.core.channel import (  # noqa: PLC0415 - unitree_sdk2py is not on PyPI: needed only to drive a real Go2
+            ChannelFactoryInitialize,
+            ChannelPublisher,
+            ChannelSubscriber,
+        )
+        from unitree_sdk2py.idl.default import unitree_go_msg_dds__LowCmd_  # noqa: PLC0415 - unitree_sdk2py is not on PyPI: needed only to drive a real Go2
+        from unitree_sdk2py.idl.unitree_go.msg.dds_ import LowCmd_, LowState_  # noqa: PLC0415 - unitree_sdk2py is not on PyPI: needed only to drive a real Go2
     except ImportError as e:
         raise ImportError(
             f"unitree_sdk2py is needed to drive a real Go2 but could not be imported ({e}). It is not "

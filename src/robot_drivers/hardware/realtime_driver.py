@@ -17,7 +17,14 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.interface import Command, CommandKind, Fault, FaultLevel, Observation, RobotBackend
+from robot_drivers.interface import (
+    Command,
+    CommandKind,
+    Fault,
+    FaultLevel,
+    Observation,
+    RobotBackend,
+)
 from robot_drivers.node_params import NodeParams, Param
 
 COMMON_PARAMS = (

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from robot_drivers.interface import (
-    Command, CommandKind, Fault, FaultLevel, Observation, RobotBackend, validate_command,
+    Command,
+    CommandKind,
+    Fault,
+    FaultLevel,
+    Observation,
+    RobotBackend,
+    validate_command,
 )
 from robot_drivers.ur5e.backend import make_spec
 from robot_drivers.ur5e.config import ControllerConfig, SceneConfig
@@ -56,8 +62,8 @@ def connect_ur5e(host: str, config: UR5eRtdeConfig | None = None, gripper=None) 
     if not host:
         raise ValueError("robot_ip is required (the UR5e controller's address)")
     config = config or UR5eRtdeConfig()
-    import rtde_control
-    import rtde_receive
+    import rtde_control  # noqa: PLC0415 - ur_rtde's client: needed only to drive a real UR5e
+    import rtde_receive  # noqa: PLC0415 - ur_rtde's client: needed only to drive a real UR5e
 
     try:
         receive = rtde_receive.RTDEReceiveInterface(host, config.servo_rate_hz)

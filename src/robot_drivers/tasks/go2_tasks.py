@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from robot_drivers.experts.go2 import load_go2_critic, load_go2_ladder
 from robot_drivers.go2.backend import MujocoGo2Backend
 from robot_drivers.go2.config import Go2Config
 from robot_drivers.go2.observation import PROPRIO_SLICES
@@ -261,13 +260,3 @@ def make_go2_task(name: str, variant: str = "sim", **overrides) -> Go2Task:
     if "command" in overrides:
         overrides["command"] = tuple(float(c) for c in overrides["command"])
     return Go2Task(name, variant, Go2TaskConfig(**{**base, **overrides}))
-
-
-def expert_ladder(task: Task) -> list[Policy]:
-    """policy_4999 (the expert) then its PPO checkpoints, best to worst."""
-    return load_go2_ladder()
-
-
-def expert_value(task: Task):
-    """V^e: the official critic on obs.privileged['expert_obs']."""
-    return load_go2_critic()

@@ -294,18 +294,6 @@ def make_ur5e_task(name: str, variant: str = "sim", **overrides) -> UR5eInsertio
     return UR5eInsertionTask(cfg, variant, backend, objects, gap)
 
 
-def expert_ladder(task: UR5eInsertionTask):
-    """The privileged expert first, then its degraded checkpoints (best to worst)."""
-    from robot_drivers.experts.ur5e import expert_ladder as ladder
-    return ladder(task)
-
-
-def expert_value(task: UR5eInsertionTask):
-    """V^e: Observation -> float, fitted to the expert's discounted returns (cached)."""
-    from robot_drivers.experts.ur5e import expert_value as value
-    return value(task)
-
-
 LIFT_DZ = 0.005  # m per step: an action that raises the TCP more than this while closed lifts
 AT_HOLE_XY, AT_HOLE_Z = 0.025, 0.015  # m: the "at_hole" phase's box about the hole top
 

@@ -7,8 +7,16 @@ import mujoco
 import numpy as np
 
 from robot_drivers.interface import (
-    Command, CommandKind, Fault, FaultLevel, Observation, ProprioTerm, RobotBackend, RobotSpec,
-    validate_command)
+    Command,
+    CommandKind,
+    Fault,
+    FaultLevel,
+    Observation,
+    ProprioTerm,
+    RobotBackend,
+    RobotSpec,
+    validate_command,
+)
 from robot_drivers.ur5e.config import HOME_QPOS, ControllerConfig, SceneConfig
 from robot_drivers.ur5e.controller import ARM_ACTUATORS, CartesianController
 from robot_drivers.ur5e.render import CameraRig

@@ -13,6 +13,7 @@ import hashlib
 import sys
 import zipfile
 
+import fast_simplification
 import mujoco
 import numpy as np
 
@@ -31,7 +32,6 @@ def _simplify(v: np.ndarray, f: np.ndarray, max_faces: int, tolerance: float
               ) -> tuple[np.ndarray, np.ndarray]:
     """Quadric decimation to at most `max_faces` triangles, doubling the budget until the mesh's
     bounding box moves by less than `tolerance` (m); the welded input when nothing qualifies."""
-    import fast_simplification
 
     # OBJ assets arrive with vertices split per normal / texture seam; unwelded, every seam is a
     # boundary the decimation tears open

@@ -20,7 +20,7 @@ def _load_triton_first() -> None:
     EGL context segfaults on a later first import of triton, which torch pulls in lazily (e.g.
     when an optimiser is built), so a process that renders and then trains would crash."""
     if importlib.util.find_spec("triton") is not None:
-        import triton  # noqa: F401
+        import triton  # noqa: F401, PLC0415 - see the docstring: must load before the first GL context
 
 
 class CameraRig:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 import mujoco
+import mujoco_menagerie
 import numpy as np
 
 from robot_drivers.ur5e.config import CameraPose, SceneConfig
@@ -22,10 +23,6 @@ ARM_JOINTS = ("shoulder_pan_joint", "shoulder_lift_joint", "elbow_joint",
 
 
 def _menagerie_spec(robot: str, entry: str) -> mujoco.MjSpec:
-    try:
-        import mujoco_menagerie
-    except ImportError as e:  # pragma: no cover - a broken install
-        raise ImportError("mujoco_menagerie is required to build the UR5e scene") from e
     try:
         return mujoco_menagerie.get(robot).spec(entry)
     except mujoco_menagerie.MenagerieError as e:

@@ -2,18 +2,19 @@
 from __future__ import annotations
 
 from sim_video_world_model.backbones.base import (
-    ActionEncoder, SimConditioning, VideoAutoencoder, VideoDenoiser,
+    ActionEncoder,
+    SimConditioning,
+    VideoAutoencoder,
+    VideoDenoiser,
 )
+from sim_video_world_model.backbones.tiny import TinyVideoAutoencoder, TinyVideoDiT
+from sim_video_world_model.backbones.wan import build_wan
 from sim_video_world_model.config import BackboneConfig
 
 
 def build_backbone(cfg: BackboneConfig) -> tuple[VideoAutoencoder, VideoDenoiser]:
     if cfg.kind == "tiny":
-        from sim_video_world_model.backbones.tiny import TinyVideoAutoencoder, TinyVideoDiT
-
         return TinyVideoAutoencoder(cfg.tiny), TinyVideoDiT(cfg.tiny, cfg.action_dim, cfg.max_actions)
-    from sim_video_world_model.backbones.wan import build_wan
-
     return build_wan(cfg)
 
 

@@ -14,7 +14,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from sim_video_world_model.backbones.base import (
-    ActionEncoder, SimConditioning, VideoAutoencoder, VideoDenoiser, sinusoid,
+    ActionEncoder,
+    SimConditioning,
+    VideoAutoencoder,
+    VideoDenoiser,
+    sinusoid,
 )
 from sim_video_world_model.config import TinyBackboneConfig
 

@@ -12,7 +12,12 @@ import os
 
 import torch
 
-from sim_video_world_model.backbones.base import ActionEncoder, SimConditioning, VideoAutoencoder, VideoDenoiser
+from sim_video_world_model.backbones.base import (
+    ActionEncoder,
+    SimConditioning,
+    VideoAutoencoder,
+    VideoDenoiser,
+)
 from sim_video_world_model.config import BackboneConfig
 
 
@@ -109,7 +114,7 @@ class WanVideoDenoiser(VideoDenoiser):
 
 def build_wan(cfg: BackboneConfig) -> tuple[WanVideoAutoencoder, WanVideoDenoiser]:
     """Random-init from `transformer_config` / `vae_config` when given, else `from_pretrained(model_dir)`."""
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel  # noqa: PLC0415 - the Wan2.2 backbone only; diffusers is heavy to import
 
     wcfg = cfg.wan
     dtype = getattr(torch, wcfg.dtype)

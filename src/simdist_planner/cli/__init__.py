@@ -1,0 +1,1 @@
+"""Console commands: thin main()s over the layers below (see setup.py for their names)."""

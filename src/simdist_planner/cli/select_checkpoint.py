@@ -1,0 +1,56 @@
+"""Closed-loop checkpoint selection (`simdist-select-checkpoint`): of a run's kept checkpoints,
+the one whose base policy pi does best on seeded simulation episodes becomes the run's model.
+
+    simdist-select-checkpoint --run RUN --task peg --region wide --episodes 20 --workers 2
+
+Why: on Peg Wide pi's success swings between checkpoints 250 steps apart while every training
+loss agrees to three digits (one run: 7 / 20, 0 / 20, 0 / 20 at steps 8,500, 8,750, 9,000), so
+the last step's weights are a draw (docs/experiments/peg_wide.md, session 31). pi alone is
+scored, not the planner: the planner starts from pi's chunks and stays close to them, and pi's
+episodes run faster (on the peg 17 against 10 a minute per process).
+
+Checkpoints are ranked by success rate, then mean return, then the later step. The scores of
+every checkpoint go to RUN/selection.json; RUN/model is rewritten with the chosen weights (the
+last step's stay in RUN/checkpoints and RUN/train_state). A checkpoint that does not load is
+reported and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from simdist_planner.evaluation.checkpoint_selection import (
+    select_checkpoint,
+)
+from simdist_planner.training.config import CheckpointSelection
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="simdist-select-checkpoint", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="a pretraining run directory (with checkpoints/)")
+    p.add_argument("--task", required=True, help="simulation task, e.g. peg, go2_slope")
+    p.add_argument("--region", default="", help="UR5e tasks: narrow or wide")
+    p.add_argument("--variant", default="sim", choices=("sim", "real"))
+    p.add_argument("--episodes", type=int, default=20, help="per checkpoint")
+    p.add_argument("--seed", type=int, default=1000, help="first episode seed (keep apart from evaluation seeds)")
+    p.add_argument("--max-steps", type=int, default=0, help="0 = the task's episode length")
+    p.add_argument("--workers", type=int, default=1, help="processes, one checkpoint each")
+    p.add_argument("--device", default="cpu")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        selection = CheckpointSelection(task=args.task, region=args.region, variant=args.variant,
+                                        episodes=args.episodes, seed=args.seed, max_steps=args.max_steps,
+                                        workers=args.workers)
+    except ValueError as err:
+        raise SystemExit(f"simdist-select-checkpoint: {err}")
+    select_checkpoint(args.run, selection, args.device)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""World-model checkpoints: a directory written atomically, validated on load, never unpickled.
+
+    <dir>/model.safetensors   every parameter and persistent buffer except the scaler
+    <dir>/config.json         {"format_version", "config": WorldModelConfig, "sha256": {file: hash}}
+    <dir>/scaler.json         the fitted scaler
+    <dir>/metrics.json        free-form training / validation figures
+
+The directory is written under a temporary name and renamed into place, so a reader never sees
+a half-written checkpoint. Loading checks the format version, the config, every tensor name and
+shape, and the SHA-256 of the weights and scaler, and names the file and the problem on failure.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import uuid
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from simdist_planner.model.config import WorldModelConfig
+from simdist_planner.model.world_model import WorldModel, unwrap
+
+CHECKPOINT_FORMAT_VERSION = 1
+WEIGHTS, CONFIG, SCALER, METRICS = "model.safetensors", "config.json", "scaler.json", "metrics.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing, corrupt or does not match what the caller expects."""
+
+
+def _unwrap(model) -> WorldModel:
+    model = unwrap(model)
+    if not isinstance(model, WorldModel):
+        raise TypeError(f"save_checkpoint needs a WorldModel, got {type(model).__name__}")
+    return model
+
+
+def weight_tensors(model: WorldModel) -> dict[str, torch.Tensor]:
+    """The tensors stored in model.safetensors (the scaler lives in scaler.json)."""
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+            if not k.startswith("scaler.")}
+
+
+def _sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_json(path: pathlib.Path, data) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
+    """Move the finished directory `tmp` to `final`, replacing what was there by renames only."""
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        final.rename(old)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def save_checkpoint(model, path, metrics: dict | None = None) -> pathlib.Path:
+    """Write `model` to directory `path` atomically (replacing an existing checkpoint there)."""
+    model = _unwrap(model)
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        save_file(weight_tensors(model), str(tmp / WEIGHTS),
+                  metadata={"format": "pt", "simdist_format_version": str(CHECKPOINT_FORMAT_VERSION)})
+        model.scaler.save_json(tmp / SCALER)
+        _write_json(tmp / METRICS, metrics or {})
+        _write_json(tmp / CONFIG, {
+            "format_version": CHECKPOINT_FORMAT_VERSION,
+            "config": model.config.to_dict(),
+            "sha256": {WEIGHTS: _sha256(tmp / WEIGHTS), SCALER: _sha256(tmp / SCALER)},
+        })
+        replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _read_json(file: pathlib.Path):
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing (a checkpoint needs {WEIGHTS}, {CONFIG}, {SCALER}, {METRICS})")
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{file}: not valid JSON ({err})") from err
+
+
+def read_config(path) -> WorldModelConfig:
+    """The validated world-model config of a checkpoint directory."""
+    file = pathlib.Path(path) / CONFIG
+    data = _read_json(file)
+    if not isinstance(data, dict) or data.get("format_version") != CHECKPOINT_FORMAT_VERSION:
+        got = data.get("format_version") if isinstance(data, dict) else data
+        raise CheckpointError(
+            f"{file}: checkpoint format_version {got!r}, this code reads {CHECKPOINT_FORMAT_VERSION}")
+    try:
+        return WorldModelConfig.from_dict(data.get("config"))
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"{file}: invalid world-model config: {err}") from err
+
+
+def read_metrics(path) -> dict:
+    data = _read_json(pathlib.Path(path) / METRICS)
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{pathlib.Path(path) / METRICS}: expected a JSON object")
+    return data
+
+
+def _config_diff(a: WorldModelConfig, b: WorldModelConfig) -> list[str]:
+    da, db = a.to_dict(), b.to_dict()
+    return [f"{k}: checkpoint {da[k]!r} != expected {db[k]!r}" for k in da if da[k] != db.get(k)]
+
+
+def load_checkpoint(path, device="cpu", expect: WorldModelConfig | None = None) -> WorldModel:
+    """Rebuild the model saved at `path`; with `expect`, refuse a checkpoint of another config."""
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: checkpoint directory does not exist")
+    config = read_config(path)
+    if expect is not None and config != expect:
+        raise CheckpointError(f"{path / CONFIG}: config mismatch: " + "; ".join(_config_diff(config, expect)))
+    hashes = _read_json(path / CONFIG).get("sha256", {})
+    model = WorldModel(config)
+    expected = {k: tuple(v.shape) for k, v in weight_tensors(model).items()}
+
+    weights = path / WEIGHTS
+    if not weights.is_file():
+        raise CheckpointError(f"{weights}: missing")
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            names = set(f.keys())
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in names}
+    except Exception as err:  # safetensors raises its own error types for bad headers / sizes
+        raise CheckpointError(f"{weights}: corrupt or truncated safetensors file ({err})") from err
+    missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{weights}: tensor names do not match the config in {CONFIG}: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}")
+    wrong = [f"{k} {shapes[k]} (config needs {expected[k]})" for k in sorted(names) if shapes[k] != expected[k]]
+    if wrong:
+        raise CheckpointError(f"{weights}: tensor shapes do not match the config in {CONFIG}: "
+                              + ", ".join(wrong[:5]))
+    for name in (WEIGHTS, SCALER):
+        if name not in hashes:
+            raise CheckpointError(f"{path / CONFIG}: no sha256 recorded for {name}")
+        if _sha256(path / name) != hashes[name]:
+            raise CheckpointError(f"{path / name}: SHA-256 does not match {CONFIG}; the file is corrupt")
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            state = {k: f.get_tensor(k) for k in names}
+    except Exception as err:
+        raise CheckpointError(f"{weights}: cannot read tensors ({err})") from err
+    try:
+        model.scaler.load_json(path / SCALER)
+    except (ValueError, OSError) as err:
+        raise CheckpointError(f"{path / SCALER}: {err}") from err
+    model.load_state_dict(state, strict=False)
+    return model.to(device).eval()

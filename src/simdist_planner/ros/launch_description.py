@@ -1,0 +1,317 @@
+"""The one description of every SimDist graph: nodes, executables, parameter files, remappings, arguments.
+
+Pure data plus one resolver. Both launch paths read it: the launch_ros files in `launch/` turn
+`resolve()`'s nodes into `launch_ros.actions.Node`s, and the pip launcher (`simdist launch`) turns
+them into `--ros-args` command lines. Nothing here imports rclpy, launch or launch_ros.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+from dataclasses import dataclass, field
+
+import yaml
+
+# Values a launch argument of kind "bool" accepts (as ROS launch does, case-insensitively).
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+BOOL = ("true", "false")
+
+
+@dataclass(frozen=True)
+class LaunchArg:
+    """A `name:=value` argument, with its default, its allowed values and what it is for."""
+
+    name: str
+    default: str
+    description: str
+    choices: tuple[str, ...] = ()  # allowed values; ("true", "false") marks a boolean
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of a graph. `when` names arguments that must hold for the node to start."""
+
+    name: str  # node name (also the section of config/<graph>.yaml)
+    executable: str  # console script declared in setup.py
+    when: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (argument, allowed values): all must hold
+    # parameter <- launch argument; the value is typed like the parameter's YAML default
+    arg_params: tuple[tuple[str, str], ...] = ()
+    remappings: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """A robot + task graph: which nodes, which config file, which MuJoCo task per variant."""
+
+    name: str
+    robot: str  # "ur5e" | "go2"
+    config: str  # file name under config/
+    sim_tasks: tuple[tuple[str, str], ...]  # variant -> MuJoCo task name (robot:=sim)
+    nodes: tuple[NodeSpec, ...]
+
+
+@dataclass(frozen=True)
+class ResolvedNode:
+    """A node ready to start: what both launch paths hand to ROS."""
+
+    name: str
+    executable: str
+    params_file: pathlib.Path
+    overrides: dict = field(default_factory=dict)  # parameter -> typed value (after the file)
+    remappings: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ResolvedGraph:
+    graph: str
+    args: dict[str, str]
+    env: dict[str, str]  # ROS_DOMAIN_ID and friends, for every node
+    nodes: tuple[ResolvedNode, ...]
+
+
+# Latched std_msgs/Bool: the recorder hears the whole loop. Set on the driver here, published by
+# the recorder (which imports it), so the name is written once.
+RECORDER_READY_TOPIC = "/simdist/recorder/ready"
+
+COMMON_ARGS: tuple[LaunchArg, ...] = (
+    LaunchArg(
+        "robot",
+        "sim",
+        "sim: the MuJoCo robot; real: the hardware driver; replay: a recorded bag (open-loop)",
+        ("sim", "real", "replay"),
+    ),
+    LaunchArg("bag", "", "robot:=replay: the episode bag directory to replay"),
+    LaunchArg(
+        "variant",
+        "real",
+        "MuJoCo world when robot:=sim: sim (training world) or real (the real-world stand-in)",
+        ("sim", "real"),
+    ),
+    LaunchArg("checkpoint", "", "world-model checkpoint directory the planner loads (required)"),
+    LaunchArg("device", "cpu", "torch device of the planner: cpu, cuda or cuda:N"),
+    LaunchArg("record", "false", "record every topic of each episode to an MCAP bag", BOOL),
+    LaunchArg("bag_dir", "bags", "directory the recorder writes episode bags into"),
+    LaunchArg("video", "false", "run the SimForcing video-prediction preview node", BOOL),
+    LaunchArg("video_checkpoint", "", "video:=true: the SimForcing student checkpoint directory"),
+    LaunchArg("adapt", "false", "run the adapter node (fine-tunes f on recorded episodes)", BOOL),
+    LaunchArg(
+        "lockstep",
+        "true",
+        "robot:=sim only: the simulator advances one control period per command, on /clock",
+        BOOL,
+    ),
+    LaunchArg("seed", "0", "seed of the first MuJoCo episode (robot:=sim)"),
+    LaunchArg("episodes", "0", "robot:=sim: number of episodes to run, 0 = until stopped"),
+    LaunchArg("domain", "", "ROS_DOMAIN_ID for every node (empty: inherit the environment)"),
+    LaunchArg("params_file", "", "parameter file used instead of config/<graph>.yaml (same sections)"),
+)
+UR5E_ARGS = (LaunchArg("robot_ip", "", "UR5e controller IP address (robot:=real)"),)
+GO2_ARGS = (LaunchArg("network_interface", "", "network interface wired to the Go2 (robot:=real)"),)
+
+
+_REAL = (("robot", ("real",)),)
+
+
+def _nodes(robot: str) -> tuple[NodeSpec, ...]:
+    """The node set every graph of a robot runs; hardware driver chosen by `robot`."""
+    hw_driver = (
+        NodeSpec("ur5e_driver", "ur5e_rtde_driver_node", when=_REAL, arg_params=(("robot_ip", "robot_ip"),))
+        if robot == "ur5e"
+        else NodeSpec(
+            "go2_driver", "go2_sdk_driver_node", when=_REAL, arg_params=(("network_interface", "network_interface"),)
+        )
+    )
+    return (
+        NodeSpec(
+            "mujoco_driver",
+            "mujoco_driver_node",
+            when=(("robot", ("sim",)),),
+            arg_params=(("variant", "variant"), ("lockstep", "lockstep"), ("seed", "seed"), ("episodes", "episodes")),
+        ),
+        hw_driver,
+        NodeSpec("replay", "replay_node", when=(("robot", ("replay",)),), arg_params=(("bag", "bag"),)),
+        NodeSpec("ingestion", "ingestion_node"),
+        NodeSpec("safety_supervisor", "safety_supervisor_node", when=(("robot", ("sim", "real")),)),
+        NodeSpec("planner", "planner_node", arg_params=(("checkpoint", "checkpoint"), ("device", "device"))),
+        NodeSpec(
+            "recorder",
+            "recorder_node",
+            when=(("record", ("true",)),),
+            arg_params=(("bag_dir", "bag_dir"), ("checkpoint", "checkpoint")),
+        ),
+        NodeSpec(
+            "video_prediction",
+            "video_prediction_node",
+            when=(("video", ("true",)),),
+            arg_params=(("checkpoint", "video_checkpoint"), ("device", "device")),
+        ),
+        NodeSpec(
+            "adapter",
+            "adapter_node",
+            when=(("adapt", ("true",)),),
+            arg_params=(("checkpoint", "checkpoint"), ("bag_dir", "bag_dir"), ("device", "device")),
+        ),
+    )
+
+
+GRAPHS: dict[str, GraphSpec] = {
+    "peg": GraphSpec("peg", "ur5e", "peg.yaml", (("sim", "peg"), ("real", "peg")), _nodes("ur5e")),
+    "table_leg": GraphSpec(
+        "table_leg", "ur5e", "table_leg.yaml", (("sim", "table_leg"), ("real", "table_leg")), _nodes("ur5e")
+    ),
+    "go2_slope": GraphSpec(
+        "go2_slope", "go2", "go2_slope.yaml", (("sim", "go2_slope"), ("real", "slippery_slope")), _nodes("go2")
+    ),
+    "go2_foam": GraphSpec("go2_foam", "go2", "go2_foam.yaml", (("sim", "go2_flat"), ("real", "foam")), _nodes("go2")),
+}
+
+
+def graph_args(graph: str) -> tuple[LaunchArg, ...]:
+    """Every argument a graph accepts (what `ros2 launch ... --show-args` lists)."""
+    spec = _graph(graph)
+    return COMMON_ARGS + (UR5E_ARGS if spec.robot == "ur5e" else GO2_ARGS)
+
+
+def config_dir() -> pathlib.Path:
+    """config/ of the source tree, else the installed package share (colcon install)."""
+    source = pathlib.Path(__file__).resolve().parents[3] / "config"
+    if source.is_dir():
+        return source
+    from ament_index_python.packages import get_package_share_directory  # noqa: PLC0415 - exists only on a real ROS 2 install
+
+    return pathlib.Path(get_package_share_directory("simdist_planner")) / "config"
+
+
+def config_path(graph: str) -> pathlib.Path:
+    path = config_dir() / _graph(graph).config
+    if not path.is_file():
+        raise FileNotFoundError(f"parameter file for graph {graph!r} not found: {path}")
+    return path
+
+
+def _graph(graph: str) -> GraphSpec:
+    if graph not in GRAPHS:
+        raise ValueError(f"unknown graph {graph!r}; known graphs: {sorted(GRAPHS)}")
+    return GRAPHS[graph]
+
+
+def _as_bool(name: str, value: str) -> str:
+    low = value.strip().lower()
+    if low in _TRUE:
+        return "true"
+    if low in _FALSE:
+        return "false"
+    raise ValueError(f"argument {name}:={value!r} must be true or false")
+
+
+def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
+    """Defaults + given arguments, validated: unknown names and bad choices are errors."""
+    declared = {a.name: a for a in graph_args(graph)}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        raise ValueError(f"unknown argument(s) {unknown} for graph {graph!r}; known: {sorted(declared)}")
+    args = {name: str(given.get(name, a.default)) for name, a in declared.items()}
+    for name, a in declared.items():
+        if a.choices == BOOL:
+            args[name] = _as_bool(name, args[name])
+        elif a.choices and args[name] not in a.choices:
+            raise ValueError(f"argument {name}:={args[name]!r} must be one of {list(a.choices)}")
+    for name in ("seed", "episodes"):
+        if not args[name].lstrip("-").isdigit() or int(args[name]) < 0:
+            raise ValueError(f"argument {name}:={args[name]!r} must be a non-negative integer")
+    if args["domain"] and not (args["domain"].isdigit() and 0 <= int(args["domain"]) <= 232):
+        raise ValueError(f"argument domain:={args['domain']!r} must be an integer ROS domain id 0..232")
+    if not args["checkpoint"]:
+        raise ValueError("argument checkpoint:=<dir> is required: the planner needs a world-model checkpoint")
+    for name in ("checkpoint", "bag", "bag_dir", "video_checkpoint", "params_file"):  # nodes may run elsewhere than the caller's cwd
+        if args[name]:
+            args[name] = os.path.abspath(os.path.expanduser(args[name]))
+    if args["robot"] == "replay" and not args["bag"]:
+        raise ValueError("robot:=replay needs bag:=<episode bag directory>")
+    if args["robot"] == "real":
+        for hw_arg in ("robot_ip", "network_interface"):
+            if hw_arg in args and not args[hw_arg]:
+                raise ValueError(f"robot:=real needs {hw_arg}:=<value> for graph {graph!r}")
+    return args
+
+
+def _typed(value: str, like):
+    """A launch-argument string typed like the parameter's default in the YAML file."""
+    if isinstance(like, bool):
+        return value == "true"
+    if isinstance(like, int):
+        return int(value)
+    if isinstance(like, float):
+        return float(value)
+    return value
+
+
+def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
+    """The nodes to start for `graph` with these arguments, each with its parameters and remappings."""
+
+    spec = _graph(graph)
+    args = resolve_args(graph, dict(given or {}))
+    params_file = pathlib.Path(args["params_file"]) if args["params_file"] else config_path(graph)
+    if not params_file.is_file():
+        raise ValueError(f"argument params_file:={params_file} is not a file")
+    defaults = yaml.safe_load(params_file.read_text()) or {}
+    # lockstep MuJoCo and replay run every node on /clock; hardware runs on the wall clock
+    sim_time = args["robot"] == "replay" or (args["robot"] == "sim" and args["lockstep"] == "true")
+    task = dict(spec.sim_tasks)[args["variant"]]
+    nodes = []
+    for node in spec.nodes:
+        if any(args[a] not in allowed for a, allowed in node.when):
+            continue
+        section = (defaults.get(node.name) or {}).get("ros__parameters")
+        if section is None and node.arg_params:
+            raise ValueError(f"{params_file} has no '{node.name}: ros__parameters:' section")
+        # replay is the clock's source and paces itself on the wall clock
+        overrides: dict = {"use_sim_time": sim_time and node.name != "replay"}
+        for param, arg in node.arg_params:
+            if param not in section:
+                raise ValueError(f"{params_file}: node {node.name!r} has no default for parameter {param!r}")
+            overrides[param] = _typed(args[arg], section[param])
+        if node.name == "planner":
+            overrides["lockstep"] = sim_time  # plan once per observation when the simulator waits
+        if node.name == "mujoco_driver":
+            overrides["task"] = task
+            if args["record"] == "true" and sim_time:  # lockstep: the first tick waits until every tick is recorded
+                overrides["wait_for_ready"] = RECORDER_READY_TOPIC
+        if node.name == "recorder":
+            overrides["task"] = task if args["robot"] == "sim" else graph
+            # only simulation announces episodes (/simdist/episode); hardware records one bag per run
+            overrides["split_episodes"] = args["robot"] != "real"
+        nodes.append(ResolvedNode(node.name, node.executable, params_file, overrides, node.remappings))
+    env = {"ROS_DOMAIN_ID": args["domain"]} if args["domain"] else {}
+    return ResolvedGraph(graph, args, env, tuple(nodes))
+
+
+def ros_args(node: ResolvedNode) -> list[str]:
+    """The `--ros-args` tail that starts `node` exactly as launch_ros would."""
+    out = ["--ros-args", "-r", f"__node:={node.name}", "--params-file", str(node.params_file)]
+    for key, value in node.overrides.items():
+        out += ["-p", f"{key}:={_yaml_scalar(value)}"]
+    for src, dst in node.remappings:
+        out += ["-r", f"{src}:={dst}"]
+    return out
+
+
+def _yaml_scalar(value) -> str:
+    """Render a parameter as the YAML scalar rcl parses back to the same type."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        # quote strings that YAML would read as another type (numbers, booleans, empty)
+
+        if value == "" or not isinstance(yaml.safe_load(value), str):
+            return "'" + value.replace("'", "''") + "'"
+        return value
+    return repr(value)
+
+
+def launch_env(graph: ResolvedGraph) -> dict[str, str]:
+    """The environment nodes run in: the caller's plus the graph's (ROS_DOMAIN_ID)."""
+    env = dict(os.environ)
+    env.update(graph.env)
+    return env

@@ -1,0 +1,577 @@
+"""Planner node: MPPI over the world model at the control rate, on ingestion's latest observation.
+
+Each tick plans on the newest complete observation (`/simdist/observation/*`, assembled by
+`robot_drivers.ros_msgs.ObservationAssembler`) and publishes the first action to the safety
+supervisor (`/simdist/action`), the planned mean chunk (`/simdist/plan`) and the predicted rewards
+and values along it (`/simdist/values`), all stamped with the observation's stamp.
+
+- Timing: in real-time mode a timer ticks at `control_rate_hz`; with `lockstep: true` (MuJoCo on
+  /clock) each new observation is one tick, so the simulator never waits on a stale plan. Compute
+  latency and deadline misses (latency > one control period) go to /diagnostics.
+- Deadline (real-time mode): if the running latency estimate (EMA + 3 x EMA deviation) says MPPI
+  would not finish within `deadline_fraction` of the period, the tick runs the base policy pi
+  instead (cheap). In lockstep the simulator waits for the plan, so MPPI always runs and a run is
+  deterministic; a re-sent tick gets the same answer again, never a second plan.
+- NaN: a non-finite plan publishes NOTHING (the supervisor then holds) and reports an ERROR.
+- Hot swap: `~/load_model` (std_srvs/Trigger) loads the `checkpoint` parameter's directory in a
+  background thread, validates it (same inputs/outputs, finite plan on the latest observation)
+  and swaps it in between two ticks; the control loop keeps ticking meanwhile.
+- Parameters: every tunable is declared with a range; a set is validated (by building the
+  PlannerConfig it implies) and applied at the start of the next tick.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import rclpy
+import torch
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+from std_srvs.srv import Trigger
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from robot_drivers import ros_msgs
+from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.interface import Command, CommandKind, Observation, RobotSpec
+from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.specs import robot_spec
+from simdist_planner.model.checkpoint import load_checkpoint
+from simdist_planner.planning.observation import (
+    ObservationError,
+    ObservationHistory,
+    observation_to_inputs,
+)
+from simdist_planner.planning.planner import (
+    WARM_STARTS,
+    MPPIPlanner,
+    PlannerConfig,
+    PlannerError,
+    planner_config_for,
+)
+
+QOS = QoSProfile(
+    depth=10,
+    history=HistoryPolicy.KEEP_LAST,
+    reliability=ReliabilityPolicy.RELIABLE,
+    durability=DurabilityPolicy.VOLATILE,
+)
+
+# PlannerConfig fields that are node parameters (same names, one source of truth for meaning).
+PLANNER_FIELDS = (
+    "num_samples", "mixture_coef", "policy_noise_std", "iterations", "num_elites", "temperature",
+    "init_std", "min_std", "momentum", "discount", "horizon", "seed", "warm_start", "policy_prior",
+)  # fmt: skip
+
+PARAMS = (
+    Param("checkpoint", "", "world-model checkpoint directory; ~/load_model (re)loads it"),
+    Param("device", "cpu", "torch device: cpu, cuda or cuda:N (a change reloads the model)"),
+    Param("control_rate_hz", 5.0, "planning rate of the real-time timer (UR5e 5, Go2 50)", 0.5, 500.0),
+    Param("lockstep", False, "plan once per new observation (MuJoCo lockstep on /clock) instead of on the timer"),
+    Param("num_samples", 450, "MPPI Gaussian candidates per iteration", 1, 16384),
+    Param("mixture_coef", 0.05, "base-policy candidates = num_samples x mixture_coef", 0.0, 1.0),
+    Param("policy_noise_std", 0.1, "std of the noise on base-policy candidates (UR5e: in half action ranges)", 0.0, 10.0),
+    Param("iterations", 8, "MPPI iterations per control step", 1, 64),
+    Param("num_elites", 64, "elite candidates refitting the mean and std", 1, 16384),
+    Param("temperature", 0.4, "MPPI weight exp(temperature * (R - R_max))", 0.001, 100.0),
+    Param("init_std", 1.0, "sampling std at the start of every step (UR5e: in half action ranges)", 0.001, 10.0),
+    Param("min_std", 0.05, "lower bound of the sampling std (UR5e: in half action ranges)", 0.0001, 10.0),
+    Param("momentum", 0.0, "weight of the previous mean in each iteration's update", 0.0, 0.99),
+    Param("discount", 0.99, "discount gamma of the planned return", 0.5, 1.0),
+    Param("horizon", 5, "planning horizon T in control steps (must equal the model's T)", 1, 256),
+    Param("seed", 42, "planner RNG seed (re-applied at every episode start)", 0, 2**31 - 1),
+    Param("warm_start", "shift", "where each step's mean starts: shift (the previous mean, official) or policy (pi's chunk)",
+          choices=WARM_STARTS),
+    Param("policy_prior", 0.0, "ranking cost of a candidate's squared distance from pi's chunk (std units); 0 = official", 0.0, 1000.0),
+    Param("deadline_fraction", 0.9, "share of the control period MPPI may use; predicted overrun -> base policy", 0.05, 1.0),
+    Param("fallback_to_policy", True, "run the base policy pi when MPPI would miss the deadline"),
+    Param("latency_ema", 0.2, "smoothing factor of the running latency estimate", 0.01, 1.0),
+    Param("reprobe_ticks", 0, "while falling back, run MPPI once every N ticks to re-measure (0 = never; a probe overruns its tick)", 0, 100000),
+    Param("max_observation_age_s", 0.5, "observations older than this are not planned on (real-time mode)", 0.001, 60.0),
+)  # fmt: skip
+
+
+_NEVER = object()  # "no episode planned yet" (differs from every /simdist/episode id, even None)
+
+
+class LatencyEstimate:
+    """Running latency estimate: EMA of the mean and of the absolute deviation."""
+
+    def __init__(self, alpha: float):
+        self.alpha = alpha
+        self.mean: float | None = None
+        self.dev = 0.0
+
+    def update(self, seconds: float) -> None:
+        if self.mean is None:
+            self.mean = seconds
+            return
+        self.dev += self.alpha * (abs(seconds - self.mean) - self.dev)
+        self.mean += self.alpha * (seconds - self.mean)
+
+    def predict(self) -> float:
+        """Pessimistic next latency; 0 before the first measurement (MPPI is tried first)."""
+        return 0.0 if self.mean is None else self.mean + 3.0 * self.dev
+
+    def reset(self) -> None:
+        self.mean, self.dev = None, 0.0
+
+    def scale(self, factor: float) -> None:
+        """MPPI settings changed: its cost scales with candidates x iterations (no blind re-probe)."""
+        if self.mean is not None:
+            self.mean *= factor
+            self.dev *= factor
+
+
+@dataclass
+class LoadedModel:
+    """A world model ready to plan with, and the facts the node checks a swap against."""
+
+    model: torch.nn.Module
+    path: str
+    device: str
+    robot: str
+    cameras: tuple[str, ...]
+    has_height_map: bool
+    proprio_dim: int
+    action_dim: int
+    command_dim: int
+    history: int
+    horizon: int
+
+    def interface(self) -> tuple:
+        """What must stay the same across a hot swap (topics, shapes, action layout)."""
+        return (self.robot, self.cameras, self.has_height_map, self.proprio_dim, self.action_dim,
+                self.command_dim, self.history)  # fmt: skip
+
+
+def load_world_model(path: str, device: str) -> LoadedModel:
+    """Load and validate a checkpoint directory (never unpickles) and put the model in eval mode."""
+
+    if not path:
+        raise ValueError("no checkpoint given: set the 'checkpoint' parameter to a checkpoint directory")
+    model = load_checkpoint(path, device=device)
+    model.eval()
+    cfg = model.config
+    return LoadedModel(
+        model=model,
+        path=str(path),
+        device=device,
+        robot=cfg.robot,
+        cameras=tuple(cfg.image.cameras) if cfg.image is not None else (),
+        has_height_map=cfg.height_map is not None,
+        proprio_dim=cfg.proprio_dim,
+        action_dim=cfg.action_dim,
+        command_dim=cfg.command_dim,
+        history=cfg.history,
+        horizon=cfg.horizon,
+    )
+
+
+def checked_spec(loaded: LoadedModel) -> RobotSpec:
+    """The robot spec the planner checks observations against: the robot's, with the model's cameras."""
+    spec = robot_spec(loaded.robot)
+    if (spec.action_dim, spec.proprio_dim) != (loaded.action_dim, loaded.proprio_dim):
+        raise ValueError(
+            f"checkpoint {loaded.path}: action_dim {loaded.action_dim} / proprio_dim {loaded.proprio_dim} "
+            f"do not match the {loaded.robot} spec ({spec.action_dim} / {spec.proprio_dim})"
+        )
+    if loaded.has_height_map != (spec.height_map_shape is not None):
+        raise ValueError(f"checkpoint {loaded.path}: height-map input does not match the {loaded.robot} spec")
+    return dataclasses.replace(spec, cameras=loaded.cameras)
+
+
+def parse_device(device: str) -> str | None:
+    """None if `device` is usable here, else the reason."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        return f"device {device!r} is not a torch device ({exc})"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"device {device!r}: CUDA is not available on this machine"
+    if dev.type not in ("cpu", "cuda"):
+        return f"device {device!r}: only cpu and cuda[:N] are supported"
+    return None
+
+
+class PlannerNode(Node):
+    def __init__(self, **kwargs):
+        super().__init__("planner", **kwargs)
+        self._loaded: LoadedModel | None = None
+        self.params = NodeParams(self, PARAMS, check=self._check_param)
+        p = self.params.values
+        self.diag = Diagnostics(self, hardware_id="planner")
+        self._tick_lock = threading.Lock()  # held for a whole tick; a hot swap takes it between ticks
+        self._loading = threading.Lock()  # one background load at a time
+        self.latency = LatencyEstimate(p["latency_ema"])
+        self._stats = collections.Counter()
+        self._last_latency_s = 0.0
+        self._last_age_s = 0.0
+        self._latest: tuple[int, Observation] | None = None  # (stamp ns, observation)
+        self._answered_stamp = -1
+        self._episode: tuple | None = None  # (episode id, seed) of the latest /simdist/episode
+        self._planned_episode: object = _NEVER
+        self._since_probe = 0
+        self._answer: tuple | None = None  # (action, plan) messages of the last answered tick
+
+        load_error = None
+        try:
+            self._install(load_world_model(p["checkpoint"], p["device"]))
+        except Exception as exc:  # noqa: BLE001 - reported, the node stays up for a later load_model
+            load_error = f"cannot load checkpoint {p['checkpoint']!r}: {exc}"
+        self._pub_action = self.create_publisher(JointTrajectory, "/simdist/action", QOS)
+        self._pub_plan = self.create_publisher(JointTrajectory, "/simdist/plan", QOS)
+        self._pub_values = self.create_publisher(JointTrajectory, "/simdist/values", QOS)
+        self._obs_group = MutuallyExclusiveCallbackGroup()
+        if self._loaded is not None:
+            self._subscribe(self._loaded)
+        self.create_subscription(String, "/simdist/episode", self._on_episode, QOS, callback_group=self._obs_group)
+        self.create_service(Trigger, "~/load_model", self._on_load_model, callback_group=ReentrantCallbackGroup())
+        # own group: a fast timer must not starve the observation callbacks (executor serves timers first)
+        self._timer = self.create_timer(
+            1.0 / p["control_rate_hz"], self._on_timer, callback_group=MutuallyExclusiveCallbackGroup()
+        )
+        if load_error:
+            self.diag.set("model", Level.ERROR, load_error)
+        else:
+            self.diag.set("model", Level.OK, f"loaded {self._loaded.path}", path=self._loaded.path)
+        self.diag.set("planning", Level.WARN, "waiting for the first observation")
+
+    # -- parameters ------------------------------------------------------------------------------
+    def _check_param(self, name: str, value, values: dict) -> str | None:
+        if name == "device":
+            return parse_device(value)
+        if name in PLANNER_FIELDS and self._loaded is not None:
+            try:
+                self._planner_config(values, self._loaded, self._spec)
+            except ValueError as exc:
+                return str(exc)
+        return None
+
+    @staticmethod
+    def _planner_config(values: dict, loaded: LoadedModel, spec: RobotSpec) -> PlannerConfig:
+        """The PlannerConfig these parameter values imply; ValueError says what is wrong."""
+        if values["horizon"] != loaded.horizon:
+            raise ValueError(f"horizon={values['horizon']} must equal the model's horizon T={loaded.horizon}")
+        return planner_config_for(spec, **{f: values[f] for f in PLANNER_FIELDS})
+
+    def _apply_params(self) -> None:
+        """Called at the start of a tick: accepted parameter changes take effect now."""
+        changed = self.params.apply()
+        if not changed:
+            return
+        p = self.params.values
+        if set(changed) & set(PLANNER_FIELDS) and self._loaded is not None:
+            config = self._planner_config(p, self._loaded, self._spec)
+            old = self.planner.config
+            self.latency.scale((config.num_candidates * config.iterations) / (old.num_candidates * old.iterations))
+            self.planner = MPPIPlanner(self._loaded.model, config, self._loaded.device)
+        if "latency_ema" in changed:
+            self.latency.alpha = p["latency_ema"]
+        if "control_rate_hz" in changed:
+            self._timer.timer_period_ns = int(1e9 / p["control_rate_hz"])
+            self._timer.reset()
+        if "device" in changed:
+            threading.Thread(target=self._load_and_swap, daemon=True).start()
+        self.get_logger().info(f"parameters applied: {changed}")
+
+    # -- model loading and hot swap ----------------------------------------------------------------
+    def _install(self, loaded: LoadedModel) -> None:
+        """Make `loaded` the planning model (caller holds the tick lock or runs before spinning)."""
+        spec = checked_spec(loaded)
+        config = self._planner_config(self.params.values, loaded, spec)
+        self._spec = spec
+        self.planner = MPPIPlanner(loaded.model, config, loaded.device)
+        self.history = ObservationHistory(spec, loaded.history)
+        self._loaded = loaded
+        self.latency.reset()
+        self._planned_episode = _NEVER  # the next tick cold-starts the planner and history
+
+    def _subscribe(self, loaded: LoadedModel) -> None:
+        # with the spec, the proprio element names are checked: a layout change is an error
+        self._assembler = ros_msgs.ObservationAssembler(loaded.cameras, loaded.has_height_map, spec=self._spec)
+        prefix = "/simdist/observation"
+        for cam in loaded.cameras:
+            self.create_subscription(
+                Image, f"{prefix}/image/{cam}", lambda m, c=cam: self._on_obs(self._assembler.add_image, c, m), QOS,
+                callback_group=self._obs_group,
+            )  # fmt: skip
+        if loaded.has_height_map:
+            self.create_subscription(
+                Image, f"{prefix}/height_map", lambda m: self._on_obs(self._assembler.add_height_map, m), QOS,
+                callback_group=self._obs_group,
+            )  # fmt: skip
+        self.create_subscription(
+            JointState, f"{prefix}/proprio", lambda m: self._on_obs(self._assembler.add_proprio, m), QOS,
+            callback_group=self._obs_group,
+        )  # fmt: skip
+
+    def _on_load_model(self, request, response):
+        """~/load_model: load + validate in the background; answer once swapped or refused."""
+        ok, message = self._load_and_swap()
+        response.success, response.message = ok, message
+        return response
+
+    def _load_and_swap(self) -> tuple[bool, str]:
+        if not self._loading.acquire(blocking=False):
+            return False, "a model load is already in progress"
+        try:
+            # the accepted values, even if no tick has applied them yet
+            path, device = (self.get_parameter(n).value for n in ("checkpoint", "device"))
+            try:
+                candidate = load_world_model(path, device)
+                self._validate_candidate(candidate)
+            except Exception as exc:  # noqa: BLE001 - a bad checkpoint is refused, the old model stays
+                message = f"refused checkpoint {path!r}: {exc}; still planning with {self._current_path()}"
+                self.diag.set("model", Level.WARN if self._loaded else Level.ERROR, message)
+                return False, message
+            first = self._loaded is None
+            with self._tick_lock:  # between two ticks: no tick is dropped, none sees half a swap
+                self._install(candidate)
+                if first:
+                    self._subscribe(candidate)
+            self._stats["swaps"] += 1
+            message = f"now planning with {path} on {device}"
+            self.diag.set("model", Level.OK, message, path=path, swaps=self._stats["swaps"])
+            self.get_logger().info(message)
+            return True, message
+        finally:
+            self._loading.release()
+
+    def _validate_candidate(self, candidate: LoadedModel) -> None:
+        """Same interface as the running model, a valid planner config, a finite plan."""
+        if self._loaded is not None and candidate.interface() != self._loaded.interface():
+            raise ValueError(
+                f"its interface {candidate.interface()} differs from the running model's {self._loaded.interface()}"
+            )
+        spec = checked_spec(candidate)
+        config = self._planner_config(self.params.values, candidate, spec)
+        latest = self._latest
+        if latest is not None:  # dry run on the newest observation with a throwaway planner
+            obs = latest[1]
+            history = ObservationHistory(spec, candidate.history)
+            history.reset(obs)
+            MPPIPlanner(candidate.model, config, candidate.device).plan(
+                observation_to_inputs(obs, spec), *history.tensors()
+            )
+
+    def _current_path(self) -> str:
+        return self._loaded.path if self._loaded else "no model"
+
+    # -- inputs ----------------------------------------------------------------------------------------
+    def _on_obs(self, add, *args) -> None:
+        msg = args[-1]
+        try:
+            obs = add(*args)
+        except ros_msgs.MessageError as exc:
+            self._stats["bad_observations"] += 1
+            self.diag.set("observation", Level.ERROR, f"rejected observation message: {exc}")
+            return
+        if obs is None:
+            return
+        stamp = ros_msgs.stamp_ns(msg.header.stamp)
+        self.diag.set("observation", Level.OK, "receiving complete observations")
+        if self.params["lockstep"] and stamp == self._answered_stamp:
+            self._republish()  # the simulator re-sent a waiting tick: our answer may have been lost
+            return
+        self._latest = (stamp, obs)
+        if self.params["lockstep"]:
+            self._tick()
+
+    def _on_episode(self, msg: String) -> None:
+        try:
+            info = json.loads(msg.data)
+            self._episode = (info["episode"], info.get("seed"))
+        except (ValueError, KeyError, TypeError) as exc:
+            self.diag.set("episode", Level.WARN, f"unreadable /simdist/episode message {msg.data!r}: {exc}")
+
+    def _on_timer(self) -> None:
+        if not self.params["lockstep"]:
+            self._tick()
+
+    # -- the control step ------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        with self._tick_lock:
+            self._apply_params()
+            self._step()
+
+    def _step(self) -> None:
+        latest, loaded = self._latest, self._loaded
+        if latest is None or latest[0] == self._answered_stamp:
+            self._stats["ticks_without_new_observation"] += 1
+            return
+        stamp, obs = latest
+        self._answered_stamp = stamp
+        if loaded is None:
+            self.diag.set("planning", Level.ERROR, "no model loaded: no action published (call ~/load_model)")
+            return
+        p = self.params.values
+        period = 1.0 / (self._spec.control_rate_hz if p["lockstep"] else p["control_rate_hz"])
+        if not p["lockstep"]:
+            age = self.get_clock().now().nanoseconds * 1e-9 - stamp * 1e-9
+            if age > p["max_observation_age_s"]:
+                self._stats["stale_observations"] += 1
+                self.diag.set("planning", Level.WARN, f"observation is {age:.3f} s old (> {p['max_observation_age_s']} s): not planned on")
+                return
+        start = time.perf_counter()
+        use_policy = self._should_fall_back(period)
+        try:
+            batch = observation_to_inputs(obs, self._spec)
+            if self._new_episode():  # cold start, seeded: a run is reproducible episode by episode
+                self.planner.reset()
+                self.history.reset(obs)
+            proprio_hist, action_hist = self.history.tensors()
+            if use_policy:
+                chunk, rewards, values = self._policy_chunk(batch, proprio_hist, action_hist, loaded), None, None
+            else:
+                result = self.planner.plan(batch, proprio_hist, action_hist)
+                chunk, rewards, values = result.mean, result.rewards, result.values
+        except (PlannerError, ObservationError, RuntimeError, ValueError) as exc:  # never act on it
+            self._stats["failed_plans"] += 1
+            self._publish_hold(stamp, period)
+            self.diag.set("planning", Level.ERROR, f"no plan for stamp {stamp}, HOLD sent: {exc}", **self._report())
+            return
+        latency = time.perf_counter() - start
+        self._last_latency_s = latency
+        if not use_policy:
+            self.latency.update(latency)
+        self._stats["ticks"] += 1
+        self._stats["policy_fallbacks" if use_policy else "mppi_ticks"] += 1
+        if latency > period:
+            self._stats["deadline_misses"] += 1
+        self._publish(stamp, chunk, rewards, values, period)
+        self._last_age_s = (self.get_clock().now().nanoseconds - stamp) * 1e-9  # observation -> action
+        self.history.push(obs, chunk[0])
+        level = Level.WARN if use_policy else Level.OK
+        what = "base policy (MPPI predicted to miss the deadline)" if use_policy else "MPPI"
+        self.diag.set("planning", level, f"planning with {what}", **self._report())
+
+    def _new_episode(self) -> bool:
+        """True at the first tick and when /simdist/episode names a new episode.
+
+        An episode id first learnt after planning started (the episode topic matched late) is
+        adopted without a reset."""
+        episode, planned = self._episode, self._planned_episode
+        if planned is _NEVER or (episode is not None and planned is not None and episode != planned):
+            self._planned_episode = episode
+            return True
+        if planned is None:
+            self._planned_episode = episode
+        return False
+
+    def _should_fall_back(self, period: float) -> bool:
+        """MPPI predicted to overrun the deadline? (Real time only: in lockstep the simulator waits.)"""
+        p = self.params.values
+        if p["lockstep"] or not p["fallback_to_policy"] or self.latency.predict() <= p["deadline_fraction"] * period:
+            self._since_probe = 0
+            return False
+        self._since_probe += 1
+        if p["reprobe_ticks"] and self._since_probe >= p["reprobe_ticks"]:
+            self._since_probe = 0
+            return False  # re-measure MPPI once in a while, so the estimate can recover
+        return True
+
+    def _policy_chunk(self, batch, proprio_hist, action_hist, loaded: LoadedModel) -> np.ndarray:
+        """The base policy's chunk a^_{t:t+T} (clamped to the action bounds); raises on NaN."""
+        dev = torch.device(loaded.device)
+        with torch.no_grad():
+            batch = {k: v.to(dev) for k, v in batch.items()}
+            z = loaded.model.encode(batch)
+            history = loaded.model.encode_history(proprio_hist.to(dev), action_hist.to(dev))
+            chunk = loaded.model.policy(z, history, batch.get("command"), batch["proprio"])[0].float().cpu().numpy()
+        if not np.all(np.isfinite(chunk)):
+            raise PlannerError("non-finite values in the base-policy chunk; no action returned")
+        return np.clip(chunk, self._spec.action_low, self._spec.action_high)
+
+    def _command_kind(self) -> CommandKind:
+        return CommandKind.EE_DELTA if self._spec.name == "ur5e" else CommandKind.JOINT_POSITION
+
+    def _await_matched(self, timeout_s: float = 2.0) -> None:
+        """Lockstep: wait (bounded) until every subscriber the graph knows is matched to our outputs.
+
+        The simulator waits for us anyway, and an answer published before, say, the recorder has
+        matched would be missing from the episode bag."""
+        deadline = time.monotonic() + timeout_s
+        pubs = (self._pub_action, self._pub_plan, self._pub_values)
+        while time.monotonic() < deadline and any(
+            p.get_subscription_count() < self.count_subscribers(p.topic_name) for p in pubs
+        ):
+            time.sleep(0.005)
+
+    def _publish(self, stamp: int, chunk: np.ndarray, rewards, values, period: float) -> None:
+        if self.params["lockstep"]:
+            self._await_matched()
+        names = ros_msgs.action_names(self._spec.name)
+        kind = self._command_kind()
+        action = ros_msgs.command_to_msg(Command(kind, chunk[0]), names, stamp, period)
+        self._pub_action.publish(action)
+        plan = ros_msgs.command_to_msg(Command(kind, chunk[0]), names, stamp, period)
+        plan.points = [
+            JointTrajectoryPoint(positions=row.astype(np.float64).tolist(), time_from_start=ros_msgs.duration_msg((k + 1) * period))
+            for k, row in enumerate(chunk)
+        ]  # fmt: skip
+        self._pub_plan.publish(plan)
+        self._answer = (action, plan)
+        if rewards is not None:
+            msg = JointTrajectory(joint_names=["reward", "value"])
+            msg.header.stamp = ros_msgs.stamp_msg(stamp)
+            msg.header.frame_id = "mppi"
+            msg.points = [
+                JointTrajectoryPoint(positions=[float(r), float(v)], time_from_start=ros_msgs.duration_msg((k + 1) * period))
+                for k, (r, v) in enumerate(zip(rewards, values))
+            ]  # fmt: skip
+            self._pub_values.publish(msg)
+
+    def _publish_hold(self, stamp: int, period: float) -> None:
+        """The explicit safe answer to an observation that could not be planned on (no plan is sent)."""
+        hold = ros_msgs.command_to_msg(Command(CommandKind.HOLD), ros_msgs.action_names(self._spec.name), stamp, period)
+        self._pub_action.publish(hold)
+        self._answer = (hold, None)
+
+    def _republish(self) -> None:
+        if self._answer is not None and ros_msgs.stamp_ns(self._answer[0].header.stamp) == self._answered_stamp:
+            self._pub_action.publish(self._answer[0])
+            if self._answer[1] is not None:
+                self._pub_plan.publish(self._answer[1])
+            self._stats["republished"] += 1
+
+    def _report(self) -> dict:
+        cfg = dataclasses.asdict(self.planner.config) if self._loaded else {}
+        return {
+            **{k: self._stats[k] for k in ("ticks", "mppi_ticks", "policy_fallbacks", "deadline_misses",
+                                           "failed_plans", "stale_observations", "swaps", "republished")},
+            "last_latency_ms": f"{1e3 * self._last_latency_s:.2f}",
+            "observation_to_action_ms": f"{1e3 * self._last_age_s:.2f}",
+            "latency_estimate_ms": f"{1e3 * self.latency.predict():.2f}",
+            "last_stamp": self._answered_stamp,
+            "checkpoint": self._current_path(),
+            **{f: cfg.get(f) for f in PLANNER_FIELDS},
+        }  # fmt: skip
+
+
+def main(args=None):
+    rclpy.init(args=args)
+    node = PlannerNode()
+    executor = MultiThreadedExecutor(num_threads=3)
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        executor.shutdown()
+        node.destroy_node()
+        rclpy.try_shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Pretraining (Eq. 2): config, window sampling, augmentation, scaler fitting, EMA, train state, DDP, the loop and the encoder stage."""

@@ -1,0 +1,221 @@
+"""simdist-pretrain: minimise Eq. 2 over (H, T) windows of the simulation dataset.
+
+    simdist-pretrain --preset ur5e_peg --data runs/data/peg --out runs/pretrain/peg
+    torchrun --nproc_per_node 4 -m simdist_planner.cli.pretrain --preset go2 --data D --out O --device cuda
+
+One process, or one per rank under torchrun (DDP: gloo on CPU, nccl on CUDA; rank r reads every
+world_size-th episode of the selection). Official optimiser: Adam, lr linear warm-up to 2e-4 then
+cosine to 1e-4. Observation augmentation on the model inputs (o_{t-H..t}): per-term Gaussian noise
+with the stds stored in the dataset, and for cameras brightness / contrast / shift per window.
+
+Run directory:
+    pretrain.json              the PretrainConfig (a resumed run must match it)
+    train_state/               model checkpoint + optimizer.safetensors + state.json (exact resume),
+                               ema/ with the weight average when ema_decay > 0
+    checkpoints/step-NNNNNNN/  periodic world-model checkpoints (the last few are kept)
+    model/                     the final world-model checkpoint (the weight average with ema_decay > 0)
+    tb/                        TensorBoard scalars: every loss term, lr, windows/s
+
+Exact resume: every random draw of step s (window indices, augmentation noise, dropout) comes
+from generators seeded by (seed, rank, s), and the learning rate is a function of s, so the
+optimizer moments, the step counter and the weight average are the whole training state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import shutil
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from simdist_planner.model.checkpoint import load_checkpoint, read_config, save_checkpoint
+from simdist_planner.model.losses import TERMS, near_field_slices, world_model_loss
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.training.config import PretrainConfig
+from simdist_planner.training.distributed import gather_digests, init_distributed, out_of_time
+from simdist_planner.training.ema import WeightAverage
+from simdist_planner.training.encoder_stage import pretrain_image_backbone
+from simdist_planner.training.sampler import AugmentedWindows, WindowSource, step_seed
+from simdist_planner.training.scaler_fit import fit_scaler
+from simdist_planner.training.train_state import (
+    check_resume_config,
+    load_train_state,
+    save_train_state,
+    weights_sha256,
+)
+
+# Model settings a warm start (`init_from`) may change: they leave every weight's shape and role.
+WARM_START_FREE = ("policy_sees_history",)
+
+
+# Settings that add zero-initialised parameters: a warm start may switch them on (the model then
+# computes what the earlier one did, and the new parameters start at their initial values).
+WARM_START_ADDED = ("policy_proprio_skip", "policy_proprio_gain")
+
+
+def lr_at(cfg: PretrainConfig, step: int) -> float:
+    """Linear warm-up from 0 to the peak, then cosine decay to the end value (optax's schedule)."""
+    if step < cfg.warmup_steps:
+        return cfg.learning_rate * step / cfg.warmup_steps
+    decay = max(cfg.decay_steps or cfg.steps, cfg.warmup_steps + 1)
+    frac = min(step - cfg.warmup_steps, decay - cfg.warmup_steps) / (decay - cfg.warmup_steps)
+    return cfg.end_learning_rate + (cfg.learning_rate - cfg.end_learning_rate) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = True,
+             check_model: Callable[[WorldModel], None] | None = None) -> pathlib.Path:
+    """Train (or resume) the run in `out`; returns the final checkpoint directory `out/model`.
+
+    `check_model` (rank 0, before the first step) may raise to refuse the built model, so that a
+    run whose model a later step cannot use fails before it trains."""
+    out = pathlib.Path(out)
+    rank, world, local_rank = init_distributed(device)
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", local_rank)
+    torch.set_num_threads(cfg.threads)
+    source = WindowSource(cfg, rank, world)
+    if rank == 0 and source.cum_weights is not None:
+        print(f"pretrain: rank 0 draws {source.weighting}")
+    torch.manual_seed(cfg.seed)
+    model = WorldModel(source.model_config)
+    fit_scaler(model, cfg, source)
+    if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
+        earlier = read_config(cfg.init_from)
+        free = {k: getattr(earlier, k) for k in WARM_START_FREE}
+        added = {k: False for k in WARM_START_ADDED if getattr(model.config, k) and not getattr(earlier, k)}
+        loaded = load_checkpoint(cfg.init_from, expect=model.config.replace(**free, **added)).state_dict()
+        new = set(model.state_dict()) - set(loaded)
+        missing, unexpected = model.load_state_dict(loaded, strict=not added)
+        if unexpected or set(missing) != new:
+            raise ValueError(f"warm start from {cfg.init_from}: missing {missing}, unexpected {unexpected}")
+    if check_model is not None and rank == 0:
+        check_model(model)
+    model.to(dev)
+    resuming = (out / "train_state" / "state.json").is_file()
+    if cfg.encoder_steps and not resuming:  # the stage's result lives on in the model's weights
+        encoder_writer = None
+        if rank == 0:
+            encoder_writer = SummaryWriter(str(out / "tb" / "encoder"))
+        _, losses = pretrain_image_backbone(model, source, cfg, dev, rank, encoder_writer, progress)
+        if encoder_writer is not None:
+            encoder_writer.close()
+            print(f"pretrain: encoder stage, {cfg.encoder_steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    if cfg.freeze_image_backbone:
+        model.encoder.images.backbone.requires_grad_(False)
+    near = (near_field_slices(source.windows.dataset.layout, cfg.state_near_field, "state_near_field")
+            if cfg.state_near_field else ())
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0))
+
+    ema = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+    kept = model if ema is None else ema.model  # what checkpoints and the final model hold
+    start = 0
+    if resuming:
+        check_resume_config(out, cfg)
+        start = load_train_state(out, model, optimizer, ema)
+    if world > 1:
+        dist.barrier()  # every rank has read the old pretrain.json before rank 0 rewrites it
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "pretrain.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    if world > 1:
+        dist.barrier()
+
+    train_model = model
+    if world > 1:
+        train_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    if cfg.compile:
+        train_model = torch.compile(train_model)
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and dev.type == "cuda")
+
+    writer = None
+    if rank == 0:
+        writer = SummaryWriter(str(out / "tb"), purge_step=start)
+    loader = torch.utils.data.DataLoader(
+        AugmentedWindows(source), batch_size=None, sampler=range(start, cfg.steps), num_workers=cfg.workers,
+        persistent_workers=False, prefetch_factor=2 if cfg.workers else None)
+    bar = tqdm(total=cfg.steps, initial=start, disable=not progress or rank != 0, desc="pretrain",
+               dynamic_ncols=True)
+    sums = {k: 0.0 for k in ("total", *TERMS)}
+    count, t_log, t_start = 0, time.perf_counter(), time.perf_counter()
+    metrics: dict = {}
+    step, done = start, start
+    model.train()
+    if cfg.freeze_image_backbone:
+        model.encoder.images.backbone.eval()  # frozen: batch-norm statistics stay as they were too
+    for step, batch in enumerate(loader, start=start):
+        torch.manual_seed(step_seed(cfg.seed, rank, step, 2))  # dropout of this step
+        batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+        lr = lr_at(cfg, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            terms = world_model_loss(train_model, batch, near_field=near)
+        optimizer.zero_grad(set_to_none=True)
+        terms.total.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        if ema is not None:
+            ema.update(model, step)
+        values = terms.as_floats()
+        if not math.isfinite(values["total"]):
+            raise FloatingPointError(f"pretrain: loss became {values['total']} at step {step}: {values}")
+        for k, v in values.items():
+            sums[k] += v
+        count += 1
+        done = step + 1
+        bar.update(1)
+        stop = done < cfg.steps and out_of_time(cfg, t_start, world, dev)
+        if done % cfg.log_every == 0 or done == cfg.steps or stop:
+            now = time.perf_counter()
+            metrics = {f"loss/{k}": v / count for k, v in sums.items()}
+            metrics["lr"] = lr
+            metrics["windows_per_s"] = count * cfg.batch_size * world / (now - t_log)
+            if writer is not None:
+                for k, v in metrics.items():
+                    writer.add_scalar(k, v, done)
+            bar.set_postfix(loss=f"{metrics['loss/total']:.4f}", lr=f"{lr:.2e}")
+            sums = {k: 0.0 for k in sums}
+            count, t_log = 0, now
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:
+            if rank == 0:
+                save_train_state(out, model, optimizer, done, metrics, ema)
+                save_checkpoint(kept, out / "checkpoints" / f"step-{done:07d}", metrics={"step": done, **metrics})
+                _prune(out / "checkpoints", cfg.keep_checkpoints)
+            if world > 1:
+                dist.barrier()
+        if stop:
+            break
+    bar.close()
+
+    digest = weights_sha256(model)
+    digests = gather_digests(digest, world, dev)
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"pretrain: ranks ended with different weights: {digests}")
+    if rank == 0:
+        # rank_weights_sha256 hashes the trained weights (train_state/model), not an average
+        final = {"step": done, **metrics, "world_size": world, "rank_weights_sha256": digests,
+                 "seconds_this_run": time.perf_counter() - t_start, "steps_this_run": done - start,
+                 "stopped_at_time_limit": done < cfg.steps, "model_config": cfg.model,
+                 "ema_decay": cfg.ema_decay}
+        save_checkpoint(kept, out / "model", metrics=final)
+        if writer is not None:
+            writer.close()
+    if world > 1:
+        dist.barrier()
+    return out / "model"
+
+
+def _prune(folder: pathlib.Path, keep: int) -> None:
+    ckpts = sorted(p for p in folder.glob("step-*") if p.is_dir())
+    for p in ckpts[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)
