@@ -2,6 +2,7 @@
 
 Versions are pinned only in requirements.txt; install_requires names what the code imports.
 """
+
 from glob import glob
 
 from setuptools import find_packages, setup

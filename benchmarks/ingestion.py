@@ -6,6 +6,7 @@ prints milliseconds per image for a few camera -> model resolutions.
 
     .venv/bin/python benchmarks/ingestion.py [--frames 200]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,12 @@ import numpy as np
 from robot_drivers import ros_msgs
 from robot_drivers.ingestion import Ingestion, IngestionConfig
 
-CASES = [((480, 640), (224, 224)), ((224, 224), (224, 224)), ((448, 448), (224, 224)), ((128, 128), (64, 64))]
+CASES = [
+    ((480, 640), (224, 224)),
+    ((224, 224), (224, 224)),
+    ((448, 448), (224, 224)),
+    ((128, 128), (64, 64)),
+]
 
 
 def per_image_ms(camera_hw, model_hw, frames: int) -> tuple[float, float]:
@@ -44,10 +50,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=200)
     args = parser.parse_args()
-    print(f"{'camera HxW':>12} {'model HxW':>10} {'decode+check+resize ms':>24} {'+align+publish ms':>18}")
+    print(
+        f"{'camera HxW':>12} {'model HxW':>10} {'decode+check+resize ms':>24} {'+align+publish ms':>18}"
+    )
     for camera_hw, model_hw in CASES:
         a, b = per_image_ms(camera_hw, model_hw, args.frames)
-        print(f"{'x'.join(map(str, camera_hw)):>12} {'x'.join(map(str, model_hw)):>10} {a:>24.3f} {b:>18.3f}")
+        print(
+            f"{'x'.join(map(str, camera_hw)):>12} {'x'.join(map(str, model_hw)):>10} {a:>24.3f} {b:>18.3f}"
+        )
 
 
 if __name__ == "__main__":

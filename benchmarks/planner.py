@@ -10,6 +10,7 @@ observation encoding and the host transfer of the action included. Latency does 
 weights, so no checkpoint is needed. Prints min / median / p95 / max and the control rate
 (1 / median) beside the rate each robot runs at.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,12 +80,16 @@ def bench(robot: str, dynamics: str, device: torch.device, steps: int) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=200, help="timed planner steps per row")
     parser.add_argument("--robots", default="go2,ur5e")
     parser.add_argument("--dynamics", default="chunked,autoregressive")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (0: torch default)"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be >= 1")
@@ -96,21 +101,31 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    print(f"device {device} ({name}), torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
-          f"{args.steps} timed steps after {WARMUP_STEPS} warm-up")
-    header = (f"{'robot':6} {'dynamics':14} {'cand':>5} {'iter':>4} {'H/T':>6} {'cams':>4} "
-              f"{'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'rate Hz':>8} {'needs':>6}")
+    name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu"
+    )
+    print(
+        f"device {device} ({name}), torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+        f"{args.steps} timed steps after {WARMUP_STEPS} warm-up"
+    )
+    header = (
+        f"{'robot':6} {'dynamics':14} {'cand':>5} {'iter':>4} {'H/T':>6} {'cams':>4} "
+        f"{'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'rate Hz':>8} {'needs':>6}"
+    )
     print(header)
     print("-" * len(header))
     for robot in robots:
         for kind in kinds:
             row = bench(robot, kind, device, args.steps)
             ok = "ok" if row["rate"] >= row["target"] else "SLOW"
-            print(f"{row['robot']:6} {row['dynamics']:14} {row['candidates']:5d} {row['iterations']:4d} "
-                  f"{row['HT']:>6} {row['cameras']:4d} {row['min']:9.1f} {row['median']:9.1f} "
-                  f"{row['p95']:9.1f} {row['max']:9.1f} {row['rate']:8.1f} {row['target']:4.0f}Hz {ok}",
-                  flush=True)
+            print(
+                f"{row['robot']:6} {row['dynamics']:14} {row['candidates']:5d} {row['iterations']:4d} "
+                f"{row['HT']:>6} {row['cameras']:4d} {row['min']:9.1f} {row['median']:9.1f} "
+                f"{row['p95']:9.1f} {row['max']:9.1f} {row['rate']:8.1f} {row['target']:4.0f}Hz {ok}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ listens from a separate process:
     python benchmarks/ros_graph.py                      # UR5e (three cameras) and Go2
     python benchmarks/ros_graph.py --robot ur5e --seconds 30 --samples 128
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,13 +53,19 @@ GRAPHS = {"ur5e": "peg", "go2": "go2_slope"}
 def make_checkpoint(robot: str, path: pathlib.Path) -> str:
 
     spec = robot_spec(robot)
-    config = ur5e_small_config(proprio_dim=spec.proprio_dim) if robot == "ur5e" else go2_config(proprio_dim=spec.proprio_dim)
+    config = (
+        ur5e_small_config(proprio_dim=spec.proprio_dim)
+        if robot == "ur5e"
+        else go2_config(proprio_dim=spec.proprio_dim)
+    )
     torch.manual_seed(0)
     save_checkpoint(WorldModel(config), path)
     return str(path)
 
 
-def measure(robot: str, seconds: float, samples: int | None, iterations: int | None, workdir: pathlib.Path) -> dict:
+def measure(
+    robot: str, seconds: float, samples: int | None, iterations: int | None, workdir: pathlib.Path
+) -> dict:
 
     graph = GRAPHS[robot]
     params = yaml.safe_load((ROOT / "config" / f"{graph}.yaml").read_text())
@@ -79,12 +86,18 @@ def measure(robot: str, seconds: float, samples: int | None, iterations: int | N
     )  # fmt: skip
     rclpy.init()
     node = Node("ros_graph_benchmark")
-    seen: dict[str, dict[int, float]] = {"robot": {}, "observation": {}, "action": {}, "command": {}}
+    seen: dict[str, dict[int, float]] = {
+        "robot": {},
+        "observation": {},
+        "action": {},
+        "command": {},
+    }
     diags: dict[str, dict] = {}
 
     def keep(kind):
         def cb(msg):
             seen[kind].setdefault(ros_msgs.stamp_ns(msg.header.stamp), time.monotonic())
+
         return cb
 
     def on_diag(msg):
@@ -101,7 +114,9 @@ def measure(robot: str, seconds: float, samples: int | None, iterations: int | N
         while not seen["action"]:  # warm-up: every node started, the planner answering
             rclpy.spin_once(node, timeout_sec=0.05)
             if time.monotonic() > deadline or launch.poll() is not None:
-                raise RuntimeError(f"the {graph} graph never produced an action:\n{launch.stderr.read() if launch.poll() is not None else ''}")
+                raise RuntimeError(
+                    f"the {graph} graph never produced an action:\n{launch.stderr.read() if launch.poll() is not None else ''}"
+                )
         for store in seen.values():
             store.clear()
         start = time.monotonic()
@@ -146,8 +161,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--robot", choices=["ur5e", "go2", "both"], default="both")
     parser.add_argument("--seconds", type=float, default=20.0, help="measurement window per robot")
-    parser.add_argument("--samples", type=int, default=None, help="MPPI samples (default: the config's)")
-    parser.add_argument("--iterations", type=int, default=None, help="MPPI iterations (default: the config's)")
+    parser.add_argument(
+        "--samples", type=int, default=None, help="MPPI samples (default: the config's)"
+    )
+    parser.add_argument(
+        "--iterations", type=int, default=None, help="MPPI iterations (default: the config's)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("MENAGERIE_ROOT", str(ROOT.parent / "shared" / "menagerie"))
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -160,8 +179,12 @@ def main() -> None:
             print(f"  nominal control rate      {result['nominal_hz']:.1f} Hz")
             print(f"  driver ticks published    {result['ticks_published_hz']:.2f} Hz")
             print(f"  planner actions           {result['actions_hz']:.2f} Hz")
-            print(f"  obs -> safe command (ms)  {result['obs_to_command_ms']}  answered {result['ticks_answered']}")
-            print(f"  ingestion (ms)            {result['ingestion_ms']}; per image {result['ingestion_image_ms_mean']} ms")
+            print(
+                f"  obs -> safe command (ms)  {result['obs_to_command_ms']}  answered {result['ticks_answered']}"
+            )
+            print(
+                f"  ingestion (ms)            {result['ingestion_ms']}; per image {result['ingestion_image_ms_mean']} ms"
+            )
             print(f"  planner                   {result['planner']}")
 
 

@@ -13,6 +13,7 @@ For every task in robot_drivers.registry.TASKS that builds (others are listed wi
   images decompressed per window (preload="vectors") and held in RAM (preload="all").
 Single process, one thread; the figures depend on the machine's load (printed beside them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,19 +96,29 @@ def main(argv=None) -> None:
     p.add_argument("--tasks", default=None, help="comma list (default: every registered task)")
     p.add_argument("--physics-steps", type=int, default=2000)
     p.add_argument("--frames", type=int, default=20, help="observe() and task.step() calls")
-    p.add_argument("--gen-steps", type=int, default=100, help="transitions generated (and episode cap)")
+    p.add_argument(
+        "--gen-steps", type=int, default=100, help="transitions generated (and episode cap)"
+    )
     p.add_argument("--windows", type=int, default=500)
     args = p.parse_args(argv)
-
 
     torch.set_num_threads(1)
 
     names = args.tasks.split(",") if args.tasks else list(registry.TASKS)
     load = os.getloadavg()[0]
-    print(f"# sim benchmark, load average {load:.1f} on {os.cpu_count()} CPUs, "
-          f"MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}")
-    cols = ["physics_steps_s", "frames_s", "control_steps_s", "gen_setup_s", "gen_transitions_s",
-            "load_windows_s", "load_windows_s_ram"]
+    print(
+        f"# sim benchmark, load average {load:.1f} on {os.cpu_count()} CPUs, "
+        f"MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}"
+    )
+    cols = [
+        "physics_steps_s",
+        "frames_s",
+        "control_steps_s",
+        "gen_setup_s",
+        "gen_transitions_s",
+        "load_windows_s",
+        "load_windows_s_ram",
+    ]
     print(f"{'task':16s}" + "".join(f"{c:>19s}" for c in cols) + "  frame")
     for name in names:
         try:

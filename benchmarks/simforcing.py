@@ -5,6 +5,7 @@
 Without a checkpoint it times a randomly initialised backbone of the `--small` size (latency
 does not depend on the weights). Prints seconds per sample (sim + real generation + decoding).
 """
+
 import argparse
 
 import torch
@@ -16,7 +17,9 @@ from sim_video_world_model.evaluate import EvalConfig, latency_grid
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--checkpoint")
     p.add_argument("--device", default="cpu")
     p.add_argument("--reps", type=int, default=3)
@@ -30,8 +33,11 @@ def main() -> None:
         den.add_sim_conditioning()
         bundle = ModelBundle(ae.to(args.device).eval(), den.to(args.device), cfg, {})
         frames, h, w = 9, 64, 64
-    item = {"real": torch.rand(3, frames, h, w) * 2 - 1, "actions": torch.rand(frames - 1, bundle.backbone.action_dim),
-            "mask": torch.ones(h, w, dtype=torch.bool)}
+    item = {
+        "real": torch.rand(3, frames, h, w) * 2 - 1,
+        "actions": torch.rand(frames - 1, bundle.backbone.action_dim),
+        "mask": torch.ones(h, w, dtype=torch.bool),
+    }
     rows = latency_grid(bundle, item, EvalConfig(device=args.device, latency_reps=args.reps))
     print(f"device {args.device}, {frames} frames at {h}x{w}")
     print("N_s  N_r    w   seconds/sample")

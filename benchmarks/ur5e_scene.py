@@ -6,6 +6,7 @@ Physics steps/s, 5 Hz control steps/s and end-of-period tracking error per IK ra
 steps/s with three cameras rendered at 64x64 and 224x224 (defaults vs full meshes and MSAA), and
 with --value the V^e held-out error of both tasks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,9 @@ from robot_drivers.ur5e import ControllerConfig, MujocoUR5eBackend, SceneConfig 
 
 def _tracking(ik_hz: float, steps: int, feedforward: bool = True) -> tuple[float, float, float]:
     """Random steps up to 1.5 cm / 0.1 rad: (mean mm, mean deg, control steps/s)."""
-    b = MujocoUR5eBackend(SceneConfig(cameras=()),
-                          ControllerConfig(ik_hz=ik_hz, feedforward=feedforward))
+    b = MujocoUR5eBackend(
+        SceneConfig(cameras=()), ControllerConfig(ik_hz=ik_hz, feedforward=feedforward)
+    )
     b.reset(0)
     rng = np.random.default_rng(0)
     errs = []
@@ -71,16 +73,20 @@ def main(argv: list[str] | None = None) -> None:
                 b.act(Command(CommandKind.EE_DELTA, np.r_[rng.uniform(-0.02, 0.02, 3), 0, 0, 0, 0]))
                 b.step()
             rate = args.steps / (time.perf_counter() - t0)
-            print(f"control + render {size[0]}x{size[1]}, {label}: {rate:.1f} steps/s "
-                  f"(3 cameras, MUJOCO_GL={os.environ.get('MUJOCO_GL')})")
+            print(
+                f"control + render {size[0]}x{size[1]}, {label}: {rate:.1f} steps/s "
+                f"(3 cameras, MUJOCO_GL={os.environ.get('MUJOCO_GL')})"
+            )
             b.close()
 
     if args.value:
         for name in ("peg", "table_leg"):
             task = make_task(name, cameras=())
             m = expert_value(task).metrics
-            print(f"V^e {name}: held-out RMSE {m['heldout_rmse']:.3f} (MAE {m['heldout_mae']:.3f}) "
-                  f"vs return std {m['heldout_return_std']:.2f} on {m['heldout_states']} states")
+            print(
+                f"V^e {name}: held-out RMSE {m['heldout_rmse']:.3f} (MAE {m['heldout_mae']:.3f}) "
+                f"vs return std {m['heldout_return_std']:.2f} on {m['heldout_states']} states"
+            )
             task.close()
 
 

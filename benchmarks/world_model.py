@@ -5,6 +5,7 @@ plain and with the cross-attention keys / values of the shared context cached
 
     python benchmarks/world_model.py [--device cuda] [--batch 472] [--repeats 20] [--threads 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,16 +49,22 @@ def time_dynamics(config, batch: int, repeats: int, device: torch.device) -> dic
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batch", type=int, default=472, help="candidates (official Go2: 450 + 22)")
+    parser.add_argument(
+        "--batch", type=int, default=472, help="candidates (official Go2: 450 + 22)"
+    )
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"dynamics f forward latency, batch {args.batch}, device {device}, "
-          f"{args.threads} CPU thread(s), {args.repeats} repeats (median / min, ms)")
+    print(
+        f"dynamics f forward latency, batch {args.batch}, device {device}, "
+        f"{args.threads} CPU thread(s), {args.repeats} repeats (median / min, ms)"
+    )
     print(f"{'robot':6} {'H':>3} {'T':>3} {'f':14} {'plain':>17} {'cached':>17} {'speed-up':>9}")
     for name, make in (("go2", go2_config), ("ur5e", ur5e_config)):
         for kind in ("chunked", "autoregressive"):
@@ -65,8 +72,11 @@ def main(argv=None) -> None:
             times = time_dynamics(cfg, args.batch, args.repeats, device)
             row = {mode: (statistics.median(ts) * 1e3, min(ts) * 1e3) for mode, ts in times.items()}
             fmt = lambda m: f"{m[0]:8.2f} / {m[1]:6.2f}"  # noqa: E731
-            print(f"{name:6} {cfg.history:3d} {cfg.horizon:3d} {kind:14} {fmt(row['plain']):>17} "
-                  f"{fmt(row['cached']):>17} {row['plain'][0] / row['cached'][0]:8.2f}x", flush=True)
+            print(
+                f"{name:6} {cfg.history:3d} {cfg.horizon:3d} {kind:14} {fmt(row['plain']):>17} "
+                f"{fmt(row['cached']):>17} {row['plain'][0] / row['cached'][0]:8.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

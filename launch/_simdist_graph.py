@@ -3,6 +3,7 @@
 The graph itself (nodes, parameters, remappings, arguments) lives only in
 `simdist_planner.launch_description`; the pip launcher (`simdist launch`) reads the same data.
 """
+
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
@@ -12,7 +13,9 @@ from simdist_planner.ros import launch_description as desc
 
 
 def _nodes(context, graph_name):
-    given = {a.name: LaunchConfiguration(a.name).perform(context) for a in desc.graph_args(graph_name)}
+    given = {
+        a.name: LaunchConfiguration(a.name).perform(context) for a in desc.graph_args(graph_name)
+    }
     graph = desc.resolve(graph_name, given)
     return [
         Node(
@@ -32,7 +35,10 @@ def generate(graph_name):
     """The LaunchDescription of one graph: its declared arguments, then its nodes."""
     arguments = [
         DeclareLaunchArgument(
-            a.name, default_value=a.default, description=a.description, choices=list(a.choices) or None
+            a.name,
+            default_value=a.default,
+            description=a.description,
+            choices=list(a.choices) or None,
         )
         for a in desc.graph_args(graph_name)
     ]

@@ -2,6 +2,7 @@
 
 Same node set and parameters as `simdist launch go2_foam ...` (simdist_planner.launch_description).
 """
+
 import os
 import sys
 

@@ -2,6 +2,7 @@
 
 Same node set and parameters as `simdist launch peg ...` (simdist_planner.launch_description).
 """
+
 import os
 import sys
 

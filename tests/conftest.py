@@ -1,4 +1,5 @@
 """Test-wide setup: offline model paths, headless rendering, an isolated ROS domain per run."""
+
 import fcntl
 import os
 import pathlib

@@ -1,4 +1,5 @@
 """In-process ROS harness for the robot-side tests: own context and DDS domain, one executor."""
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,9 @@ class RosHarness:
         self.spin_until(lambda: False, seconds)
 
     def call(self, client, request, timeout_s: float = 5.0):
-        assert client.wait_for_service(timeout_sec=timeout_s), f"service {client.srv_name} not available"
+        assert client.wait_for_service(timeout_sec=timeout_s), (
+            f"service {client.srv_name} not available"
+        )
         future = client.call_async(request)
         assert self.spin_until(future.done, timeout_s), f"service {client.srv_name} did not answer"
         return future.result()
@@ -61,5 +64,7 @@ def diagnostics_text(arrays, node_name: str) -> list[tuple[int, str]]:
     """(level, message) of every status of one node in the received DiagnosticArrays."""
     return [
         (s.level[0] if isinstance(s.level, bytes) else int(s.level), f"{s.name}: {s.message}")
-        for a in arrays for s in a.status if s.name.startswith(node_name + ":")
+        for a in arrays
+        for s in a.status
+        if s.name.startswith(node_name + ":")
     ]

@@ -4,6 +4,7 @@ A tiny loop of `make demo`: two recorded zero-shot episodes, an automatic adapta
 their bags in the adapter's worker process, the gate, the planner hot swap, then episodes with
 the adapted model. A small randomly initialised Go2 model keeps it CPU-cheap.
 """
+
 import json
 
 import pytest
@@ -17,8 +18,14 @@ from test_adapter import small_model
 TINY = {
     "mujoco_driver": {"max_steps": 25},
     "planner": {"num_samples": 16, "iterations": 1, "num_elites": 4, "horizon": 3},
-    "adapter": {"batch_size": 16, "lr": 3e-3, "warmup_steps": 5, "max_steps": 40, "holdout": 0.5,
-                "poll_period_s": 0.2},
+    "adapter": {
+        "batch_size": 16,
+        "lr": 3e-3,
+        "warmup_steps": 5,
+        "max_steps": 40,
+        "holdout": 0.5,
+        "poll_period_s": 0.2,
+    },
 }
 
 
@@ -28,7 +35,9 @@ def test_recorded_episodes_adapt_f_and_hot_swap_the_planner(tmp_path, ros_domain
     checkpoint = save_checkpoint(small_model(), tmp_path / "pretrained")
     out = tmp_path / "loop"
     out.mkdir()
-    watcher = run_graph(out, checkpoint, episodes=2, timeout_s=420, overrides=TINY, domain=str(ros_domain))
+    watcher = run_graph(
+        out, checkpoint, episodes=2, timeout_s=420, overrides=TINY, domain=str(ros_domain)
+    )
     log = (out / "graph.log").read_text()
 
     assert len(watcher.results["zero_shot"]) >= 2, log[-3000:]
@@ -45,7 +54,11 @@ def test_recorded_episodes_adapt_f_and_hot_swap_the_planner(tmp_path, ros_domain
     assert len(bags) >= 4
     with EpisodeBag(bags[0]) as bag:
         assert bag.meta.task == "slippery_slope" and bag.meta.complete
-        assert "/simdist/safe_command" in bag.topics and "/simdist/observation/proprio" in bag.topics
+        assert (
+            "/simdist/safe_command" in bag.topics and "/simdist/observation/proprio" in bag.topics
+        )
     rounds = sorted((out / "adapt_work").glob("round*/d_real/shard-*.h5"))
     assert rounds, "the adapter built no D_real"
-    assert json.loads((out / "registry" / "history.json").read_text())[-1]["metrics"]["episodes"] >= 2
+    assert (
+        json.loads((out / "registry" / "history.json").read_text())[-1]["metrics"]["episodes"] >= 2
+    )

@@ -1,4 +1,5 @@
 """Real-world adaptation library: bags -> D_real -> Eq. 3 on f -> gate -> registry / rollback."""
+
 import dataclasses
 
 import numpy as np
@@ -26,11 +27,19 @@ from simdist_planner.model.config import AttentionConfig, go2_config
 from simdist_planner.model.world_model import WorldModel
 
 SPEC = RobotSpec(
-    name="go2", action_dim=12, control_rate_hz=50.0,
-    proprio_terms=(ProprioTerm("base_lin_vel", 3), ProprioTerm("base_ang_vel", 3),
-                   ProprioTerm("projected_gravity", 3), ProprioTerm("joint_pos", 12),
-                   ProprioTerm("joint_vel", 12), ProprioTerm("cos_sin_phase", 2)),
-    height_map_shape=(21, 15), command_dim=3,
+    name="go2",
+    action_dim=12,
+    control_rate_hz=50.0,
+    proprio_terms=(
+        ProprioTerm("base_lin_vel", 3),
+        ProprioTerm("base_ang_vel", 3),
+        ProprioTerm("projected_gravity", 3),
+        ProprioTerm("joint_pos", 12),
+        ProprioTerm("joint_vel", 12),
+        ProprioTerm("cos_sin_phase", 2),
+    ),
+    height_map_shape=(21, 15),
+    command_dim=3,
     joint_names=tuple(f"j{i}" for i in range(12)),
 )
 H = T = 3
@@ -38,9 +47,17 @@ H = T = 3
 
 def small_model(seed=0) -> WorldModel:
     torch.manual_seed(seed)
-    cfg = go2_config(history=H, horizon=T, latent_dim=32, dynamics=AttentionConfig(1, 4),
-                     reward=AttentionConfig(1, 4), value=AttentionConfig(1, 4),
-                     policy=AttentionConfig(1, 4), dropout_mlp=0.0, dropout_attention=0.0)
+    cfg = go2_config(
+        history=H,
+        horizon=T,
+        latent_dim=32,
+        dynamics=AttentionConfig(1, 4),
+        reward=AttentionConfig(1, 4),
+        value=AttentionConfig(1, 4),
+        policy=AttentionConfig(1, 4),
+        dropout_mlp=0.0,
+        dropout_attention=0.0,
+    )
     return WorldModel(cfg)
 
 
@@ -51,7 +68,9 @@ def write_episode_bag(path, seed, steps=24, hold_at=None):
     B = np.random.default_rng(123).normal(0, 0.2, (35, 12)).astype(np.float32)
     x = rng.normal(0, 1, 35).astype(np.float32)
     names = proprio_names(SPEC)
-    with EpisodeBagWriter(path, EpisodeMeta(task="slippery_slope", seed=seed, success=True, complete=True)) as bag:
+    with EpisodeBagWriter(
+        path, EpisodeMeta(task="slippery_slope", seed=seed, success=True, complete=True)
+    ) as bag:
         bag.add_topic("/simdist/observation/proprio", "sensor_msgs/msg/JointState")
         bag.add_topic("/simdist/observation/height_map", "sensor_msgs/msg/Image")
         bag.add_topic("/simdist/safe_command", "trajectory_msgs/msg/JointTrajectory")
@@ -60,12 +79,23 @@ def write_episode_bag(path, seed, steps=24, hold_at=None):
             cmd = np.array([0.5, 0.0, 0.0], np.float32)
             msg = pack_proprio(names, x, cmd, stamp, "go2")
             hm = np.full((21, 15), 0.1 * np.tanh(x[0]), np.float32)
-            bag.write_raw("/simdist/observation/height_map", stamp, serialize_message(height_map_to_msg(hm, stamp)))
+            bag.write_raw(
+                "/simdist/observation/height_map",
+                stamp,
+                serialize_message(height_map_to_msg(hm, stamp)),
+            )
             bag.write_raw("/simdist/observation/proprio", stamp, serialize_message(msg))
             a = rng.normal(0, 1, 12).astype(np.float32)
-            command = Command(CommandKind.HOLD) if k == hold_at else Command(CommandKind.JOINT_POSITION, a)
-            bag.write_raw("/simdist/safe_command", stamp,
-                          serialize_message(command_to_msg(command, SPEC.joint_names, stamp, 0.02)))
+            command = (
+                Command(CommandKind.HOLD)
+                if k == hold_at
+                else Command(CommandKind.JOINT_POSITION, a)
+            )
+            bag.write_raw(
+                "/simdist/safe_command",
+                stamp,
+                serialize_message(command_to_msg(command, SPEC.joint_names, stamp, 0.02)),
+            )
             x = (A @ x + B @ a).astype(np.float32)
     return path
 
@@ -100,19 +130,36 @@ def test_simulation_demonstrations_join_d_real_without_their_task_state(bags, tm
     """Demos are simulation-format shards; one that stores the privileged task state (which no
     robot can record) is copied in without it, and one of another robot's layout is refused."""
 
-
     layout = dataclasses.replace(StepLayout.from_spec(SPEC), state_terms=(("slip", 2),))
     rng = np.random.default_rng(0)
     rows = 9
-    steps = {"proprio": rng.normal(size=(rows, 35)).astype(np.float32),
-             "height_map": rng.normal(size=(rows, 21, 15)).astype(np.float32),
-             "command": np.full((rows, 3), 0.5, np.float32), "state": np.ones((rows, 2), np.float32),
-             "action": rng.normal(size=(rows, 12)).astype(np.float32),
-             "reward": np.zeros(rows, np.float32), "value": np.zeros(rows, np.float32),
-             "expert": np.ones(rows, np.uint8), "noised": np.zeros(rows, np.uint8)}
-    with ShardWriter(tmp_path / "demos" / shard_name(0), layout, {"task": "go2_slope", "config": "{}"}) as w:
-        w.append(EpisodeRecord(id=0, steps=steps, policy=0, seed=3, noise_scale=np.zeros(12),
-                               never_noised=True, success=True, terminated=True, truncated=False))
+    steps = {
+        "proprio": rng.normal(size=(rows, 35)).astype(np.float32),
+        "height_map": rng.normal(size=(rows, 21, 15)).astype(np.float32),
+        "command": np.full((rows, 3), 0.5, np.float32),
+        "state": np.ones((rows, 2), np.float32),
+        "action": rng.normal(size=(rows, 12)).astype(np.float32),
+        "reward": np.zeros(rows, np.float32),
+        "value": np.zeros(rows, np.float32),
+        "expert": np.ones(rows, np.uint8),
+        "noised": np.zeros(rows, np.uint8),
+    }
+    with ShardWriter(
+        tmp_path / "demos" / shard_name(0), layout, {"task": "go2_slope", "config": "{}"}
+    ) as w:
+        w.append(
+            EpisodeRecord(
+                id=0,
+                steps=steps,
+                policy=0,
+                seed=3,
+                noise_scale=np.zeros(12),
+                never_noised=True,
+                success=True,
+                terminated=True,
+                truncated=False,
+            )
+        )
     report = build_real_dataset(bags, tmp_path / "d_real", SPEC, demos=[tmp_path / "demos"])
     assert (report.episodes, report.demo_episodes, report.transitions) == (6, 1, 6 * 23 + rows - 1)
     d_real = ShardedDataset(tmp_path / "d_real")
@@ -122,8 +169,19 @@ def test_simulation_demonstrations_join_d_real_without_their_task_state(bags, tm
     other = dataclasses.replace(layout, command_dim=0)
     steps.pop("command")
     with ShardWriter(tmp_path / "other" / shard_name(0), other, {"task": "x", "config": "{}"}) as w:
-        w.append(EpisodeRecord(id=0, steps=steps, policy=0, seed=3, noise_scale=np.zeros(12),
-                               never_noised=True, success=True, terminated=True, truncated=False))
+        w.append(
+            EpisodeRecord(
+                id=0,
+                steps=steps,
+                policy=0,
+                seed=3,
+                noise_scale=np.zeros(12),
+                never_noised=True,
+                success=True,
+                terminated=True,
+                truncated=False,
+            )
+        )
     with pytest.raises(ValueError, match="layout"):
         build_real_dataset(bags, tmp_path / "d_real2", SPEC, demos=[tmp_path / "other"])
 
@@ -141,7 +199,10 @@ def test_finetune_changes_only_f_and_lowers_heldout_loss(bags, tmp_path):
     assert all(model.part_of(k) == "dynamics" for k in changed), sorted(changed)
     for k, v in weight_tensors(model).items():  # the input model is untouched
         assert torch.equal(v, before[k])
-    assert result.heldout_after < result.heldout_before / 3, (result.heldout_before, result.heldout_after)
+    assert result.heldout_after < result.heldout_before / 3, (
+        result.heldout_before,
+        result.heldout_after,
+    )
     assert latent_loss(result.model, held) == pytest.approx(result.heldout_after, rel=1e-5)
 
 
@@ -160,16 +221,22 @@ def test_gate_refuses_a_candidate_that_forgot_the_simulation():
     ok, reason = gate(0.059, 0.273, sim_candidate=0.15, sim_deployed=0.112, max_sim_increase=0.5)
     assert ok and "sim latent loss 0.11200 -> 0.15000" in reason
     assert not gate(0.059, 0.273, sim_candidate=float("nan"), sim_deployed=0.112)[0]
-    assert not gate(0.3, 0.273, sim_candidate=0.1, sim_deployed=0.112)[0]  # the real loss still decides first
+    assert not gate(0.3, 0.273, sim_candidate=0.1, sim_deployed=0.112)[
+        0
+    ]  # the real loss still decides first
     assert gate(0.059, 0.273)[0]  # without sim data: the paper's gate
 
 
-def test_sim_replay_mixes_sim_windows_into_every_batch_and_guard_reports(bags, tmp_path, monkeypatch):
+def test_sim_replay_mixes_sim_windows_into_every_batch_and_guard_reports(
+    bags, tmp_path, monkeypatch
+):
     build_real_dataset(bags, tmp_path / "d_real", SPEC)
     sim_bags = [write_episode_bag(tmp_path / f"sim{i}", seed=50 + i) for i in range(3)]
     build_real_dataset(sim_bags, tmp_path / "sim", SPEC)
     sim = ShardedDataset(tmp_path / "sim")
-    sim_rows = {tuple(r) for i in range(sim.num_episodes) for r in sim.episode(i)["proprio"].tolist()}
+    sim_rows = {
+        tuple(r) for i in range(sim.num_episodes) for r in sim.episode(i)["proprio"].tolist()
+    }
     seen = []
     real_loss = finetune.adaptation_loss
 
@@ -182,13 +249,25 @@ def test_sim_replay_mixes_sim_windows_into_every_batch_and_guard_reports(bags, t
     model = small_model()
     before = {k: v.clone() for k, v in weight_tensors(model).items()}
     train, held = real_windows(tmp_path / "d_real", H, T, holdout=0.2, seed=0)
-    cfg = AdaptConfig(batch_size=16, lr=3e-3, warmup_steps=5, max_steps=12, sim_data=str(tmp_path / "sim"),
-                      sim_replay=0.5)
+    cfg = AdaptConfig(
+        batch_size=16,
+        lr=3e-3,
+        warmup_steps=5,
+        max_steps=12,
+        sim_data=str(tmp_path / "sim"),
+        sim_replay=0.5,
+    )
     result = finetune_dynamics(model, train, held, cfg)
     mixed = [n_sim for n_sim, n in seen if 0 < n_sim < n]
     assert mixed == [8] * 12  # half of every training batch replayed from the simulation data
-    assert any(n_sim == n for n_sim, n in seen) and any(n_sim == 0 for n_sim, _ in seen)  # sim / real checks
-    assert result.sim_before is not None and result.sim_after is not None and result.sim_after != result.sim_before
+    assert any(n_sim == n for n_sim, n in seen) and any(
+        n_sim == 0 for n_sim, _ in seen
+    )  # sim / real checks
+    assert (
+        result.sim_before is not None
+        and result.sim_after is not None
+        and result.sim_after != result.sim_before
+    )
     changed = {k for k, v in weight_tensors(result.model).items() if not torch.equal(before[k], v)}
     assert changed and all(model.part_of(k) == "dynamics" for k in changed)
     with pytest.raises(ValueError, match="sim_replay needs sim_data"):
@@ -207,7 +286,9 @@ def test_round_deploys_gates_and_rolls_back_exactly(bags, tmp_path):
     report = adapt_round(registry, bags, SPEC, tmp_path / "round1", good)
     assert report.deployed and report.version == "v0001"
     assert report.heldout_candidate < report.heldout_deployed
-    assert registry.history()[-1]["metrics"]["heldout_latent_loss"] == pytest.approx(report.heldout_candidate)
+    assert registry.history()[-1]["metrics"]["heldout_latent_loss"] == pytest.approx(
+        report.heldout_candidate
+    )
 
     # A destructive candidate (huge lr) must not replace the deployed model.
     bad = AdaptConfig(batch_size=16, lr=50.0, warmup_steps=0, epochs=1, max_steps=3, holdout=0.2)

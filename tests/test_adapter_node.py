@@ -1,4 +1,5 @@
 """Adapter node over real DDS: adapt on request in a worker process, hot-swap the real planner node, roll back."""
+
 import json
 import threading
 import time
@@ -32,25 +33,43 @@ def test_adapt_service_deploys_and_hot_swaps_then_rolls_back(tmp_path, ros_domai
 
     rclpy.init()
     try:
-        planner = PlannerNode(parameter_overrides=[
-            Parameter("checkpoint", value=str(tmp_path / "pretrained")), Parameter("horizon", value=3),
-            Parameter("num_samples", value=16), Parameter("num_elites", value=4),
-            Parameter("iterations", value=1)])
-        adapter = AdapterNode(parameter_overrides=[
-            Parameter("robot", value="go2"), Parameter("registry_dir", value=str(registry.root)),
-            Parameter("checkpoint", value=str(tmp_path / "pretrained")),
-            Parameter("bag_dir", value=str(tmp_path / "bags")), Parameter("work_dir", value=str(tmp_path / "work")),
-            Parameter("adapt_every_episodes", value=0), Parameter("batch_size", value=16),
-            Parameter("lr", value=3e-3), Parameter("max_steps", value=40), Parameter("warmup_steps", value=4),
-            Parameter("holdout", value=0.25), Parameter("poll_period_s", value=0.2)])
+        planner = PlannerNode(
+            parameter_overrides=[
+                Parameter("checkpoint", value=str(tmp_path / "pretrained")),
+                Parameter("horizon", value=3),
+                Parameter("num_samples", value=16),
+                Parameter("num_elites", value=4),
+                Parameter("iterations", value=1),
+            ]
+        )
+        adapter = AdapterNode(
+            parameter_overrides=[
+                Parameter("robot", value="go2"),
+                Parameter("registry_dir", value=str(registry.root)),
+                Parameter("checkpoint", value=str(tmp_path / "pretrained")),
+                Parameter("bag_dir", value=str(tmp_path / "bags")),
+                Parameter("work_dir", value=str(tmp_path / "work")),
+                Parameter("adapt_every_episodes", value=0),
+                Parameter("batch_size", value=16),
+                Parameter("lr", value=3e-3),
+                Parameter("max_steps", value=40),
+                Parameter("warmup_steps", value=4),
+                Parameter("holdout", value=0.25),
+                Parameter("poll_period_s", value=0.2),
+            ]
+        )
         v0 = registry.load_deployed()  # the adapter seeded the registry from the pretrained model
         refused = adapter.set_parameters([Parameter("sim_replay", value=0.5)])[0]
         assert not refused.successful and "needs sim_data" in refused.reason
-        refused = adapter.set_parameters([Parameter("sim_data", value=str(tmp_path / "missing"))])[0]
+        refused = adapter.set_parameters([Parameter("sim_data", value=str(tmp_path / "missing"))])[
+            0
+        ]
         assert not refused.successful and "no such file" in refused.reason
         client_node = rclpy.create_node("adapter_test_client")
         statuses: list[dict] = []
-        client_node.create_subscription(String, STATUS_TOPIC, lambda m: statuses.append(json.loads(m.data)), 10)
+        client_node.create_subscription(
+            String, STATUS_TOPIC, lambda m: statuses.append(json.loads(m.data)), 10
+        )
         adapt = client_node.create_client(Trigger, "/adapter/adapt")
         rollback = client_node.create_client(Trigger, "/adapter/rollback")
         executor = MultiThreadedExecutor(num_threads=4)

@@ -3,6 +3,7 @@
 Real DDS on loopback, private ROS domain; the recorder runs as its own process so it can be
 interrupted like in the field.
 """
+
 import json
 import os
 import pathlib
@@ -54,8 +55,12 @@ class Publisher:
         self.pubs = {
             "/simdist/episode": self.node.create_publisher(String, "/simdist/episode", RECORD_QOS),
             "/joint_states": self.node.create_publisher(JointState, "/joint_states", RECORD_QOS),
-            "/camera/wrist/image_raw": self.node.create_publisher(Image, "/camera/wrist/image_raw", RECORD_QOS),
-            "/simdist/action": self.node.create_publisher(JointTrajectory, "/simdist/action", RECORD_QOS),
+            "/camera/wrist/image_raw": self.node.create_publisher(
+                Image, "/camera/wrist/image_raw", RECORD_QOS
+            ),
+            "/simdist/action": self.node.create_publisher(
+                JointTrajectory, "/simdist/action", RECORD_QOS
+            ),
         }
 
     def wait_for_recorder(self, timeout=30.0):
@@ -78,7 +83,9 @@ class Publisher:
         img = Image(height=4, width=5, encoding="rgb8", step=15, data=bytes([step % 256]) * 60)
         img.header.stamp = stamp
         self.pubs["/camera/wrist/image_raw"].publish(img)
-        act = JointTrajectory(joint_names=["dx"], points=[JointTrajectoryPoint(positions=[0.01 * step])])
+        act = JointTrajectory(
+            joint_names=["dx"], points=[JointTrajectoryPoint(positions=[0.01 * step])]
+        )
         act.header.stamp, act.header.frame_id = stamp, "ee_delta"
         self.pubs["/simdist/action"].publish(act)
         rclpy.spin_once(self.node, timeout_sec=0.02)
@@ -124,7 +131,7 @@ def test_recorder_writes_one_finalised_bag_per_episode_readable_by_mcap(tmp_path
         for step in range(6):
             pub.tick(episode=0, step=step, last=step == 5)
         pub.tick(episode=1, step=0, last=False)  # a new episode finalises the first bag
-        _wait_for(lambda: (len(list_episode_bags(tmp_path / "bags")) == 2))
+        _wait_for(lambda: len(list_episode_bags(tmp_path / "bags")) == 2)
         for step in range(1, 3):
             pub.tick(episode=1, step=step, last=False)
         time.sleep(0.5)
@@ -143,11 +150,18 @@ def test_recorder_writes_one_finalised_bag_per_episode_readable_by_mcap(tmp_path
         positions = [m.data.position.tolist() for m in bag.messages(["/joint_states"])]
         assert positions == [[float(s), 0.0] for s in range(6)]
     decoded = _mcap_messages(first)
-    assert set(decoded) >= {"/simdist/episode", "/joint_states", "/camera/wrist/image_raw", "/simdist/action"}
+    assert set(decoded) >= {
+        "/simdist/episode",
+        "/joint_states",
+        "/camera/wrist/image_raw",
+        "/simdist/action",
+    }
     assert set(decoded) == set(EpisodeBag(first).topics)  # every recorded topic decodes
     assert [m.position for m in decoded["/joint_states"]] == [[float(s), 0.0] for s in range(6)]
     assert [bytes(m.data)[0] for m in decoded["/camera/wrist/image_raw"]] == list(range(6))
-    assert [m.points[0].positions[0] for m in decoded["/simdist/action"]] == pytest.approx([0.01 * s for s in range(6)])
+    assert [m.points[0].positions[0] for m in decoded["/simdist/action"]] == pytest.approx(
+        [0.01 * s for s in range(6)]
+    )
     assert json.loads(decoded["/simdist/episode"][-1].data)["success"] is True
 
     with EpisodeBag(second) as bag:  # interrupted mid-episode: readable, marked incomplete
@@ -167,7 +181,9 @@ def test_sigterm_finalises_the_open_bag_and_sigkill_is_reported(tmp_path, record
             time.sleep(0.5)
             proc.send_signal(sig)
             proc.communicate(timeout=30)
-            if sig == signal.SIGTERM:  # a clean exit leaves the graph at once; the next recorder is new
+            if (
+                sig == signal.SIGTERM
+            ):  # a clean exit leaves the graph at once; the next recorder is new
                 _wait_for(lambda: all(p.get_subscription_count() == 0 for p in pub.pubs.values()))
     finally:
         pub.close()
@@ -182,7 +198,9 @@ def test_sigterm_finalises_the_open_bag_and_sigkill_is_reported(tmp_path, record
 
 def _small_bag(path: pathlib.Path, n: int = 300) -> pathlib.Path:
     t = TYPESTORE.types
-    with EpisodeBagWriter(path, EpisodeMeta(task="peg", seed=1, success=False, complete=True)) as bag:
+    with EpisodeBagWriter(
+        path, EpisodeMeta(task="peg", seed=1, success=False, complete=True)
+    ) as bag:
         bag.add_topic("/joint_states", "sensor_msgs/JointState")
         for k in range(n):
             msg = t["sensor_msgs/msg/JointState"](
@@ -214,7 +232,7 @@ def test_truncated_or_corrupt_bag_gives_a_clear_error(tmp_path, damage):
     elif damage == "truncate_tail":
         data = data[:-10]
     else:
-        data[len(data) // 2: len(data) // 2 + 64] = b"\xff" * 64
+        data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64
     mcap_file.write_bytes(bytes(data))
     with pytest.raises(BagError, match=r"truncated or corrupt") as err:
         with EpisodeBag(path) as bag:

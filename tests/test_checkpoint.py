@@ -1,4 +1,5 @@
 """Checkpoints: exact round trip, atomic replacement, and clear refusals of bad files."""
+
 import json
 import pickle
 
@@ -19,7 +20,9 @@ from simdist_planner.model.world_model import WorldModel
 
 def tiny_cfg(**kw):
     att = AttentionConfig(1, 2)
-    base = dict(latent_dim=16, history=2, horizon=3, dynamics=att, reward=att, value=att, policy=att)
+    base = dict(
+        latent_dim=16, history=2, horizon=3, dynamics=att, reward=att, value=att, policy=att
+    )
     return go2_config(**{**base, **kw})
 
 
@@ -35,7 +38,12 @@ def saved(tmp_path):
 
 def test_round_trip_is_exact(saved):
     model, path, w = saved
-    assert sorted(p.name for p in path.iterdir()) == ["config.json", "metrics.json", "model.safetensors", "scaler.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "config.json",
+        "metrics.json",
+        "model.safetensors",
+        "scaler.json",
+    ]
     loaded = load_checkpoint(path)
     assert loaded.config == model.config
     a, b = model.state_dict(), loaded.state_dict()
@@ -55,7 +63,9 @@ def test_save_replaces_atomically_and_leaves_no_temporaries(saved, tmp_path):
     save_checkpoint(model, path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     loaded = load_checkpoint(path)
-    assert torch.equal(loaded.f.decoder.layers[0].mlp.net[0].weight, model.f.decoder.layers[0].mlp.net[0].weight)
+    assert torch.equal(
+        loaded.f.decoder.layers[0].mlp.net[0].weight, model.f.decoder.layers[0].mlp.net[0].weight
+    )
 
 
 def test_truncated_weights_are_refused(saved):
@@ -83,7 +93,10 @@ def test_wrong_shape_tensor_is_refused(saved):
     tensors = load_file(str(file))
     tensors["f.action_embed.proj.weight"] = torch.zeros(16, 13)
     save_file(tensors, str(file))
-    with pytest.raises(CheckpointError, match=r"f\.action_embed\.proj\.weight \(16, 13\) \(config needs \(16, 12\)\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"f\.action_embed\.proj\.weight \(16, 13\) \(config needs \(16, 12\)\)",
+    ):
         load_checkpoint(path)
 
 
@@ -99,7 +112,9 @@ def test_missing_tensor_is_refused(saved):
 
 def test_config_mismatch_is_refused(saved):
     model, path, _ = saved
-    with pytest.raises(CheckpointError, match=r"config mismatch: latent_dim: checkpoint 16 != expected 32"):
+    with pytest.raises(
+        CheckpointError, match=r"config mismatch: latent_dim: checkpoint 16 != expected 32"
+    ):
         load_checkpoint(path, expect=tiny_cfg(latent_dim=32))
     # a config.json edited to another architecture no longer matches the stored tensors
     cfg_file = path / "config.json"
@@ -110,7 +125,10 @@ def test_config_mismatch_is_refused(saved):
         load_checkpoint(path)
     data["config"]["flavour"] = "x"
     cfg_file.write_text(json.dumps(data))
-    with pytest.raises(CheckpointError, match=r"config\.json: invalid world-model config: .*unknown keys \['flavour'\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"config\.json: invalid world-model config: .*unknown keys \['flavour'\]",
+    ):
         load_checkpoint(path)
     data["format_version"] = 0
     cfg_file.write_text(json.dumps(data))

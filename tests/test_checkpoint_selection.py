@@ -1,5 +1,6 @@
 """Checkpoint selection: every kept checkpoint's pi scored on the same seeded episodes, the best
 made the run's model bit for bit, a corrupt one skipped, nothing lost when none loads."""
+
 import dataclasses
 import json
 
@@ -35,10 +36,17 @@ def _pi_scores(path, selection: CheckpointSelection):
     """pi of one checkpoint through the evaluation's own public path (the reference)."""
 
     model = load_checkpoint(path)
-    task = make_task(selection.task, **task_overrides(selection.task, None, selection.max_steps, model))
+    task = make_task(
+        selection.task, **task_overrides(selection.task, None, selection.max_steps, model)
+    )
     try:
-        (s,) = evaluate(task, build_agents(["policy"], task, model), selection.episodes, selection.seed,
-                        progress=False)
+        (s,) = evaluate(
+            task,
+            build_agents(["policy"], task, model),
+            selection.episodes,
+            selection.seed,
+            progress=False,
+        )
     finally:
         task.close()
     return s.success_rate, s.mean_return
@@ -50,10 +58,12 @@ def _same_weights(a, b) -> bool:
 
 
 def test_best_of_ranks_success_then_return_then_the_later_step():
-    rows = [{"checkpoint": "a", "step": 1, "error": None, "success_rate": 0.5, "mean_return": 1.0},
-            {"checkpoint": "b", "step": 2, "error": None, "success_rate": 0.4, "mean_return": 9.0},
-            {"checkpoint": "c", "step": 3, "error": "corrupt"},
-            {"checkpoint": "d", "step": 4, "error": None, "success_rate": 0.5, "mean_return": 2.0}]
+    rows = [
+        {"checkpoint": "a", "step": 1, "error": None, "success_rate": 0.5, "mean_return": 1.0},
+        {"checkpoint": "b", "step": 2, "error": None, "success_rate": 0.4, "mean_return": 9.0},
+        {"checkpoint": "c", "step": 3, "error": "corrupt"},
+        {"checkpoint": "d", "step": 4, "error": None, "success_rate": 0.5, "mean_return": 2.0},
+    ]
     assert best_of(rows)["checkpoint"] == "d"
     rows[0]["mean_return"] = 2.0  # a tie on both: the later step
     assert best_of(rows)["checkpoint"] == "d"
@@ -66,11 +76,15 @@ def test_best_of_ranks_success_then_return_then_the_later_step():
 def test_selection_scores_each_checkpoint_and_makes_the_best_the_model(tmp_path):
     run = tmp_path / "run"
     for step, seed in ((100, 1), (200, 2), (300, 3), (400, 4)):
-        save_checkpoint(_go2_model(seed), run / "checkpoints" / f"step-{step:07d}", metrics={"step": step})
+        save_checkpoint(
+            _go2_model(seed), run / "checkpoints" / f"step-{step:07d}", metrics={"step": step}
+        )
     save_checkpoint(_go2_model(4), run / "model", metrics={"step": 400, "seconds_this_run": 12.0})
     corrupt = run / "checkpoints" / "step-0000300" / "model.safetensors"
     corrupt.write_bytes(corrupt.read_bytes()[:-64])  # truncated on disk
-    expected = {step: _pi_scores(run / "checkpoints" / f"step-{step:07d}", GO2) for step in (100, 200, 400)}
+    expected = {
+        step: _pi_scores(run / "checkpoints" / f"step-{step:07d}", GO2) for step in (100, 200, 400)
+    }
 
     report = select_checkpoint(run, dataclasses.replace(GO2, workers=2), log=lambda _: None)
 
@@ -79,15 +93,25 @@ def test_selection_scores_each_checkpoint_and_makes_the_best_the_model(tmp_path)
     assert "model.safetensors" in rows[300]["error"]  # skipped, named
     for step, (success, ret) in expected.items():  # the same seeded episodes as the evaluation's
         assert rows[step]["error"] is None and rows[step]["episodes"] == 2
-        assert (rows[step]["success_rate"], rows[step]["mean_return"]) == pytest.approx((success, ret))
+        assert (rows[step]["success_rate"], rows[step]["mean_return"]) == pytest.approx(
+            (success, ret)
+        )
     best = max(expected, key=lambda s: (*expected[s], s))
-    assert len({ret for _, ret in expected.values()}) == 3  # distinct models: the ranking means something
+    assert (
+        len({ret for _, ret in expected.values()}) == 3
+    )  # distinct models: the ranking means something
     assert report["selected_step"] == best
     assert _same_weights(run / "model", run / "checkpoints" / f"step-{best:07d}")
     metrics = read_metrics(run / "model")
-    assert metrics["selected_step"] == best and metrics["step"] == best and metrics["seconds_this_run"] == 12.0
+    assert (
+        metrics["selected_step"] == best
+        and metrics["step"] == best
+        and metrics["seconds_this_run"] == 12.0
+    )
     assert json.loads((run / "selection.json").read_text()) == json.loads(json.dumps(report))
-    assert not _same_weights(run / "checkpoints" / "step-0000100", run / "checkpoints" / "step-0000200")
+    assert not _same_weights(
+        run / "checkpoints" / "step-0000100", run / "checkpoints" / "step-0000200"
+    )
 
 
 def test_nothing_to_score_is_an_error_that_leaves_the_model_alone(tmp_path):
@@ -106,16 +130,42 @@ def test_nothing_to_score_is_an_error_that_leaves_the_model_alone(tmp_path):
 
 def test_pretraining_with_selection_ends_on_the_best_checkpoint(tmp_path):
     # simdist-pretrain trains, then scores the kept checkpoints and installs the best as model/
-    flags = ["--model", "go2", "--synthetic", "true", "--model-overrides", json.dumps(TINY),
-             "--steps", "8", "--batch-size", "4", "--warmup-steps", "2", "--checkpoint-every", "4",
-             "--keep-checkpoints", "2", "--log-every", "4", "--workers", "0", "--no-progress",
-             "--checkpoint-selection", json.dumps(dataclasses.asdict(GO2))]
+    flags = [
+        "--model",
+        "go2",
+        "--synthetic",
+        "true",
+        "--model-overrides",
+        json.dumps(TINY),
+        "--steps",
+        "8",
+        "--batch-size",
+        "4",
+        "--warmup-steps",
+        "2",
+        "--checkpoint-every",
+        "4",
+        "--keep-checkpoints",
+        "2",
+        "--log-every",
+        "4",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--checkpoint-selection",
+        json.dumps(dataclasses.asdict(GO2)),
+    ]
     pretrain_main([*flags, "--out", str(tmp_path / "run")])
     final = tmp_path / "run" / "model"
     report = json.loads((tmp_path / "run" / "selection.json").read_text())
     assert [r["step"] for r in report["checkpoints"]] == [4, 8]
-    assert _same_weights(final, tmp_path / "run" / "checkpoints" / f"step-{report['selected_step']:07d}")
-    assert json.loads((tmp_path / "run" / "pretrain.json").read_text())["checkpoint_selection"]["task"] == "go2_flat"
+    assert _same_weights(
+        final, tmp_path / "run" / "checkpoints" / f"step-{report['selected_step']:07d}"
+    )
+    assert (
+        json.loads((tmp_path / "run" / "pretrain.json").read_text())["checkpoint_selection"]["task"]
+        == "go2_flat"
+    )
 
     # a task the model cannot drive fails before any training
     wrong = dataclasses.asdict(CheckpointSelection(task="peg", region="wide"))
@@ -125,21 +175,56 @@ def test_pretraining_with_selection_ends_on_the_best_checkpoint(tmp_path):
 
 
 def test_cli_sets_amends_and_clears_the_selection(tmp_path, capsys):
-    cfg, _ = parse_args(["--preset", "go2", "--synthetic", "true", "--out", "o",
-                         "--checkpoint-selection", '{"task": "go2_slope", "episodes": 5}'])
+    cfg, _ = parse_args(
+        [
+            "--preset",
+            "go2",
+            "--synthetic",
+            "true",
+            "--out",
+            "o",
+            "--checkpoint-selection",
+            '{"task": "go2_slope", "episodes": 5}',
+        ]
+    )
     assert cfg.checkpoint_selection == CheckpointSelection(task="go2_slope", episodes=5)
-    cfg, _ = parse_args(["--preset", "ur5e_peg", "--data", "d", "--out", "o",
-                         "--checkpoint-selection", '{"workers": 1}'])
+    cfg, _ = parse_args(
+        [
+            "--preset",
+            "ur5e_peg",
+            "--data",
+            "d",
+            "--out",
+            "o",
+            "--checkpoint-selection",
+            '{"workers": 1}',
+        ]
+    )
     assert cfg.checkpoint_selection.task == "peg" and cfg.checkpoint_selection.workers == 1
-    cfg, _ = parse_args(["--preset", "ur5e_peg", "--data", "d", "--out", "o", "--checkpoint-selection", "null"])
+    cfg, _ = parse_args(
+        ["--preset", "ur5e_peg", "--data", "d", "--out", "o", "--checkpoint-selection", "null"]
+    )
     assert cfg.checkpoint_selection is None
     with pytest.raises(SystemExit):
-        parse_args(["--preset", "ur5e_peg", "--data", "d", "--out", "o", "--checkpoint-selection", '{"task": ""}'])
+        parse_args(
+            [
+                "--preset",
+                "ur5e_peg",
+                "--data",
+                "d",
+                "--out",
+                "o",
+                "--checkpoint-selection",
+                '{"task": ""}',
+            ]
+        )
     assert "give the task" in capsys.readouterr().err
 
     run = tmp_path / "run"
     save_checkpoint(_go2_model(1), run / "checkpoints" / "step-0000010")
-    assert main(["--run", str(run), "--task", "go2_flat", "--episodes", "1", "--max-steps", "2"]) == 0
+    assert (
+        main(["--run", str(run), "--task", "go2_flat", "--episodes", "1", "--max-steps", "2"]) == 0
+    )
     assert "step 10 is" in capsys.readouterr().out
     assert _same_weights(run / "model", run / "checkpoints" / "step-0000010")
     with pytest.raises(SystemExit, match="episodes must be >= 1"):

@@ -1,4 +1,5 @@
 """Algorithm 2 generation on a small real task: mixture, bursts, determinism, resume, CLI."""
+
 import json
 import os
 import signal
@@ -72,7 +73,9 @@ def runs(flags: np.ndarray) -> list[tuple[int, int]]:
 
 def test_expert_fraction_matches_the_configured_mixture(tmp_path):
     steps, episodes = 40, 150
-    cfg = config(episodes, seed=3, task_overrides={"terminate_on_success": False, "max_steps": steps})
+    cfg = config(
+        episodes, seed=3, task_overrides={"terminate_on_success": False, "max_steps": steps}
+    )
     datagen.generate(cfg, tmp_path, progress=False)
     ds = ShardedDataset(tmp_path)
     per_episode = np.array([ds.episode(i)["expert"][:-1].mean() for i in range(ds.num_episodes)])
@@ -143,7 +146,9 @@ def test_same_seed_same_files_other_seed_differs(tmp_path):
     shard = shard_name(0)
     assert (tmp_path / "a" / shard).read_bytes() == (tmp_path / "b" / shard).read_bytes()
     a, c = contents(tmp_path / "a"), contents(tmp_path / "c")
-    assert not np.array_equal(a[(shard_name(0), "steps/proprio")][:5], c[(shard_name(0), "steps/proprio")][:5])
+    assert not np.array_equal(
+        a[(shard_name(0), "steps/proprio")][:5], c[(shard_name(0), "steps/proprio")][:5]
+    )
 
 
 def test_workers_write_one_shard_each_with_worker_independent_episodes(tmp_path):
@@ -167,8 +172,19 @@ def test_torchrun_ranks_write_the_shards_workers_would(tmp_path, monkeypatch):
     assert [p.name for p in (tmp_path / "ranks").iterdir()] == [shard_name(1)]
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    generate.main(["--task", "toy", "--episodes", "5", "--seed", "4", "--out", str(tmp_path / "ranks"),
-                  "--no-progress"])
+    generate.main(
+        [
+            "--task",
+            "toy",
+            "--episodes",
+            "5",
+            "--seed",
+            "4",
+            "--out",
+            str(tmp_path / "ranks"),
+            "--no-progress",
+        ]
+    )
     by_rank = contents(tmp_path / "ranks")
     for s in (0, 1):
         ids = by_rank[(shard_name(s), "episodes/id")].tolist()
@@ -235,8 +251,20 @@ TOY_CLI = (
 
 @pytest.mark.slow
 def test_resume_after_a_real_kill_equals_uninterrupted(tmp_path):
-    base = [sys.executable, "-c", TOY_CLI, "--task", "toy", "--episodes", "300", "--seed", "3",
-            "--max-steps", "60", "--no-progress"]
+    base = [
+        sys.executable,
+        "-c",
+        TOY_CLI,
+        "--task",
+        "toy",
+        "--episodes",
+        "300",
+        "--seed",
+        "3",
+        "--max-steps",
+        "60",
+        "--no-progress",
+    ]
     env = dict(os.environ)
     subprocess.run(base + ["--out", str(tmp_path / "full")], check=True, env=env)
     proc = subprocess.Popen(base + ["--out", str(tmp_path / "part")], env=env)
@@ -252,11 +280,27 @@ def test_resume_after_a_real_kill_equals_uninterrupted(tmp_path):
 
 def test_workers_stop_when_the_generator_is_killed(tmp_path):
     out = tmp_path / "d"
-    proc = subprocess.Popen([sys.executable, "-c", TOY_CLI, "--task", "toy", "--episodes", "1000000",
-                             "--workers", "2", "--out", str(out), "--no-progress"])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            TOY_CLI,
+            "--task",
+            "toy",
+            "--episodes",
+            "1000000",
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     shards = [out / shard_name(k) for k in range(2)]
     deadline = time.time() + 120
-    while time.time() < deadline and not all(p.exists() and p.stat().st_size > 50_000 for p in shards):
+    while time.time() < deadline and not all(
+        p.exists() and p.stat().st_size > 50_000 for p in shards
+    ):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -329,16 +373,25 @@ def test_go2_data_randomises_friction_as_the_official_environment_and_runs_overr
     assert robot.task_overrides == {"friction_range": (0.2, 1.2)}  # simdist/rl/go2.py
     cfg = datagen.GenerateConfig(task="go2_slope", robot=robot, episodes=1)
     assert cfg.task_kwargs() == {"friction_range": (0.2, 1.2)}
-    own = datagen.GenerateConfig(task="go2_slope", robot=robot, episodes=1,
-                                 task_overrides={"friction_range": (0.5, 0.5), "episode_s": 1.0})
+    own = datagen.GenerateConfig(
+        task="go2_slope",
+        robot=robot,
+        episodes=1,
+        task_overrides={"friction_range": (0.5, 0.5), "episode_s": 1.0},
+    )
     assert own.task_kwargs() == {"friction_range": (0.5, 0.5), "episode_s": 1.0}
     assert "friction_range" in cfg.identity_json()  # resuming other data is refused
 
 
 def test_ur5e_noise_scales_with_the_action_bounds():
-    spec = RobotSpec("ur5e", 7, 5.0, (ProprioTerm("joint_pos", 6),),
-                     action_low=(-0.02,) * 3 + (-0.1,) * 3 + (0.0,),
-                     action_high=(0.02,) * 3 + (0.1,) * 3 + (1.0,))
+    spec = RobotSpec(
+        "ur5e",
+        7,
+        5.0,
+        (ProprioTerm("joint_pos", 6),),
+        action_low=(-0.02,) * 3 + (-0.1,) * 3 + (0.0,),
+        action_high=(0.02,) * 3 + (0.1,) * 3 + (1.0,),
+    )
     cfg = datagen.robot_data_config(spec)
     np.testing.assert_allclose(cfg.noise.sigma_min, [0.001] * 3 + [0.005] * 3 + [0.025])
     np.testing.assert_allclose(cfg.noise.sigma_max, [0.01] * 3 + [0.05] * 3 + [0.25])
@@ -350,8 +403,9 @@ def test_ur5e_noise_scales_with_the_action_bounds():
 
 
 def test_cli_writes_a_readable_dataset(tmp_path, capsys):
-    rc = generate.main(["--task", "toy", "--episodes", "3", "--out", str(tmp_path), "--seed", "5",
-                       "--no-progress"])
+    rc = generate.main(
+        ["--task", "toy", "--episodes", "3", "--out", str(tmp_path), "--seed", "5", "--no-progress"]
+    )
     assert rc == 0
     ds = ShardedDataset(tmp_path)
     assert ds.num_episodes == 3
@@ -374,7 +428,9 @@ def _real_task_dataset(tmp_path, task, max_steps):
     ds = ShardedDataset(tmp_path)
     assert ds.layout.action_dim == spec.action_dim and ds.layout.cameras == spec.cameras
     assert all(n <= max_steps + 1 for n in ds.lengths)
-    assert {ds.episode_info(i)["policy_name"] for i in range(2)} <= set(json.loads(ds.attrs["policy_names"]))
+    assert {ds.episode_info(i)["policy_name"] for i in range(2)} <= set(
+        json.loads(ds.attrs["policy_names"])
+    )
     for i in range(2):
         ep = ds.episode(i)
         assert np.all(np.isfinite(ep["value"])) and np.all(np.isfinite(ep["reward"]))
@@ -402,10 +458,19 @@ def test_peg_generates_camera_windows(tmp_path):
 def _learner_checkpoint(tmp_path):
     """A world model for the camera-less toy robot, pretrained for a few steps."""
 
-    datagen.generate(config(episodes=6, task_overrides={"cameras": ()}), tmp_path / "d", progress=False)
-    cfg = PretrainConfig(model="go2", data=(str(tmp_path / "d"),), steps=3, batch_size=8,
-                         warmup_steps=1, checkpoint_every=3, workers=0,
-                         model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+    datagen.generate(
+        config(episodes=6, task_overrides={"cameras": ()}), tmp_path / "d", progress=False
+    )
+    cfg = PretrainConfig(
+        model="go2",
+        data=(str(tmp_path / "d"),),
+        steps=3,
+        batch_size=8,
+        warmup_steps=1,
+        checkpoint_every=3,
+        workers=0,
+        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    )
     return pretrain(cfg, tmp_path / "run", progress=False)
 
 
@@ -413,11 +478,14 @@ def test_learner_driven_episodes_label_pi_states_with_expert_stretches(tmp_path)
     """DAgger-style data: pi (fed the executed actions) drives, the expert takes over in
     stretches of the configured lengths, and only its actions are flagged as expert targets."""
 
-
     ckpt = _learner_checkpoint(tmp_path)
     learner = datagen.LearnerConfig(str(ckpt), learner_steps=(2, 4), expert_steps=(3, 5))
-    cfg = config(episodes=4, seed=3, task_overrides={"cameras": (), "terminate_on_success": False},
-                 learner=learner)
+    cfg = config(
+        episodes=4,
+        seed=3,
+        task_overrides={"cameras": (), "terminate_on_success": False},
+        learner=learner,
+    )
     datagen.generate(cfg, tmp_path / "dag", workers=2, progress=False)
     ds = ShardedDataset(tmp_path / "dag")
     assert json.loads(ds.attrs["policy_names"])[-1] == "learner"
@@ -440,11 +508,21 @@ def test_learner_driven_episodes_label_pi_states_with_expert_stretches(tmp_path)
                 idx = np.arange(k - h, k)
                 hp = np.where(idx[:, None] >= 0, proprio[np.maximum(idx, 0)], proprio[0])
                 ha = np.where(idx[:, None] >= 0, actions[np.maximum(idx, 0)], 0.0)
-                inputs = {"proprio": torch.from_numpy(proprio[k][None]),
-                          "height_map": torch.from_numpy(ep["height_map"][k][None]),
-                          "command": torch.from_numpy(ep["command"][k][None])}
-                want = np.clip(policy_chunk(model, inputs, torch.from_numpy(hp[None].astype(np.float32)),
-                                            torch.from_numpy(ha[None].astype(np.float32)))[0], -1, 1)
+                inputs = {
+                    "proprio": torch.from_numpy(proprio[k][None]),
+                    "height_map": torch.from_numpy(ep["height_map"][k][None]),
+                    "command": torch.from_numpy(ep["command"][k][None]),
+                }
+                want = np.clip(
+                    policy_chunk(
+                        model,
+                        inputs,
+                        torch.from_numpy(hp[None].astype(np.float32)),
+                        torch.from_numpy(ha[None].astype(np.float32)),
+                    )[0],
+                    -1,
+                    1,
+                )
             np.testing.assert_allclose(actions[k], want, atol=1e-5, err_msg=f"episode {i} step {k}")
     # deterministic: the same episodes again, in one worker
     datagen.generate(cfg, tmp_path / "again", workers=1, progress=False)
@@ -457,8 +535,11 @@ def test_learner_config_is_checked(tmp_path):
     with pytest.raises(ValueError, match="learner_steps"):
         datagen.LearnerConfig("ckpt", learner_steps=(0, 3))
     ckpt = _learner_checkpoint(tmp_path)
-    cli = generate.build_config(generate.parse_args(
-        ["--task", "toy", "--out", "o", "--learner", str(ckpt), "--expert-steps", "4", "6"]))
+    cli = generate.build_config(
+        generate.parse_args(
+            ["--task", "toy", "--out", "o", "--learner", str(ckpt), "--expert-steps", "4", "6"]
+        )
+    )
     assert cli.learner == datagen.LearnerConfig(str(ckpt.resolve()), (3, 12), (4, 6), "cpu")
     # a camera-less model cannot drive the toy with a camera
     cfg = config(episodes=1, learner=datagen.LearnerConfig(str(ckpt)))

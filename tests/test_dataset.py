@@ -1,4 +1,5 @@
 """The HDF5 shard format: round trip, windows, selection, resume truncation and bad files."""
+
 import json
 import subprocess
 import sys
@@ -46,7 +47,9 @@ def make_episode(ep_id: int, rows: int, expert_all: bool = False, policy: int = 
     steps = {
         "proprio": proprio,
         **{f"images/{cam}": v for cam, v in images.items()},
-        "height_map": np.broadcast_to((k + 100 * ep_id)[:, None, None], (rows, 21, 15)).astype(np.float32),
+        "height_map": np.broadcast_to((k + 100 * ep_id)[:, None, None], (rows, 21, 15)).astype(
+            np.float32
+        ),
         "command": np.stack([k, k, np.full(rows, ep_id)], axis=1).astype(np.float32),
         "state": np.stack([3000 + k, np.full(rows, ep_id)], axis=1).astype(np.float32),
         "action": action,
@@ -56,9 +59,16 @@ def make_episode(ep_id: int, rows: int, expert_all: bool = False, policy: int = 
         "noised": np.zeros(rows, np.uint8),
     }
     return EpisodeRecord(
-        id=ep_id, steps=steps, policy=policy, seed=10 * ep_id, noise_scale=np.full(3, 0.1 * ep_id),
-        never_noised=expert_all, success=ep_id % 2 == 0, terminated=ep_id % 2 == 0,
-        truncated=ep_id % 2 == 1, meta={"policy_name": f"p{policy}"},
+        id=ep_id,
+        steps=steps,
+        policy=policy,
+        seed=10 * ep_id,
+        noise_scale=np.full(3, 0.1 * ep_id),
+        never_noised=expert_all,
+        success=ep_id % 2 == 0,
+        terminated=ep_id % 2 == 0,
+        truncated=ep_id % 2 == 1,
+        meta={"policy_name": f"p{policy}"},
     )
 
 
@@ -128,7 +138,10 @@ def test_windows_match_the_model_input_contract(tmp_path, pad):
         obs = w["obs"]
         assert obs["proprio"].shape == (H + T + 1, 4)
         assert obs["images"].shape == (H + T + 1, 2, 3, 4, 5) and obs["images"].dtype == torch.uint8
-        assert obs["height_map"].shape == (H + T + 1, 21, 15) and obs["command"].shape == (H + T + 1, 3)
+        assert obs["height_map"].shape == (H + T + 1, 21, 15) and obs["command"].shape == (
+            H + T + 1,
+            3,
+        )
         assert w["actions"].shape == (H + T, 3)
         assert w["rewards"].shape == w["values"].shape == w["expert"].shape == (T,)
         # never crosses an episode: every row carries this episode's id
@@ -153,7 +166,9 @@ def test_windows_match_the_model_input_contract(tmp_path, pad):
 
 def test_preload_modes_read_the_same_windows(tmp_path):
     write_shards(tmp_path, [[7, 9]])
-    wins = [WindowDataset(ShardedDataset(tmp_path, preload=m), 2, 3) for m in ("none", "vectors", "all")]
+    wins = [
+        WindowDataset(ShardedDataset(tmp_path, preload=m), 2, 3) for m in ("none", "vectors", "all")
+    ]
     for idx in range(len(wins[0])):
         ref = wins[0].window(idx)
         for w in wins[1:]:
@@ -314,9 +329,16 @@ def test_bad_files_raise_clear_errors(tmp_path):
 
     path.write_bytes(good)
     holder = subprocess.Popen(  # another process writing the shard holds its lock
-        [sys.executable, "-c", "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); "
-         "print('open', flush=True); sys.stdin.read()", str(path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); "
+            "print('open', flush=True); sys.stdin.read()",
+            str(path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "open"

@@ -1,4 +1,5 @@
 """Driver nodes: MuJoCo lockstep on DDS, and the hardware backends' translation logic without hardware."""
+
 import importlib.util
 import json
 import socket
@@ -62,7 +63,9 @@ def test_sim_episode_is_deterministic_and_maps_safe_actions():
         ep.reset(3)
         rng = np.random.default_rng(0)
         for _ in range(5):
-            r = ep.apply(Command(CommandKind.JOINT_POSITION, rng.normal(0, 0.3, 12).astype(np.float32)))
+            r = ep.apply(
+                Command(CommandKind.JOINT_POSITION, rng.normal(0, 0.3, 12).astype(np.float32))
+            )
         r = ep.apply(Command(CommandKind.HOLD))
         return ep, r
 
@@ -80,17 +83,28 @@ def test_sim_episode_is_deterministic_and_maps_safe_actions():
 def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
     ros = RosHarness(ros_domain)
     try:
-        node = ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=[
-            Parameter("robot", value="go2"), Parameter("task", value="go2_flat"), Parameter("seed", value=5),
-            Parameter("lockstep_republish_s", value=0.2), Parameter("max_steps", value=2),
-            Parameter("episodes", value=2)]))
+        node = ros.add(
+            MujocoDriverNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("robot", value="go2"),
+                    Parameter("task", value="go2_flat"),
+                    Parameter("seed", value=5),
+                    Parameter("lockstep_republish_s", value=0.2),
+                    Parameter("max_steps", value=2),
+                    Parameter("episodes", value=2),
+                ],
+            )
+        )
         proprio = ros.collect(JointState, "/simdist/robot/proprio")
         clock = ros.collect(ClockMsg, "/clock")
         heights = ros.collect(Image, "/height_map")
         episodes = ros.collect(String, "/simdist/episode")
         diags = ros.collect(DiagnosticArray, "/diagnostics")
         cmd = ros.probe.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
-        assert ros.spin_until(lambda: proprio and clock and heights and cmd.get_subscription_count())
+        assert ros.spin_until(
+            lambda: proprio and clock and heights and cmd.get_subscription_count()
+        )
         t0 = ros_msgs.stamp_ns(proprio[0].header.stamp)
         assert t0 == CLOCK_START_NS and ros_msgs.stamp_ns(clock[0].clock) == t0
         ros.spin_for(0.5)  # no command: the driver republishes tick 0 but never advances
@@ -99,7 +113,11 @@ def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
         spec = node.spec
         p, c = ros_msgs.proprio_from_msg(proprio[0], spec)
         assert p.shape == (spec.proprio_dim,) and c.shape == (3,)
-        assert heights and (heights[0].height, heights[0].width, heights[0].encoding) == (21, 15, "32FC1")
+        assert heights and (heights[0].height, heights[0].width, heights[0].encoding) == (
+            21,
+            15,
+            "32FC1",
+        )
 
         names = ros_msgs.action_names("go2")
         action = Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32))
@@ -108,18 +126,24 @@ def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
         assert node.tick == 0
         cmd.publish(ros_msgs.command_to_msg(action, names, t0, 0.02))
         period = round(1e9 / spec.control_rate_hz)
-        assert ros.spin_until(lambda: any(ros_msgs.stamp_ns(m.header.stamp) == t0 + period for m in proprio))
+        assert ros.spin_until(
+            lambda: any(ros_msgs.stamp_ns(m.header.stamp) == t0 + period for m in proprio)
+        )
         assert ros.spin_until(lambda: ros_msgs.stamp_ns(clock[-1].clock) == t0 + period)
         assert node.tick == 1
         assert ros.spin_until(lambda: json.loads(episodes[-1].data)["step"] == 1)
         status = json.loads(episodes[-1].data)
-        assert status["seed"] == 5 and status["task"] == "go2_flat" and np.isfinite(status["reward"])
+        assert (
+            status["seed"] == 5 and status["task"] == "go2_flat" and np.isfinite(status["reward"])
+        )
         assert any("dropped a command" in m for _, m in diagnostics_text(diags, "mujoco_driver"))
 
         reset = ros.probe.create_client(Trigger, "/mujoco_driver/reset")
         res = ros.call(reset, Trigger.Request())
         assert res.success and "episode 1 seed 5" in res.message
-        assert ros.spin_until(lambda: any(ros_msgs.stamp_ns(m.header.stamp) == t0 + 2 * period for m in proprio))
+        assert ros.spin_until(
+            lambda: any(ros_msgs.stamp_ns(m.header.stamp) == t0 + 2 * period for m in proprio)
+        )
         assert ros.spin_until(lambda: json.loads(episodes[-1].data)["episode"] == 1)
         assert json.loads(episodes[-1].data)["step"] == 0
 
@@ -136,9 +160,17 @@ def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
 
 
 def _waiting_driver(ros, timeout_s: float) -> MujocoDriverNode:
-    return ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=[
-        Parameter("robot", value="go2"), Parameter("task", value="go2_flat"),
-        Parameter("wait_for_ready", value=RECORDER_READY_TOPIC), Parameter("ready_timeout_s", value=timeout_s)]))
+    return ros.add(
+        MujocoDriverNode(
+            context=ros.context,
+            parameter_overrides=[
+                Parameter("robot", value="go2"),
+                Parameter("task", value="go2_flat"),
+                Parameter("wait_for_ready", value=RECORDER_READY_TOPIC),
+                Parameter("ready_timeout_s", value=timeout_s),
+            ],
+        )
+    )
 
 
 def test_lockstep_driver_starts_when_the_recorder_hears_every_ready_topic(ros_domain, tmp_path):
@@ -147,9 +179,16 @@ def test_lockstep_driver_starts_when_the_recorder_hears_every_ready_topic(ros_do
     ready_settle_s (the publisher's side of discovery)."""
     ros = RosHarness(ros_domain)
     try:
-        recorder = ros.add(RecorderNode(context=ros.context, parameter_overrides=[
-            Parameter("bag_dir", value=str(tmp_path)), Parameter("ready_topics", value=["/simdist/action"]),
-            Parameter("ready_settle_s", value=4.0)]))
+        recorder = ros.add(
+            RecorderNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("bag_dir", value=str(tmp_path)),
+                    Parameter("ready_topics", value=["/simdist/action"]),
+                    Parameter("ready_settle_s", value=4.0),
+                ],
+            )
+        )
         driver = _waiting_driver(ros, timeout_s=60.0)
         clock = ros.collect(ClockMsg, "/clock")
         ready = ros.collect(Bool, RECORDER_READY_TOPIC)
@@ -157,18 +196,28 @@ def test_lockstep_driver_starts_when_the_recorder_hears_every_ready_topic(ros_do
         ros.spin_for(1.5)
         assert not clock and not ready and driver.tick == 0
         assert any("waiting for" in m for _, m in diagnostics_text(diags, "mujoco_driver"))
-        assert any("waiting for publishers on ['/simdist/action']" in m for _, m in diagnostics_text(diags, "recorder"))
+        assert any(
+            "waiting for publishers on ['/simdist/action']" in m
+            for _, m in diagnostics_text(diags, "recorder")
+        )
         ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
         # matched (diagnostics go out about once a second), but ready only 4 s after the match
-        assert ros.spin_until(lambda: any("settling 4.0 s" in m for _, m in diagnostics_text(diags, "recorder")),
-                              timeout_s=10.0)
+        assert ros.spin_until(
+            lambda: any("settling 4.0 s" in m for _, m in diagnostics_text(diags, "recorder")),
+            timeout_s=10.0,
+        )
         assert not clock and not ready
         assert ros.spin_until(lambda: clock and ready, timeout_s=10.0)
         assert ready[0].data and ros_msgs.stamp_ns(clock[0].clock) == CLOCK_START_NS
         assert recorder._unmatched is None
         with pytest.raises(ValueError, match="not among the recordable expected_topics"):
-            RecorderNode(context=ros.context, parameter_overrides=[
-                Parameter("bag_dir", value=str(tmp_path)), Parameter("ready_topics", value=["/not/recorded"])])
+            RecorderNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("bag_dir", value=str(tmp_path)),
+                    Parameter("ready_topics", value=["/not/recorded"]),
+                ],
+            )
     finally:
         ros.close()
 
@@ -181,7 +230,9 @@ def test_lockstep_driver_starts_anyway_when_no_ready_comes(ros_domain):
         diags = ros.collect(DiagnosticArray, "/diagnostics")
         assert ros.spin_until(lambda: clock, timeout_s=10.0)
         assert ros_msgs.stamp_ns(clock[0].clock) == CLOCK_START_NS
-        assert ros.spin_until(lambda: any("started anyway" in m for _, m in diagnostics_text(diags, "mujoco_driver")))
+        assert ros.spin_until(
+            lambda: any("started anyway" in m for _, m in diagnostics_text(diags, "mujoco_driver"))
+        )
     finally:
         ros.close()
 
@@ -189,9 +240,16 @@ def test_lockstep_driver_starts_anyway_when_no_ready_comes(ros_domain):
 def test_mujoco_driver_ur5e_publishes_cameras_and_tcp(ros_domain):
     ros = RosHarness(ros_domain)
     try:
-        ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=[
-            Parameter("cameras", value=["overhead"]), Parameter("image_height", value=24),
-            Parameter("image_width", value=32)]))
+        ros.add(
+            MujocoDriverNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("cameras", value=["overhead"]),
+                    Parameter("image_height", value=24),
+                    Parameter("image_width", value=32),
+                ],
+            )
+        )
         imgs = ros.collect(Image, "/camera/overhead/image_raw")
         tcp = ros.collect(PoseStamped, "/tcp_pose")
         joints = ros.collect(JointState, "/joint_states")
@@ -216,12 +274,23 @@ def _port_closed(port: int) -> bool:
 def test_ur_rtde_real_client_fails_clearly_on_a_closed_port():
     if not _port_closed(RTDE_PORT):
         pytest.skip(f"something listens on 127.0.0.1:{RTDE_PORT}")
-    with pytest.raises(ConnectionError, match=r"UR5e at 127\.0\.0\.1: could not open RTDE on port 30004"):
+    with pytest.raises(
+        ConnectionError, match=r"UR5e at 127\.0\.0\.1: could not open RTDE on port 30004"
+    ):
         connect_ur5e("127.0.0.1", UR5eRtdeConfig())
     proc = subprocess.run(
-        [sys.executable, "-m", "robot_drivers.ur5e_rtde_driver_node", "--ros-args",
-         "-p", "robot_ip:=127.0.0.1"],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "robot_drivers.ur5e_rtde_driver_node",
+            "--ros-args",
+            "-p",
+            "robot_ip:=127.0.0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "could not open RTDE on port 30004" in proc.stdout + proc.stderr
 
 
@@ -231,18 +300,43 @@ class FakeReceive:
     def __init__(self):
         self.tcp = [0.1, -0.5, 0.3, np.pi, 0.0, 0.0]  # base frame, tool pointing down
         self.q, self.qd = [0.0, -1.57, 1.57, -1.57, -1.57, 0.0], [0.0] * 6
-        self.connected, self.protective, self.estop, self.mode, self.scaling = True, False, False, 7, 1.0
+        self.connected, self.protective, self.estop, self.mode, self.scaling = (
+            True,
+            False,
+            False,
+            7,
+            1.0,
+        )
 
-    def getActualTCPPose(self): return list(self.tcp)
-    def getActualQ(self): return list(self.q)
-    def getActualQd(self): return list(self.qd)
-    def getSpeedScalingCombined(self): return self.scaling
-    def isConnected(self): return self.connected
-    def isProtectiveStopped(self): return self.protective
-    def isEmergencyStopped(self): return self.estop
-    def getRobotMode(self): return self.mode
-    def reconnect(self): self.connected = True
-    def disconnect(self): self.connected = False
+    def getActualTCPPose(self):
+        return list(self.tcp)
+
+    def getActualQ(self):
+        return list(self.q)
+
+    def getActualQd(self):
+        return list(self.qd)
+
+    def getSpeedScalingCombined(self):
+        return self.scaling
+
+    def isConnected(self):
+        return self.connected
+
+    def isProtectiveStopped(self):
+        return self.protective
+
+    def isEmergencyStopped(self):
+        return self.estop
+
+    def getRobotMode(self):
+        return self.mode
+
+    def reconnect(self):
+        self.connected = True
+
+    def disconnect(self):
+        self.connected = False
 
 
 class FakeControl:
@@ -251,21 +345,44 @@ class FakeControl:
     def __init__(self):
         self.servo, self.kicks, self.stops, self.connected, self.running = [], 0, 0, True, True
 
-    def servoL(self, pose, speed, accel, t, lookahead, gain): self.servo.append((list(pose), t, lookahead, gain))
-    def kickWatchdog(self): self.kicks += 1
-    def servoStop(self, *a): self.stops += 1
-    def isConnected(self): return self.connected
-    def isProgramRunning(self): return self.running
-    def reconnect(self): self.connected = True
-    def stopScript(self): pass
-    def disconnect(self): self.connected = False
+    def servoL(self, pose, speed, accel, t, lookahead, gain):
+        self.servo.append((list(pose), t, lookahead, gain))
+
+    def kickWatchdog(self):
+        self.kicks += 1
+
+    def servoStop(self, *a):
+        self.stops += 1
+
+    def isConnected(self):
+        return self.connected
+
+    def isProgramRunning(self):
+        return self.running
+
+    def reconnect(self):
+        self.connected = True
+
+    def stopScript(self):
+        pass
+
+    def disconnect(self):
+        self.connected = False
 
 
 class FakeGripper:
-    def __init__(self): self.moves, self.pos = [], 0
-    def move(self, p): self.moves.append(p); self.pos = p
-    def position(self): return self.pos
-    def close(self): pass
+    def __init__(self):
+        self.moves, self.pos = [], 0
+
+    def move(self, p):
+        self.moves.append(p)
+        self.pos = p
+
+    def position(self):
+        return self.pos
+
+    def close(self):
+        pass
 
 
 def _ur5e(clock, world_yaw=np.pi):
@@ -278,17 +395,27 @@ def test_ur5e_rtde_frames_match_the_mujoco_model():
     """The sim world is the controller base frame (UR5e DH kinematics) and the default TCP offset
     is the sim's flange -> pinch transform, so the real proprio means what the sim's does."""
 
-
     sim = MujocoUR5eBackend(SceneConfig(cameras=()))
     m, d = sim.model, sim.data
     q = (0.3, -1.2, 1.4, -1.7, -1.4, 0.5)
     d.qpos[sim.controller.qadr] = q
     mujoco.mj_forward(m, d)
     T = np.eye(4)  # UR5e DH parameters (Universal Robots' published values)
-    for qi, di, ai, al in zip(q, (0.1625, 0, 0, 0.1333, 0.0997, 0.0996), (0, -0.425, -0.3922, 0, 0, 0),
-                              (np.pi / 2, 0, 0, np.pi / 2, -np.pi / 2, 0)):
+    for qi, di, ai, al in zip(
+        q,
+        (0.1625, 0, 0, 0.1333, 0.0997, 0.0996),
+        (0, -0.425, -0.3922, 0, 0, 0),
+        (np.pi / 2, 0, 0, np.pi / 2, -np.pi / 2, 0),
+    ):
         ct, st, ca, sa = np.cos(qi), np.sin(qi), np.cos(al), np.sin(al)
-        T = T @ np.array([[ct, -st * ca, st * sa, ai * ct], [st, ct * ca, -ct * sa, ai * st], [0, sa, ca, di], [0, 0, 0, 1]])
+        T = T @ np.array(
+            [
+                [ct, -st * ca, st * sa, ai * ct],
+                [st, ct * ca, -ct * sa, ai * st],
+                [0, sa, ca, di],
+                [0, 0, 0, 1],
+            ]
+        )
     flange = m.site("attachment_site").id
     np.testing.assert_allclose(d.site_xpos[flange], T[:3, 3], atol=2e-3)
     np.testing.assert_allclose(d.site_xmat[flange].reshape(3, 3), T[:3, :3], atol=2e-3)
@@ -327,7 +454,9 @@ def test_ur5e_rtde_stops_and_scaling_become_faults():
     ur.reset()
     recv.scaling = 0.4
     ur.observe()
-    assert [f.code for f in ur.faults()] == ["speed_scaling"] and ur.faults()[0].level == FaultLevel.WARN
+    assert [f.code for f in ur.faults()] == ["speed_scaling"] and ur.faults()[
+        0
+    ].level == FaultLevel.WARN
     recv.protective = True
     assert ur.faults()[0].code == "protective_stop" and ur.faults()[0].level == FaultLevel.ERROR
     with pytest.raises(RuntimeError, match="refusing a command while faulted: protective_stop"):
@@ -345,8 +474,13 @@ def test_ur5e_driver_node_reports_a_disconnect_and_ignores_commands(ros_domain):
     clock = [0.0]
     backend, recv, ctrl, _ = _ur5e(clock)
     try:
-        ros.add(UR5eRtdeDriverNode(backend=backend, context=ros.context, parameter_overrides=[
-            Parameter("publish_rate_hz", value=50.0)]))
+        ros.add(
+            UR5eRtdeDriverNode(
+                backend=backend,
+                context=ros.context,
+                parameter_overrides=[Parameter("publish_rate_hz", value=50.0)],
+            )
+        )
         tcp = ros.collect(PoseStamped, "/tcp_pose")
         proprio = ros.collect(JointState, "/simdist/robot/proprio")
         diags = ros.collect(DiagnosticArray, "/diagnostics")
@@ -360,10 +494,17 @@ def test_ur5e_driver_node_reports_a_disconnect_and_ignores_commands(ros_domain):
         assert ros.spin_until(lambda: backend._segment is not None)
 
         recv.connected = False  # the cable is pulled
-        assert ros.spin_until(lambda: any(lvl == 2 and "disconnected" in m for lvl, m in diagnostics_text(diags, "ur5e_driver")))
+        assert ros.spin_until(
+            lambda: any(
+                lvl == 2 and "disconnected" in m
+                for lvl, m in diagnostics_text(diags, "ur5e_driver")
+            )
+        )
         backend._segment = None
         cmd.publish(ros_msgs.command_to_msg(move, ros_msgs.action_names("ur5e"), 2, 0.2))
-        assert ros.spin_until(lambda: any("command ignored" in m for _, m in diagnostics_text(diags, "ur5e_driver")))
+        assert ros.spin_until(
+            lambda: any("command ignored" in m for _, m in diagnostics_text(diags, "ur5e_driver"))
+        )
         assert backend._segment is None  # nothing reached the arm
         res = ros.call(reset, Trigger.Request())  # reset reconnects (the fake link comes back)
         assert res.success and recv.connected
@@ -389,7 +530,9 @@ def _crc32_core_reference(words):
 
 def test_unitree_crc_matches_the_sdk_algorithm():
     assert crc32_mpeg2(b"123456789") == 0x0376E6E7  # the CRC-32/MPEG-2 catalogue check value
-    assert _crc32_core_reference([0x12345678, 0x9ABCDEF0]) == crc32_mpeg2(bytes.fromhex("123456789ABCDEF0"))
+    assert _crc32_core_reference([0x12345678, 0x9ABCDEF0]) == crc32_mpeg2(
+        bytes.fromhex("123456789ABCDEF0")
+    )
     cmd = LowCmd()
     cmd.motor_cmd[0].q, cmd.motor_cmd[0].kp, cmd.motor_cmd[11].kd = 0.5, 25.0, 0.5
     packed = pack_lowcmd(cmd)
@@ -407,7 +550,8 @@ class FakeLowState:
     """Stands in for rt/lowstate from the physical robot."""
 
     class Motor:
-        def __init__(self, q, dq): self.q, self.dq = q, dq
+        def __init__(self, q, dq):
+            self.q, self.dq = q, dq
 
     class Imu:
         quaternion = [1.0, 0.0, 0.0, 0.0]
@@ -422,22 +566,34 @@ class FakeLowState:
 
 def test_go2_lowcmd_joint_order_units_and_damping_on_fault():
     clock, sent = [0.0], []
-    dog = Go2SdkBackend(sent.append, LowCmd, Go2SdkConfig(lowstate_timeout_s=0.1), clock=lambda: clock[0])
+    dog = Go2SdkBackend(
+        sent.append, LowCmd, Go2SdkConfig(lowstate_timeout_s=0.1), clock=lambda: clock[0]
+    )
     assert dog.build_lowcmd().motor_cmd[0].kp == 0.0  # damped until reset
     q = DEFAULT_POSE_UNITREE + np.arange(12) * 0.01
     dog.on_lowstate(FakeLowState(q, np.full(12, 0.5)))
     dog.set_base_velocity([0.4, 0.0, 0.0])
     obs = dog.reset()
-    np.testing.assert_allclose(obs.proprio[9:21], np.arange(12) * 0.01, atol=1e-6)  # joint_pos - default
-    np.testing.assert_allclose(obs.proprio[6:9], [0, 0, -1], atol=1e-9)  # upright: gravity straight down
+    np.testing.assert_allclose(
+        obs.proprio[9:21], np.arange(12) * 0.01, atol=1e-6
+    )  # joint_pos - default
+    np.testing.assert_allclose(
+        obs.proprio[6:9], [0, 0, -1], atol=1e-9
+    )  # upright: gravity straight down
     a = np.zeros(12, np.float32)
     a[UNITREE_JOINT_NAMES.index("RL_calf_joint")] = 1.0
     dog.act(Command(CommandKind.JOINT_POSITION, a))
     cmd = dog.build_lowcmd()
-    assert cmd.motor_cmd[11].q == pytest.approx(DEFAULT_POSE_UNITREE[11] + 0.25, abs=1e-6)  # SDK index 11 = RL calf
+    assert cmd.motor_cmd[11].q == pytest.approx(
+        DEFAULT_POSE_UNITREE[11] + 0.25, abs=1e-6
+    )  # SDK index 11 = RL calf
     assert cmd.motor_cmd[0].q == pytest.approx(DEFAULT_POSE_UNITREE[0])
     assert (cmd.motor_cmd[3].kp, cmd.motor_cmd[3].kd, cmd.motor_cmd[3].mode) == (25.0, 0.5, 1)
-    assert (cmd.motor_cmd[15].q, cmd.motor_cmd[15].dq, cmd.motor_cmd[15].kp) == (POS_STOP, VEL_STOP, 0.0)
+    assert (cmd.motor_cmd[15].q, cmd.motor_cmd[15].dq, cmd.motor_cmd[15].kp) == (
+        POS_STOP,
+        VEL_STOP,
+        0.0,
+    )
     assert cmd.head == [0xFE, 0xEF] and cmd.crc == lowcmd_crc(cmd)
     dog.publish_lowcmd()
     assert sent and sent[-1].crc == lowcmd_crc(sent[-1])
@@ -464,8 +620,19 @@ def test_unitree_sdk_import_error_says_how_to_install():
         pytest.skip("unitree_sdk2py is installed here")
     with pytest.raises(ImportError, match="github.com/unitreerobotics/unitree_sdk2_python"):
         import_sdk()
-    proc = subprocess.run([sys.executable, "-m", "robot_drivers.go2_sdk_driver_node", "--ros-args",
-                           "-p", "network_interface:=lo"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "robot_drivers.go2_sdk_driver_node",
+            "--ros-args",
+            "-p",
+            "network_interface:=lo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1 and "not on PyPI: install it from" in proc.stdout + proc.stderr
 
 
@@ -476,12 +643,33 @@ def _lockstep_run(domain: int, ticks: int) -> tuple[list, list, MujocoDriverNode
     ros = RosHarness(domain)
     try:
         sim_time = Parameter("use_sim_time", value=True)
-        driver = ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=[
-            Parameter("task", value="go2_flat"), Parameter("seed", value=7), Parameter("lockstep_republish_s", value=0.2)]))
-        ros.add(IngestionNode(context=ros.context, parameter_overrides=[
-            sim_time, Parameter("cameras", value=[""]), Parameter("height_map_rows", value=21),
-            Parameter("height_map_cols", value=15), Parameter("proprio_dim", value=35)]))
-        ros.add(SafetyNode(context=ros.context, parameter_overrides=[sim_time, Parameter("robot", value="go2")]))
+        driver = ros.add(
+            MujocoDriverNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("task", value="go2_flat"),
+                    Parameter("seed", value=7),
+                    Parameter("lockstep_republish_s", value=0.2),
+                ],
+            )
+        )
+        ros.add(
+            IngestionNode(
+                context=ros.context,
+                parameter_overrides=[
+                    sim_time,
+                    Parameter("cameras", value=[""]),
+                    Parameter("height_map_rows", value=21),
+                    Parameter("height_map_cols", value=15),
+                    Parameter("proprio_dim", value=35),
+                ],
+            )
+        )
+        ros.add(
+            SafetyNode(
+                context=ros.context, parameter_overrides=[sim_time, Parameter("robot", value="go2")]
+            )
+        )
         act = ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
         names = ros_msgs.action_names("go2")
         planned, seen = [], []
@@ -516,8 +704,15 @@ def test_lockstep_loop_through_ingestion_and_safety_is_deterministic(ros_domain)
 def test_mujoco_driver_realtime_mode_holds_without_commands(ros_domain):
     ros = RosHarness(ros_domain)
     try:
-        node = ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=[
-            Parameter("task", value="go2_flat"), Parameter("lockstep", value=False)]))
+        node = ros.add(
+            MujocoDriverNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("task", value="go2_flat"),
+                    Parameter("lockstep", value=False),
+                ],
+            )
+        )
         proprio = ros.collect(JointState, "/simdist/robot/proprio")
         assert ros.spin_until(lambda: node.tick >= 5 and len(proprio) >= 3, 10.0)  # runs on its own
         stamps = [ros_msgs.stamp_ns(m.header.stamp) for m in proprio]
@@ -535,7 +730,9 @@ def test_mujoco_driver_realtime_mode_holds_without_commands(ros_domain):
 def test_go2_driver_node_damps_and_reports_when_lowstate_stops(ros_domain):
 
     sent = []
-    backend = Go2SdkBackend(sent.append, LowCmd, Go2SdkConfig(lowcmd_rate_hz=100.0, lowstate_timeout_s=0.2))
+    backend = Go2SdkBackend(
+        sent.append, LowCmd, Go2SdkConfig(lowcmd_rate_hz=100.0, lowstate_timeout_s=0.2)
+    )
     state = FakeLowState(DEFAULT_POSE_UNITREE, np.zeros(12))
     backend.on_lowstate(state)
     ros = RosHarness(ros_domain)
@@ -559,8 +756,14 @@ def test_go2_driver_node_damps_and_reports_when_lowstate_stops(ros_domain):
         assert sent[-1].motor_cmd[0].kp == 25.0 and sent[-1].crc == lowcmd_crc(sent[-1])
 
         # rt/lowstate stops: damping on the wire, an ERROR diagnostic, commands ignored
-        assert ros.spin_until(lambda: sent[-1].motor_cmd[0].kp == 0.0 and sent[-1].motor_cmd[0].kd == 0.5)
-        assert ros.spin_until(lambda: any(lvl == 2 and "disconnected" in m for lvl, m in diagnostics_text(diags, "go2_driver")))
+        assert ros.spin_until(
+            lambda: sent[-1].motor_cmd[0].kp == 0.0 and sent[-1].motor_cmd[0].kd == 0.5
+        )
+        assert ros.spin_until(
+            lambda: any(
+                lvl == 2 and "disconnected" in m for lvl, m in diagnostics_text(diags, "go2_driver")
+            )
+        )
         res = ros.call(reset, Trigger.Request())
         assert not res.success and "no rt/lowstate" in res.message
     finally:
@@ -582,7 +785,9 @@ def test_robotiq_socket_protocol():
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 seen.append(line.decode())
-                reply = {b"GET POS": b"POS 200", b"SET SPE 0": b"?"}.get(line, b"ack")  # "?" = refused
+                reply = {b"GET POS": b"POS 200", b"SET SPE 0": b"?"}.get(
+                    line, b"ack"
+                )  # "?" = refused
                 robot.sendall(reply + b"\n")
 
     threading.Thread(target=urcap, daemon=True).start()

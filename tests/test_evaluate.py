@@ -1,4 +1,5 @@
 """Observation -> model-input conversion, the history buffer, the Agent and the evaluation table."""
+
 from __future__ import annotations
 
 import json
@@ -137,9 +138,17 @@ def _tiny_model(robot: str, spec: RobotSpec):
     if robot == "go2":
         cfg = go2_config(latent_dim=16, history=3, horizon=3)
     else:
-        image = ImageEncoderConfig(spec.cameras, 32, 32, backbone="small_cnn", small_cnn_channels=(8, 8),
-                                   small_cnn_features=16)
-        cfg = ur5e_small_config(latent_dim=16, proprio_dim=spec.proprio_dim, history=3, horizon=3, image=image)
+        image = ImageEncoderConfig(
+            spec.cameras,
+            32,
+            32,
+            backbone="small_cnn",
+            small_cnn_channels=(8, 8),
+            small_cnn_features=16,
+        )
+        cfg = ur5e_small_config(
+            latent_dim=16, proprio_dim=spec.proprio_dim, history=3, horizon=3, image=image
+        )
     return WorldModel(cfg).eval()
 
 
@@ -166,7 +175,11 @@ def test_evaluation_table_has_a_row_per_agent(task_name):
     assert [s.agent for s in summaries] == ["expert", "policy", "planner"]
     for s in summaries:
         assert s.episodes == 1 and s.errors == 0 and 1 <= s.mean_steps <= 3
-        assert 0.0 <= s.success_rate <= 1.0 and np.isfinite(s.mean_return) and s.episodes_per_minute > 0
+        assert (
+            0.0 <= s.success_rate <= 1.0
+            and np.isfinite(s.mean_return)
+            and s.episodes_per_minute > 0
+        )
         assert np.isfinite(s.mean_distance) == task_name.startswith("go2")
     plan = agents["planner"].last_plan
     assert plan is not None and plan.mean.shape == (3, task.spec.action_dim)
@@ -191,16 +204,45 @@ def test_cli_prints_the_table(tmp_path, capsys):
     task = make_task("go2_flat")
     save_checkpoint(_tiny_model("go2", task.spec), tmp_path / "ckpt")
     task.close()
-    assert main(["--task", "go2_flat", "--checkpoint", str(tmp_path / "ckpt"), "--episodes", "2", "--seed", "3",
-                 "--max-steps", "2", "--agents", "policy,planner", "--samples", "24", "--elites", "6",
-                 "--iterations", "1", "--no-progress", "--episodes-out", str(tmp_path / "episodes.jsonl")]) == 0
+    assert (
+        main(
+            [
+                "--task",
+                "go2_flat",
+                "--checkpoint",
+                str(tmp_path / "ckpt"),
+                "--episodes",
+                "2",
+                "--seed",
+                "3",
+                "--max-steps",
+                "2",
+                "--agents",
+                "policy,planner",
+                "--samples",
+                "24",
+                "--elites",
+                "6",
+                "--iterations",
+                "1",
+                "--no-progress",
+                "--episodes-out",
+                str(tmp_path / "episodes.jsonl"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "go2_flat sim: 2 episodes per agent, seeds 3..4" in out
     assert [line.split()[0] for line in out.strip().splitlines()[-2:]] == ["policy", "planner"]
     # one line per episode, with the task's report of the episode's last step
     episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
     assert [(e["agent"], e["seed"], e["steps"]) for e in episodes] == [
-        ("policy", 3, 2), ("policy", 4, 2), ("planner", 3, 2), ("planner", 4, 2)]
+        ("policy", 3, 2),
+        ("policy", 4, 2),
+        ("planner", 3, 2),
+        ("planner", 4, 2),
+    ]
     assert all(e["end"]["distance"] == e["distance"] and "fallen" in e["end"] for e in episodes)
 
 
@@ -208,18 +250,50 @@ def test_cli_planner_overrides_reach_the_planner():
     """--samples/--elites/--temperature/--mixture-coef/--policy-noise/--init-std/--warm-start/
     --policy-prior replace the robot's defaults, nothing else."""
 
-    args = parse_args(["--samples", "24", "--elites", "6", "--temperature", "7.5", "--mixture-coef", "0.25",
-                       "--policy-noise", "0.02", "--init-std", "0.3", "--warm-start", "policy",
-                       "--policy-prior", "20"])
+    args = parse_args(
+        [
+            "--samples",
+            "24",
+            "--elites",
+            "6",
+            "--temperature",
+            "7.5",
+            "--mixture-coef",
+            "0.25",
+            "--policy-noise",
+            "0.02",
+            "--init-std",
+            "0.3",
+            "--warm-start",
+            "policy",
+            "--policy-prior",
+            "20",
+        ]
+    )
     overrides = planner_overrides(args)
-    assert overrides == {"num_samples": 24, "num_elites": 6, "temperature": 7.5, "mixture_coef": 0.25,
-                         "policy_noise_std": 0.02, "init_std": 0.3, "warm_start": "policy",
-                         "policy_prior": 20.0}
+    assert overrides == {
+        "num_samples": 24,
+        "num_elites": 6,
+        "temperature": 7.5,
+        "mixture_coef": 0.25,
+        "policy_noise_std": 0.02,
+        "init_std": 0.3,
+        "warm_start": "policy",
+        "policy_prior": 20.0,
+    }
     task = make_task("go2_flat")
-    planner = build_agents(["planner"], task, _tiny_model("go2", task.spec), **overrides)["planner"].planner
+    planner = build_agents(["planner"], task, _tiny_model("go2", task.spec), **overrides)[
+        "planner"
+    ].planner
     task.close()
     c = planner.config
-    assert (c.num_samples, c.num_elites, c.temperature, c.num_policy_samples, c.policy_noise_std) == (24, 6, 7.5, 6, 0.02)
+    assert (
+        c.num_samples,
+        c.num_elites,
+        c.temperature,
+        c.num_policy_samples,
+        c.policy_noise_std,
+    ) == (24, 6, 7.5, 6, 0.02)
     assert (c.init_std, c.warm_start, c.policy_prior) == (0.3, "policy", 20.0)
     assert planner.config.iterations == 8  # not overridden: the robot's default
 
@@ -228,8 +302,26 @@ def test_cli_evaluates_the_hardware_stand_in(tmp_path, capsys):
     task = make_task("slippery_slope", "real")
     save_checkpoint(_tiny_model("go2", task.spec), tmp_path / "ckpt")
     task.close()
-    assert main(["--task", "slippery_slope", "--variant", "real", "--checkpoint", str(tmp_path / "ckpt"),
-                 "--episodes", "1", "--max-steps", "2", "--agents", "expert,policy", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "--task",
+                "slippery_slope",
+                "--variant",
+                "real",
+                "--checkpoint",
+                str(tmp_path / "ckpt"),
+                "--episodes",
+                "1",
+                "--max-steps",
+                "2",
+                "--agents",
+                "expert,policy",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "slippery_slope real: 1 episodes per agent" in out
     assert [line.split()[0] for line in out.strip().splitlines()[-2:]] == ["expert", "policy"]
@@ -239,7 +331,9 @@ def test_cli_evaluates_the_hardware_stand_in(tmp_path, capsys):
 
 # ---------------------------------------------------------------- ablation harness pieces
 def test_ablation_table_prints_paper_figures_beside_ours():
-    table = format_ablation_table({"full data": {"peg": 0.5, "go2_flat": 3.25}}, ("peg", "go2_flat"), "T")
+    table = format_ablation_table(
+        {"full data": {"peg": 0.5, "go2_flat": 3.25}}, ("peg", "go2_flat"), "T"
+    )
     lines = table.splitlines()
     assert [line[:20].strip() for line in lines[3:]] == [r.name for r in ROWS]
     full = lines[3]
@@ -248,8 +342,15 @@ def test_ablation_table_prints_paper_figures_beside_ours():
 
 
 def test_ablation_data_selection_nests_and_matches_volume(tmp_path):
-    scale = AblationScale(name="test", tasks=("go2_flat",), episodes={"go2_flat": 10},
-                          max_steps={"go2_flat": 12}, train_steps=1, batch_size=2, eval_episodes=1)
+    scale = AblationScale(
+        name="test",
+        tasks=("go2_flat",),
+        episodes={"go2_flat": 10},
+        max_steps={"go2_flat": 12},
+        train_steps=1,
+        batch_size=2,
+        eval_episodes=1,
+    )
     mixed, expert = generate_data("go2_flat", scale, tmp_path)
     assert generate_data("go2_flat", scale, tmp_path) == (mixed, expert)  # second call reuses
     configs = {r.name: pretrain_config(r, "go2_flat", mixed, expert, scale) for r in ROWS}
@@ -257,9 +358,16 @@ def test_ablation_data_selection_nests_and_matches_volume(tmp_path):
     assert configs["+ reconstruction"].model_overrides == {"loss": {"reconstruction": 1.0}}
     by_name = {name: selected_dataset(cfg) for name, cfg in configs.items()}
     full = by_name["full data"]
-    assert full.num_episodes == 10 and by_name["50% data"].num_episodes == 5 and by_name["10% data"].num_episodes == 1
+    assert (
+        full.num_episodes == 10
+        and by_name["50% data"].num_episodes == 5
+        and by_name["10% data"].num_episodes == 1
+    )
     assert by_name["expert-only data"].num_steps >= full.num_steps
     ids = {k: {d.episode_info(i)["id"] for i in range(d.num_episodes)} for k, d in by_name.items()}
     assert ids["10% data"] <= ids["50% data"] <= ids["full data"]
-    info = [by_name["expert-only data"].episode_info(i) for i in range(by_name["expert-only data"].num_episodes)]
+    info = [
+        by_name["expert-only data"].episode_info(i)
+        for i in range(by_name["expert-only data"].num_episodes)
+    ]
     assert all(i["policy"] == 0 and i["never_noised"] for i in info)

@@ -1,4 +1,5 @@
 """Go2 MuJoCo backend: scene, joint order, PD actuation, height scan, 433-dim expert observation."""
+
 import dataclasses
 
 import mujoco
@@ -125,12 +126,22 @@ def test_height_scan_sees_stacked_pads_as_steps():
 
 def test_expert_observation_layout_matches_observation_md(flat):
     expected = {
-        "base_lin_vel": (0, 3), "base_ang_vel": (3, 6), "projected_gravity": (6, 9),
-        "velocity_commands": (9, 12), "joint_pos_rel": (12, 24), "joint_vel_rel": (24, 36),
-        "actions": (36, 48), "height_scan": (48, 363), "cos_sin_phase": (363, 365),
-        "feet_body_forces": (365, 389), "feet_height": (389, 393), "base_mass": (393, 394),
-        "material_properties": (394, 397), "joint_stiffness": (397, 409),
-        "joint_damping": (409, 421), "joint_friction": (421, 433),
+        "base_lin_vel": (0, 3),
+        "base_ang_vel": (3, 6),
+        "projected_gravity": (6, 9),
+        "velocity_commands": (9, 12),
+        "joint_pos_rel": (12, 24),
+        "joint_vel_rel": (24, 36),
+        "actions": (36, 48),
+        "height_scan": (48, 363),
+        "cos_sin_phase": (363, 365),
+        "feet_body_forces": (365, 389),
+        "feet_height": (389, 393),
+        "base_mass": (393, 394),
+        "material_properties": (394, 397),
+        "joint_stiffness": (397, 409),
+        "joint_damping": (409, 421),
+        "joint_friction": (421, 433),
     }
     assert EXPERT_OBS_DIM == 433
     assert {k: (s.start, s.stop) for k, s in EXPERT_OBS_SLICES.items()} == expected
@@ -145,7 +156,9 @@ def test_expert_observation_terms_numerically(flat):
         obs = flat.step()
     x, s, S = obs.privileged["expert_obs"], flat.state(), EXPERT_OBS_SLICES
     np.testing.assert_allclose(x[S["velocity_commands"]], [0.4, -0.1, 0.2], atol=1e-6)
-    np.testing.assert_allclose(x[S["joint_pos_rel"]], obs.joint_pos - DEFAULT_POSE_UNITREE, atol=1e-5)
+    np.testing.assert_allclose(
+        x[S["joint_pos_rel"]], obs.joint_pos - DEFAULT_POSE_UNITREE, atol=1e-5
+    )
     np.testing.assert_allclose(x[S["actions"]], action, atol=1e-6)
     phi = 50 * 0.02 * 2 * np.pi / 0.5
     np.testing.assert_allclose(x[S["cos_sin_phase"]], [np.cos(phi), np.sin(phi)], atol=1e-5)
@@ -215,7 +228,9 @@ def test_hold_keeps_standing_and_damp_goes_limp(flat):
         obs = flat.step()
     assert flat.data.qpos[2] < z_hold - 0.1  # no stiffness: the legs fold under the weight
     assert np.abs(obs.privileged["joint_torque"]).max() < 0.5 * 23.5
-    assert obs.privileged["expert_obs"][EXPERT_OBS_SLICES["joint_stiffness"]][0] == pytest.approx(-10.0)
+    assert obs.privileged["expert_obs"][EXPERT_OBS_SLICES["joint_stiffness"]][0] == pytest.approx(
+        -10.0
+    )
 
 
 def test_reset_is_deterministic_per_seed():
@@ -233,7 +248,9 @@ def test_imu_readings_and_render(flat):
     for _ in range(50):
         obs = flat.step()
     p = obs.privileged
-    np.testing.assert_allclose(p["imu_quat"], p["base_quat"], atol=1e-9)  # the IMU site is not rotated
+    np.testing.assert_allclose(
+        p["imu_quat"], p["base_quat"], atol=1e-9
+    )  # the IMU site is not rotated
     np.testing.assert_allclose(p["imu_acc"], [0, 0, 9.81], atol=0.5)  # standing: reads +g
     np.testing.assert_allclose(p["imu_gyro"], p["base_ang_vel"], atol=1e-9)
     img = flat.render(48, 64)
@@ -244,7 +261,9 @@ def test_imu_readings_and_render(flat):
 def test_spec_action_bounds_are_the_model_joint_limits(flat):
     m = flat.model
     ranges = np.array([m.jnt_range[m.joint(n).id] for n in UNITREE_JOINT_NAMES])
-    np.testing.assert_allclose(DEFAULT_POSE_UNITREE + 0.25 * np.array(flat.spec.action_low),
-                               ranges[:, 0], atol=1e-5)
-    np.testing.assert_allclose(DEFAULT_POSE_UNITREE + 0.25 * np.array(flat.spec.action_high),
-                               ranges[:, 1], atol=1e-5)
+    np.testing.assert_allclose(
+        DEFAULT_POSE_UNITREE + 0.25 * np.array(flat.spec.action_low), ranges[:, 0], atol=1e-5
+    )
+    np.testing.assert_allclose(
+        DEFAULT_POSE_UNITREE + 0.25 * np.array(flat.spec.action_high), ranges[:, 1], atol=1e-5
+    )

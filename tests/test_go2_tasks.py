@@ -1,4 +1,5 @@
 """Go2 tasks, the official expert / checkpoints / critic, and the sim-vs-real gap."""
+
 import json
 
 import numpy as np
@@ -19,8 +20,10 @@ def ladder():
     return load_go2_ladder()
 
 
-@pytest.mark.parametrize("name,variant", [("go2_flat", "sim"), ("go2_slope", "sim"),
-                                          ("slippery_slope", "real"), ("foam", "real")])
+@pytest.mark.parametrize(
+    "name,variant",
+    [("go2_flat", "sim"), ("go2_slope", "sim"), ("slippery_slope", "real"), ("foam", "real")],
+)
 def test_tasks_reset_step_and_score(name, variant):
     task = make_task(name, variant)
     obs = task.reset(0)
@@ -96,12 +99,16 @@ def test_friction_range_draws_one_ground_friction_per_episode_and_tells_the_expe
         assert np.all(mu == mu[0]) and 0.2 <= mu[0] <= 1.2  # feet, floor and panels alike
         static, dynamic, restitution = obs.privileged["expert_obs"][394:397]
         assert static == pytest.approx(mu[0], rel=1e-6)
-        assert dynamic == pytest.approx(0.75 * mu[0], rel=1e-6) and restitution == pytest.approx(0.05)
+        assert dynamic == pytest.approx(0.75 * mu[0], rel=1e-6) and restitution == pytest.approx(
+            0.05
+        )
         frictions.append(mu[0])
     assert frictions[0] == frictions[1] != frictions[2]
     b.set_ground_friction(None)  # back to the built scene and the nominal material
     np.testing.assert_array_equal(b.model.geom_friction[b._contact_geoms, 0], [0.8] * len(contacts))
-    np.testing.assert_allclose(b.observe().privileged["expert_obs"][394:397], [0.8, 0.6, 0.05], atol=1e-6)
+    np.testing.assert_allclose(
+        b.observe().privileged["expert_obs"][394:397], [0.8, 0.6, 0.05], atol=1e-6
+    )
     with pytest.raises(ValueError, match="friction"):
         b.set_ground_friction(float("nan"))
     with pytest.raises(ValueError, match="friction_range"):
@@ -165,8 +172,10 @@ def check_expert_bar(ladder, seeds, seconds):
         assert not r.info["fallen"] and r.success and r.truncated, f"seed {seed} fell"
         assert 0.4 < v[0] < 0.6 and abs(v[1]) < 0.1, f"seed {seed}: mean velocity {v}"
         rmses.append(r.info["vel_rmse"])
-    print(f"expert 0.5 m/s, {len(seeds)} seeds x {seconds} s: tracking RMSE "
-          f"{np.mean(rmses):.3f} m/s (max {np.max(rmses):.3f})")
+    print(
+        f"expert 0.5 m/s, {len(seeds)} seeds x {seconds} s: tracking RMSE "
+        f"{np.mean(rmses):.3f} m/s (max {np.max(rmses):.3f})"
+    )
     assert max(rmses) < 0.2
 
 

@@ -5,6 +5,7 @@ on), then the recorded driver topics are replayed through ingestion and the plan
 (`robot:=replay`): the planner must see exactly the recorded observations and, being
 deterministic in lockstep, produce exactly the recorded plans.
 """
+
 import json
 import pathlib
 import subprocess
@@ -36,9 +37,13 @@ def _params_file(tmp_path) -> pathlib.Path:
     # scheduling jitter, and ingestion then (rightly) withholds an observation the test compares
     data["ingestion"]["ros__parameters"].update(proprio_timeout_s=2.0, camera_timeout_s=2.0)
     data["replay"]["ros__parameters"].update(
-        topics=DRIVER_TOPICS, rate=4.0,
-        wait_for_subscribers=["/simdist/robot/proprio@ingestion", "/camera/side/image_raw@ingestion",
-                              "/simdist/observation/proprio@planner"],
+        topics=DRIVER_TOPICS,
+        rate=4.0,
+        wait_for_subscribers=[
+            "/simdist/robot/proprio@ingestion",
+            "/camera/side/image_raw@ingestion",
+            "/simdist/observation/proprio@planner",
+        ],
     )
     path = tmp_path / "peg_test.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -46,7 +51,9 @@ def _params_file(tmp_path) -> pathlib.Path:
 
 
 def _launch(args, timeout):
-    out = subprocess.run([SIMDIST, "launch", "peg", *args], capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [SIMDIST, "launch", "peg", *args], capture_output=True, text=True, timeout=timeout
+    )
     assert out.returncode == 0, out.stderr[-4000:] + out.stdout[-4000:]
     return out
 
@@ -68,19 +75,33 @@ def test_peg_graph_episode_recorded_and_replayed(tmp_path, ros_domain, check_pla
     then diverges), a known open issue; the plan INPUTS are always checked."""
     checkpoint = make_checkpoint(tmp_path / "ck")
     params = _params_file(tmp_path)
-    common = [f"checkpoint:={checkpoint}", f"params_file:={params}", f"domain:={ros_domain}", "record:=true"]
-    out = _launch([*common, "robot:=sim", "episodes:=1", f"bag_dir:={tmp_path / 'bags'}"], timeout=150)
+    common = [
+        f"checkpoint:={checkpoint}",
+        f"params_file:={params}",
+        f"domain:={ros_domain}",
+        "record:=true",
+    ]
+    out = _launch(
+        [*common, "robot:=sim", "episodes:=1", f"bag_dir:={tmp_path / 'bags'}"], timeout=150
+    )
     assert "node mujoco_driver finished (exit 0)" in out.stderr
 
     (bag_dir,) = list_episode_bags(tmp_path / "bags")
     bag = EpisodeBag(bag_dir)
-    assert bag.meta.task == "peg" and bag.meta.variant == "real" and bag.meta.seed == 0 and bag.meta.complete
+    assert (
+        bag.meta.task == "peg"
+        and bag.meta.variant == "real"
+        and bag.meta.seed == 0
+        and bag.meta.complete
+    )
     assert 1 <= bag.meta.steps <= EPISODE_STEPS and bag.meta.success is not None
 
     # every recorded topic decodes with an independent reader
     with open(next(bag_dir.glob("*.mcap")), "rb") as f:
         counts = {}
-        for _schema, channel, _msg, decoded in make_reader(f, decoder_factories=[DecoderFactory()]).iter_decoded_messages():
+        for _schema, channel, _msg, decoded in make_reader(
+            f, decoder_factories=[DecoderFactory()]
+        ).iter_decoded_messages():
             assert decoded is not None
             counts[channel.topic] = counts.get(channel.topic, 0) + 1
     assert set(counts) == set(bag.topics)
@@ -88,20 +109,29 @@ def test_peg_graph_episode_recorded_and_replayed(tmp_path, ros_domain, check_pla
                                  "/simdist/safe_command", "/clock", "/diagnostics"} <= set(counts)  # fmt: skip
 
     # actions flowed at the control rate: one per tick, every tick of the episode answered
-    ticks = sorted({json.loads(m.data.data)["stamp_ns"] for m in bag.messages(["/simdist/episode"])})
+    ticks = sorted(
+        {json.loads(m.data.data)["stamp_ns"] for m in bag.messages(["/simdist/episode"])}
+    )
     actions = _by_stamp(bag, "/simdist/action")
     assert ticks == list(range(ticks[0], ticks[0] + PERIOD_NS * len(ticks), PERIOD_NS))
     assert len(ticks) == bag.meta.steps + 1
-    assert sorted(actions) == ticks[:-1] or sorted(actions) == ticks  # the final tick may go unanswered
+    assert (
+        sorted(actions) == ticks[:-1] or sorted(actions) == ticks
+    )  # the final tick may go unanswered
     assert len(actions) * 1e9 / (len(actions) * PERIOD_NS) == pytest.approx(5.0)
     commands = _by_stamp(bag, "/simdist/safe_command")
     assert set(actions) <= set(commands)
 
     # replay the driver's topics through ingestion and the planner, recording the re-run
-    _launch([*common, "robot:=replay", f"bag:={bag_dir}", f"bag_dir:={tmp_path / 'replay'}"], timeout=120)
+    _launch(
+        [*common, "robot:=replay", f"bag:={bag_dir}", f"bag_dir:={tmp_path / 'replay'}"],
+        timeout=120,
+    )
     (replay_dir,) = list_episode_bags(tmp_path / "replay")
     replay = EpisodeBag(replay_dir)
-    recorded_obs, replayed_obs = (_by_stamp(b, "/simdist/observation/proprio") for b in (bag, replay))
+    recorded_obs, replayed_obs = (
+        _by_stamp(b, "/simdist/observation/proprio") for b in (bag, replay)
+    )
     assert sorted(replayed_obs) == sorted(recorded_obs)
     for stamp, msg in recorded_obs.items():
         assert np.array_equal(msg.position, replayed_obs[stamp].position)
@@ -111,9 +141,14 @@ def test_peg_graph_episode_recorded_and_replayed(tmp_path, ros_domain, check_pla
         assert all(np.array_equal(recorded[s].data, replayed[s].data) for s in recorded)
     if not check_plans:
         return
-    recorded_plans, replayed_plans = _by_stamp(bag, "/simdist/plan"), _by_stamp(replay, "/simdist/plan")
+    recorded_plans, replayed_plans = (
+        _by_stamp(bag, "/simdist/plan"),
+        _by_stamp(replay, "/simdist/plan"),
+    )
     assert set(recorded_plans) <= set(replayed_plans)
     for stamp, plan in recorded_plans.items():
         ours = [p.positions for p in plan.points]
         theirs = [p.positions for p in replayed_plans[stamp].points]
-        np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-6, err_msg=f"plan at stamp {stamp}")
+        np.testing.assert_allclose(
+            theirs, ours, rtol=0, atol=1e-6, err_msg=f"plan at stamp {stamp}"
+        )

@@ -1,4 +1,5 @@
 """Ingestion: checks, resize, alignment, staleness (core) and the node's bad-input behaviour on DDS."""
+
 import math
 
 import numpy as np
@@ -48,7 +49,11 @@ def test_alignment_nearest_stamp_within_tolerance():
     core.add_image("b", S(0.9), img)  # too far from 1.0 ...
     core.add_image("b", S(1.004), img + 1)  # ... but this one is within 10 ms
     (obs,) = core.pop_aligned()
-    assert obs.stamp_ns == S(1.0) and obs.images["b"].shape == (8, 8, 3) and obs.images["b"][0, 0, 0] == 1
+    assert (
+        obs.stamp_ns == S(1.0)
+        and obs.images["b"].shape == (8, 8, 3)
+        and obs.images["b"][0, 0, 0] == 1
+    )
     core.add_proprio(S(1.0), np.ones(3), None, ["x[0]", "x[1]", "x[2]"])  # the tick republished
     (again,) = core.pop_aligned()  # re-emitted, same stamp and content, for a late-joining planner
     assert again.stamp_ns == S(1.0) and again.images["b"][0, 0, 0] == 1
@@ -88,14 +93,28 @@ def test_staleness_per_stream():
 def test_ingestion_node_bad_input_withholds_observation(ros_domain):
     ros = RosHarness(ros_domain)
     try:
-        node = ros.add(IngestionNode(context=ros.context, parameter_overrides=[
-            Parameter("cameras", value=["front"]),
-            Parameter("image_height", value=32), Parameter("image_width", value=32),
-            Parameter("camera_height", value=64), Parameter("camera_width", value=64),
-            Parameter("camera_timeout_s", value=0.3),
-        ]))
-        ros.add(SafetyNode(context=ros.context, parameter_overrides=[
-            Parameter("robot", value="go2"), Parameter("observation_timeout_s", value=0.3)]))
+        node = ros.add(
+            IngestionNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("cameras", value=["front"]),
+                    Parameter("image_height", value=32),
+                    Parameter("image_width", value=32),
+                    Parameter("camera_height", value=64),
+                    Parameter("camera_width", value=64),
+                    Parameter("camera_timeout_s", value=0.3),
+                ],
+            )
+        )
+        ros.add(
+            SafetyNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("robot", value="go2"),
+                    Parameter("observation_timeout_s", value=0.3),
+                ],
+            )
+        )
         obs_imgs = ros.collect(Image, "/simdist/observation/image/front")
         obs_prop = ros.collect(JointState, "/simdist/observation/proprio")
         safe = ros.collect(JointTrajectory, "/simdist/safe_command")
@@ -103,7 +122,9 @@ def test_ingestion_node_bad_input_withholds_observation(ros_domain):
         pub_p = ros.probe.create_publisher(JointState, "/simdist/robot/proprio", 10)
         pub_i = ros.probe.create_publisher(Image, "/camera/front/image_raw", 10)
         pub_a = ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
-        assert ros.spin_until(lambda: pub_p.get_subscription_count() >= 1 and pub_i.get_subscription_count() >= 1)
+        assert ros.spin_until(
+            lambda: pub_p.get_subscription_count() >= 1 and pub_i.get_subscription_count() >= 1
+        )
         names = ["base_lin_vel[0]", "base_lin_vel[1]", "command[0]"]
 
         def send(image, proprio, encoding="rgb8"):
@@ -119,19 +140,33 @@ def test_ingestion_node_bad_input_withholds_observation(ros_domain):
         t0 = send(frame, np.array([0.1, 0.2, 0.5]))
         assert ros.spin_until(lambda: len(obs_prop) == 1)
         assert ros.spin_until(lambda: len(obs_imgs) == 1)
-        assert ros_msgs.stamp_ns(obs_prop[0].header.stamp) == t0 == ros_msgs.stamp_ns(obs_imgs[0].header.stamp)
+        assert (
+            ros_msgs.stamp_ns(obs_prop[0].header.stamp)
+            == t0
+            == ros_msgs.stamp_ns(obs_imgs[0].header.stamp)
+        )
         assert (obs_imgs[0].height, obs_imgs[0].width, obs_imgs[0].encoding) == (32, 32, "rgb8")
         assert list(obs_prop[0].name) == names and obs_prop[0].position[2] == pytest.approx(0.5)
 
-        ros.spin_for(0.1)  # bad ticks below are > align_tolerance_s apart, so no older frame matches
+        ros.spin_for(
+            0.1
+        )  # bad ticks below are > align_tolerance_s apart, so no older frame matches
         send(frame, np.array([0.1, 0.2, 0.5]), encoding="mono16")  # wrong encoding
-        assert ros.spin_until(lambda: any("encoding 'mono16'" in m for _, m in diagnostics_text(diags, "ingestion")))
+        assert ros.spin_until(
+            lambda: any("encoding 'mono16'" in m for _, m in diagnostics_text(diags, "ingestion"))
+        )
         ros.spin_for(0.1)
         send(frame[:48], np.array([0.1, 0.2, 0.5]))  # wrong size
-        assert ros.spin_until(lambda: any("48x64 (HxW), expected 64x64" in m for _, m in diagnostics_text(diags, "ingestion")))
+        assert ros.spin_until(
+            lambda: any(
+                "48x64 (HxW), expected 64x64" in m for _, m in diagnostics_text(diags, "ingestion")
+            )
+        )
         ros.spin_for(0.1)
         send(frame, np.array([math.nan, 0.2, 0.5]))  # NaN joint state
-        assert ros.spin_until(lambda: any(lvl == 2 and "NaN" in m for lvl, m in diagnostics_text(diags, "ingestion")))
+        assert ros.spin_until(
+            lambda: any(lvl == 2 and "NaN" in m for lvl, m in diagnostics_text(diags, "ingestion"))
+        )
         ros.spin_for(0.2)
         assert len(obs_prop) == 1  # none of the three bad ticks produced an observation
 
@@ -139,11 +174,22 @@ def test_ingestion_node_bad_input_withholds_observation(ros_domain):
             send(None, np.array([0.1, 0.2, 0.5]))
             ros.spin_for(0.1)
         assert len(obs_prop) == 1
-        assert ros.spin_until(lambda: any("stale" in m for lvl, m in diagnostics_text(diags, "ingestion") if lvl == 2))
+        assert ros.spin_until(
+            lambda: any("stale" in m for lvl, m in diagnostics_text(diags, "ingestion") if lvl == 2)
+        )
         t = ros.probe.get_clock().now().nanoseconds
-        pub_a.publish(ros_msgs.command_to_msg(Command(CommandKind.JOINT_POSITION, np.zeros(12)), ros_msgs.action_names("go2"), t, 0.02))
+        pub_a.publish(
+            ros_msgs.command_to_msg(
+                Command(CommandKind.JOINT_POSITION, np.zeros(12)),
+                ros_msgs.action_names("go2"),
+                t,
+                0.02,
+            )
+        )
         assert ros.spin_until(lambda: any(ros_msgs.stamp_ns(m.header.stamp) == t for m in safe))
-        assert [m for m in safe if ros_msgs.stamp_ns(m.header.stamp) == t][0].header.frame_id == "hold"
+        assert [m for m in safe if ros_msgs.stamp_ns(m.header.stamp) == t][
+            0
+        ].header.frame_id == "hold"
 
         send(frame, np.array([0.3, 0.2, 0.5]))  # the camera is back: observations resume
         assert ros.spin_until(lambda: len(obs_prop) == 2)
@@ -153,17 +199,26 @@ def test_ingestion_node_bad_input_withholds_observation(ros_domain):
 
 
 def test_observation_assembler_and_command_packing():
-    spec = RobotSpec(name="go2", action_dim=12, control_rate_hz=50.0, proprio_terms=(ProprioTerm("q", 2),),
-                     height_map_shape=(3, 2), command_dim=1)
+    spec = RobotSpec(
+        name="go2",
+        action_dim=12,
+        control_rate_hz=50.0,
+        proprio_terms=(ProprioTerm("q", 2),),
+        height_map_shape=(3, 2),
+        command_dim=1,
+    )
     asm = ros_msgs.ObservationAssembler(cameras=("front",), has_height_map=True, spec=spec)
     obs_in = Observation(
-        stamp=0.0, proprio=np.array([1.0, 2.0], np.float32), command=np.array([0.5], np.float32))
+        stamp=0.0, proprio=np.array([1.0, 2.0], np.float32), command=np.array([0.5], np.float32)
+    )
     t = 5_000_000_123
     prop = ros_msgs.proprio_to_msg(obs_in, spec, t)
     assert list(prop.name) == ["q[0]", "q[1]", "command[0]"]
     assert asm.add_proprio(prop) is None  # arrival order does not matter
     assert asm.add_height_map(ros_msgs.height_map_to_msg(np.ones((3, 2), np.float32), t)) is None
-    obs = asm.add_image("front", ros_msgs.image_to_msg(np.zeros((4, 4, 3), np.uint8), t, "front_camera"))
+    obs = asm.add_image(
+        "front", ros_msgs.image_to_msg(np.zeros((4, 4, 3), np.uint8), t, "front_camera")
+    )
     assert obs is not None and obs.stamp == pytest.approx(t * 1e-9)
     np.testing.assert_array_equal(obs.proprio, [1.0, 2.0])
     np.testing.assert_array_equal(obs.command, [0.5])
@@ -183,4 +238,7 @@ def test_observation_assembler_and_command_packing():
     with pytest.raises(ros_msgs.MessageError, match="command kind 'fly' unknown"):
         ros_msgs.command_from_msg(msg)
     hold = ros_msgs.command_to_msg(Command(CommandKind.HOLD), ros_msgs.action_names("go2"), t, 0.02)
-    assert ros_msgs.command_from_msg(hold).kind == CommandKind.HOLD and list(hold.points[0].positions) == []
+    assert (
+        ros_msgs.command_from_msg(hold).kind == CommandKind.HOLD
+        and list(hold.points[0].positions) == []
+    )

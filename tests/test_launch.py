@@ -2,6 +2,7 @@
 
 The supervision tests start real node processes on a private ROS domain.
 """
+
 import ast
 import importlib
 import os
@@ -24,7 +25,9 @@ SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")
 
 
 def test_sim_graph_command_lines(tmp_path):
-    graph = desc.resolve("peg", {"checkpoint": str(tmp_path / "ck"), "record": "yes", "domain": "42"})
+    graph = desc.resolve(
+        "peg", {"checkpoint": str(tmp_path / "ck"), "record": "yes", "domain": "42"}
+    )
     names = [n.name for n in graph.nodes]
     assert names == ["mujoco_driver", "ingestion", "safety_supervisor", "planner", "recorder"]
     assert graph.env == {"ROS_DOMAIN_ID": "42"}
@@ -32,21 +35,38 @@ def test_sim_graph_command_lines(tmp_path):
     cmd = launcher.command_line(planner)
     assert pathlib.Path(cmd[0]).name == "planner_node"
     tail = cmd[1:]
-    assert tail[:5] == ["--ros-args", "-r", "__node:=planner", "--params-file", str(ROOT / "config" / "peg.yaml")]
+    assert tail[:5] == [
+        "--ros-args",
+        "-r",
+        "__node:=planner",
+        "--params-file",
+        str(ROOT / "config" / "peg.yaml"),
+    ]
     pairs = [tail[i + 1] for i, t in enumerate(tail) if t == "-p"]
     assert "use_sim_time:=true" in pairs and "lockstep:=true" in pairs
     assert f"checkpoint:={tmp_path / 'ck'}" in pairs and "device:=cpu" in pairs
     driver = next(n for n in graph.nodes if n.name == "mujoco_driver")
     assert driver.overrides["task"] == "peg" and driver.overrides["variant"] == "real"
     assert driver.overrides["seed"] == 0 and driver.overrides["lockstep"] is True
-    assert driver.overrides["wait_for_ready"] == desc.RECORDER_READY_TOPIC  # recording: tick 0 waits for the recorder
+    assert (
+        driver.overrides["wait_for_ready"] == desc.RECORDER_READY_TOPIC
+    )  # recording: tick 0 waits for the recorder
 
 
 def test_real_and_replay_graphs_swap_the_robot_side():
-    real = desc.resolve("go2_slope", {"robot": "real", "checkpoint": "/ck", "network_interface": "eth1"})
-    assert [n.name for n in real.nodes] == ["go2_driver", "ingestion", "safety_supervisor", "planner"]
+    real = desc.resolve(
+        "go2_slope", {"robot": "real", "checkpoint": "/ck", "network_interface": "eth1"}
+    )
+    assert [n.name for n in real.nodes] == [
+        "go2_driver",
+        "ingestion",
+        "safety_supervisor",
+        "planner",
+    ]
     assert real.nodes[0].overrides == {"use_sim_time": False, "network_interface": "eth1"}
-    real_rec = desc.resolve("peg", {"robot": "real", "checkpoint": "/ck", "robot_ip": "10.0.0.2", "record": "true"})
+    real_rec = desc.resolve(
+        "peg", {"robot": "real", "checkpoint": "/ck", "robot_ip": "10.0.0.2", "record": "true"}
+    )
     assert real_rec.nodes[-1].overrides["split_episodes"] is False  # hardware announces no episodes
     assert next(n for n in real.nodes if n.name == "planner").overrides["lockstep"] is False
     replay = desc.resolve("peg", {"robot": "replay", "bag": "/bags/ep0", "checkpoint": "/ck"})
@@ -60,9 +80,17 @@ def test_real_and_replay_graphs_swap_the_robot_side():
 
 
 def test_override_strings_round_trip_through_yaml_types():
-    node = desc.ResolvedNode("n", "x", pathlib.Path("p.yaml"), {"a": "1", "b": "", "c": True, "d": 0.5, "e": "on"})
+    node = desc.ResolvedNode(
+        "n", "x", pathlib.Path("p.yaml"), {"a": "1", "b": "", "c": True, "d": 0.5, "e": "on"}
+    )
     pairs = dict(p.split(":=", 1) for p in desc.ros_args(node)[6::2])
-    assert {k: yaml.safe_load(v) for k, v in pairs.items()} == {"a": "1", "b": "", "c": True, "d": 0.5, "e": "on"}
+    assert {k: yaml.safe_load(v) for k, v in pairs.items()} == {
+        "a": "1",
+        "b": "",
+        "c": True,
+        "d": 0.5,
+        "e": "on",
+    }
 
 
 @pytest.mark.parametrize(
@@ -85,7 +113,9 @@ def test_bad_arguments_are_refused_with_the_reason(given, message):
 
 
 def test_launcher_cli_reports_bad_arguments():
-    out = subprocess.run([SIMDIST, "launch", "peg", "checkpoint:=/ck", "robot=sim"], capture_output=True, text=True)
+    out = subprocess.run(
+        [SIMDIST, "launch", "peg", "checkpoint:=/ck", "robot=sim"], capture_output=True, text=True
+    )
     assert out.returncode == 2 and "must look like name:=value" in out.stderr
 
 
@@ -111,22 +141,33 @@ NODE_MODULES = {
 def test_config_files_hold_every_declared_parameter_with_its_type(graph):
     data = yaml.safe_load(desc.config_path(graph).read_text())
     robot = desc.GRAPHS[graph].robot
-    nodes = {n.name for n in desc.GRAPHS[graph].nodes} - ({"video_prediction"} if robot == "go2" else set())
+    nodes = {n.name for n in desc.GRAPHS[graph].nodes} - (
+        {"video_prediction"} if robot == "go2" else set()
+    )
     assert set(data) == nodes, f"{graph}.yaml sections {sorted(data)} != nodes {sorted(nodes)}"
     for node in sorted(nodes):
         declared = _declared(NODE_MODULES[node])
         section = data[node]["ros__parameters"]
-        assert set(section) == set(declared), f"{graph}.yaml {node}: differs by {set(section) ^ set(declared)}"
+        assert set(section) == set(declared), (
+            f"{graph}.yaml {node}: differs by {set(section) ^ set(declared)}"
+        )
         for key, value in section.items():
-            assert type(value) is type(declared[key]), f"{graph}.yaml {node}.{key}: {value!r} vs {declared[key]!r}"
+            assert type(value) is type(declared[key]), (
+                f"{graph}.yaml {node}.{key}: {value!r} vs {declared[key]!r}"
+            )
     assert data["mujoco_driver"]["ros__parameters"]["robot"] == robot
     assert data["adapter"]["ros__parameters"]["robot"] == robot
 
 
 def test_launch_files_parse_and_read_the_shared_description():
     helper = ast.parse((ROOT / "launch" / "_simdist_graph.py").read_text())
-    calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(helper)
-             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+    calls = {
+        f"{n.func.value.id}.{n.func.attr}"
+        for n in ast.walk(helper)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+    }
     assert {"desc.resolve", "desc.graph_args"} <= calls
     imports = {a.name for n in ast.walk(helper) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert {"launch_description", "Node", "DeclareLaunchArgument", "OpaqueFunction"} <= imports
@@ -134,7 +175,9 @@ def test_launch_files_parse_and_read_the_shared_description():
         tree = ast.parse((ROOT / "launch" / f"{graph}.launch.py").read_text())
         funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
         assert "generate_launch_description" in funcs
-        (ret,) = [n for n in ast.walk(funcs["generate_launch_description"]) if isinstance(n, ast.Return)]
+        (ret,) = [
+            n for n in ast.walk(funcs["generate_launch_description"]) if isinstance(n, ast.Return)
+        ]
         assert isinstance(ret.value, ast.Call) and ret.value.func.id == "generate"
         assert [a.value for a in ret.value.args] == [graph]
 
@@ -160,7 +203,7 @@ def _started_pids(output: str) -> dict[str, int]:
     pids = {}
     for line in output.splitlines():
         if line.startswith("[simdist] started "):
-            name, pid = line[len("[simdist] started "):].split(" (pid ")
+            name, pid = line[len("[simdist] started ") :].split(" (pid ")
             pids[name] = int(pid.rstrip(")"))
     return pids
 

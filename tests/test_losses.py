@@ -1,4 +1,5 @@
 """Eq. 2 / Eq. 3: expert masking, stop-gradient targets, dynamics-only adaptation, overfitting."""
+
 import pytest
 import torch
 
@@ -23,8 +24,15 @@ from simdist_planner.model.world_model import WorldModel
 
 def tiny_go2(**kw):
     att = AttentionConfig(1, 2)
-    base = dict(latent_dim=16, history=3, horizon=5, dynamics=AttentionConfig(2, 2), reward=att,
-                value=att, policy=att)
+    base = dict(
+        latent_dim=16,
+        history=3,
+        horizon=5,
+        dynamics=AttentionConfig(2, 2),
+        reward=att,
+        value=att,
+        policy=att,
+    )
     base.update(kw)
     return go2_config(**base)
 
@@ -71,7 +79,7 @@ def test_target_latents_are_stop_gradient():
     terms.latent.backward()
     h = cfg.history
     assert proprio.grad[:, h].abs().sum() > 0  # z_t feeds the prediction
-    assert proprio.grad[:, h + 1:].abs().sum() == 0  # E(o_{t+1..t+T}) are targets only
+    assert proprio.grad[:, h + 1 :].abs().sum() == 0  # E(o_{t+1..t+T}) are targets only
 
 
 def test_nested_obs_window_gives_the_same_loss():
@@ -79,8 +87,13 @@ def test_nested_obs_window_gives_the_same_loss():
     w = synthetic_windows(cfg, 3)
     model = fitted(cfg, w).eval()
     obs_keys = ("proprio", "height_map", "command")
-    nested = {"obs": {k: w[k] for k in obs_keys}, **{k: v for k, v in w.items() if k not in obs_keys}}
-    torch.testing.assert_close(world_model_loss(model, nested).total, world_model_loss(model, w).total)
+    nested = {
+        "obs": {k: w[k] for k in obs_keys},
+        **{k: v for k, v in w.items() if k not in obs_keys},
+    }
+    torch.testing.assert_close(
+        world_model_loss(model, nested).total, world_model_loss(model, w).total
+    )
 
 
 def test_loss_weights_and_terms():
@@ -106,20 +119,33 @@ def _adapt_one_step(model, window, **switches):
     return before, model.state_dict()
 
 
-@pytest.mark.parametrize("cfg", [
-    tiny_go2(),
-    # ResNet-18 has BatchNorm running statistics: they must stay untouched too (eval mode)
-    ur5e_config(latent_dim=16, history=2, horizon=3, image=ImageEncoderConfig(("wrist",), 32, 32),
-                dynamics=AttentionConfig(1, 2), reward=AttentionConfig(1, 1),
-                value=AttentionConfig(1, 1), policy=AttentionConfig(1, 2)),
-], ids=["go2", "ur5e_resnet"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        tiny_go2(),
+        # ResNet-18 has BatchNorm running statistics: they must stay untouched too (eval mode)
+        ur5e_config(
+            latent_dim=16,
+            history=2,
+            horizon=3,
+            image=ImageEncoderConfig(("wrist",), 32, 32),
+            dynamics=AttentionConfig(1, 2),
+            reward=AttentionConfig(1, 1),
+            value=AttentionConfig(1, 1),
+            policy=AttentionConfig(1, 2),
+        ),
+    ],
+    ids=["go2", "ur5e_resnet"],
+)
 def test_adaptation_changes_only_dynamics(cfg):
     w = synthetic_windows(cfg, 3)
     model = fitted(cfg, w)
     before, after = _adapt_one_step(model, w)
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed, "the adaptation step changed nothing"
-    assert all(k.startswith("f.") for k in changed), sorted(k for k in changed if not k.startswith("f."))
+    assert all(k.startswith("f.") for k in changed), sorted(
+        k for k in changed if not k.startswith("f.")
+    )
     assert any(k.startswith("f.decoder") for k in changed)
     for name, p in model.named_parameters():
         if not name.startswith("f."):
@@ -141,8 +167,16 @@ def test_adaptation_ablation_switches_unfreeze_encoder_and_value():
 
 def test_overfit_drives_every_term_down_tenfold():
     torch.manual_seed(0)
-    cfg = tiny_go2(latent_dim=32, history=2, horizon=4, dynamics=AttentionConfig(1, 2), dropout_mlp=0.0,
-                   dropout_attention=0.0, loss=LossWeights(reconstruction=1.0, state=1.0), state_dim=4)
+    cfg = tiny_go2(
+        latent_dim=32,
+        history=2,
+        horizon=4,
+        dynamics=AttentionConfig(1, 2),
+        dropout_mlp=0.0,
+        dropout_attention=0.0,
+        loss=LossWeights(reconstruction=1.0, state=1.0),
+        state_dim=4,
+    )
     w = synthetic_windows(cfg, 8, seed=1)
     model = fitted(cfg, w)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -178,9 +212,13 @@ def test_near_field_makes_millimetres_of_a_state_term_count():
     by_hand = (3 * plain + torch.tanh(torch.tensor(0.4)) ** 2) / 4
     torch.testing.assert_close(world_model_loss(model, w, near_field=near).state, by_hand)
     assert by_hand > 100 * plain
-    layout = StepLayout(proprio_terms=(("joint_pos", 3),), action_dim=2, state_terms=(("hole", 2), ("grasp", 1)))
+    layout = StepLayout(
+        proprio_terms=(("joint_pos", 3),), action_dim=2, state_terms=(("hole", 2), ("grasp", 1))
+    )
     assert near_field_slices(layout, {"grasp": 0.01}, "state_near_field") == [(slice(2, 3), 0.01)]
-    with pytest.raises(ValueError, match=r"state_near_field names \['peg'\]; .* terms \['grasp', 'hole'\]"):
+    with pytest.raises(
+        ValueError, match=r"state_near_field names \['peg'\]; .* terms \['grasp', 'hole'\]"
+    ):
         near_field_slices(layout, {"peg": 0.01}, "state_near_field")
 
 
@@ -197,7 +235,11 @@ def test_state_term_trains_the_encoder_to_hold_the_task_state():
     torch.testing.assert_close(t.total, t.latent + t.reward + t.value + 4 * t.action + 2 * t.state)
     model.zero_grad()
     t.state.backward()
-    grads = {model.part_of(n) for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    grads = {
+        model.part_of(n)
+        for n, p in model.named_parameters()
+        if p.grad is not None and p.grad.abs().sum() > 0
+    }
     assert {"encoder", "state"} <= grads and not grads & {"dynamics", "reward", "value", "policy"}
     with pytest.raises(ValueError, match="needs the privileged task state"):
         world_model_loss(model, {k: v for k, v in w.items() if k != "state"})
@@ -205,4 +247,6 @@ def test_state_term_trains_the_encoder_to_hold_the_task_state():
         world_model_loss(fitted(tiny_go2(), w).eval(), w, LossWeights(state=1.0))
     # raw units out: the head's normalised output mapped back through the fitted scaler
     z = model.encode({k: w[k][:, 3] for k in ("proprio", "height_map")})
-    torch.testing.assert_close(model.state(z), model.scaler.denormalize("state", model.state_head(z)))
+    torch.testing.assert_close(
+        model.state(z), model.scaler.denormalize("state", model.state_head(z))
+    )

@@ -1,5 +1,6 @@
 """Render-only mesh decimation (ur5e/mesh_lod.py): fewer triangles, the same physics, the same
 picture within a small tolerance, and a disk cache that survives corruption."""
+
 import mujoco
 import numpy as np
 import pytest
@@ -14,8 +15,9 @@ from robot_drivers.ur5e.scene import compose
 @pytest.fixture(scope="module")
 def pair():
     """The peg scene with full meshes and with the default decimated ones."""
-    full = MujocoUR5eBackend(SceneConfig(render_mesh_faces=0), ControllerConfig(),
-                             InsertionObjects(peg_config()))
+    full = MujocoUR5eBackend(
+        SceneConfig(render_mesh_faces=0), ControllerConfig(), InsertionObjects(peg_config())
+    )
     lod = MujocoUR5eBackend(SceneConfig(), ControllerConfig(), InsertionObjects(peg_config()))
     yield full, lod
     full.close()
@@ -50,14 +52,18 @@ def test_masses_inertias_and_trajectories_are_identical(pair):
         np.testing.assert_array_equal(getattr(full.model, field), getattr(lod.model, field))
     colliding = (full.model.geom_contype | full.model.geom_conaffinity) > 0
     for field in ("geom_size", "geom_pos", "geom_quat", "geom_friction"):
-        np.testing.assert_array_equal(getattr(full.model, field)[colliding],
-                                      getattr(lod.model, field)[colliding])
+        np.testing.assert_array_equal(
+            getattr(full.model, field)[colliding], getattr(lod.model, field)[colliding]
+        )
     qs = []
     for b in pair:
         b.reset(3)
         for k in range(4):
-            b.act(Command(CommandKind.EE_DELTA, np.array([0.01, -0.01, -0.02, 0, 0, 0.05,
-                                                          float(k >= 2)])))
+            b.act(
+                Command(
+                    CommandKind.EE_DELTA, np.array([0.01, -0.01, -0.02, 0, 0, 0.05, float(k >= 2)])
+                )
+            )
             b.step()
         qs.append(b.data.qpos.copy())
     np.testing.assert_array_equal(qs[0], qs[1])
@@ -77,7 +83,9 @@ def test_images_match_the_full_meshes(pair):
         m0, m1 = full.render_robot_mask(cam), lod.render_robot_mask(cam)
         if (m0 | m1).any():  # the wrist camera looks past the open fingers
             robot_seen.append(cam)
-            assert (m0 & m1).sum() / (m0 | m1).sum() > 0.97, cam  # the silhouette (measured >= 0.989)
+            assert (m0 & m1).sum() / (m0 | m1).sum() > 0.97, (
+                cam
+            )  # the silhouette (measured >= 0.989)
     assert {"overhead", "side"} <= set(robot_seen)
 
 
@@ -94,7 +102,7 @@ def test_decimated_surfaces_stay_where_the_originals_were():
 
     def world_vertices(m, d, g):
         mid = m.geom_dataid[g]
-        v = m.mesh_vert[m.mesh_vertadr[mid]:m.mesh_vertadr[mid] + m.mesh_vertnum[mid]]
+        v = m.mesh_vert[m.mesh_vertadr[mid] : m.mesh_vertadr[mid] + m.mesh_vertnum[mid]]
         return d.geom_xpos[g] + v @ d.geom_xmat[g].reshape(3, 3).T
 
     checked = 0

@@ -1,4 +1,5 @@
 """The package layout that colcon and pip both rely on."""
+
 import xml.etree.ElementTree as ET
 
 import numpy as np

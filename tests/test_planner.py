@@ -4,6 +4,7 @@
 mock): the latent is a point in action space, f integrates the actions (z_{k+1} = z_k + a_k, one
 cumsum for the whole chunk), R = -w_r ||a - a*||^2 and V = -w_v ||z - z*||^2.
 """
+
 from __future__ import annotations
 
 import gc
@@ -37,7 +38,9 @@ class QuadraticToyModel:
         self.target = torch.as_tensor(target, dtype=torch.float32)
         self.reward_weight = reward_weight
         self.value_weight = value_weight
-        self.value_target = torch.zeros(len(target)) if value_target is None else torch.as_tensor(value_target)
+        self.value_target = (
+            torch.zeros(len(target)) if value_target is None else torch.as_tensor(value_target)
+        )
         self.policy_chunk = policy  # (T, A) or None -> zeros
         self.nan_reward_where = None  # callable(actions) -> bool mask (N, T) of NaN rewards
         self.nan_in = set()  # names of methods whose output is all NaN
@@ -64,11 +67,15 @@ class QuadraticToyModel:
         return self._maybe_nan("reward", r)
 
     def value(self, latents, command):
-        return self._maybe_nan("value", -self.value_weight * (latents[:, 1:] - self.value_target).square().sum(-1))
+        return self._maybe_nan(
+            "value", -self.value_weight * (latents[:, 1:] - self.value_target).square().sum(-1)
+        )
 
     def policy(self, z, history, command, proprio):
         T = self.horizon
-        chunk = torch.zeros(T, A) if self.policy_chunk is None else torch.as_tensor(self.policy_chunk)
+        chunk = (
+            torch.zeros(T, A) if self.policy_chunk is None else torch.as_tensor(self.policy_chunk)
+        )
         return self._maybe_nan("policy", chunk.to(z.device).expand(z.shape[0], T, A).clone())
 
     def _maybe_nan(self, name, out):
@@ -76,7 +83,9 @@ class QuadraticToyModel:
 
 
 def make(model, horizon=5, **overrides):
-    settings = dict(horizon=horizon, action_low=(-1.0,) * A, action_high=(1.0,) * A, num_samples=256)
+    settings = dict(
+        horizon=horizon, action_low=(-1.0,) * A, action_high=(1.0,) * A, num_samples=256
+    )
     settings.update(overrides)
     model.horizon = horizon
     return MPPIPlanner(model, PlannerConfig(**settings))
@@ -103,8 +112,14 @@ def test_value_tail_and_discount_match_hand_computation():
     gamma, wv, b = 0.5, 1.0, -1.0
     model = QuadraticToyModel([1.0, 1.0], value_weight=wv, value_target=[b, b])
     planner = make(
-        model, horizon=2, discount=gamma, num_samples=1000, num_elites=64, temperature=10.0,
-        iterations=20, min_std=0.005,
+        model,
+        horizon=2,
+        discount=gamma,
+        num_samples=1000,
+        num_elites=64,
+        temperature=10.0,
+        iterations=20,
+        min_std=0.005,
     )
     result = planner.plan(*inputs())
     # Stationary point of J per dimension: solve the 2x2 linear system.
@@ -119,7 +134,9 @@ def test_value_tail_and_discount_match_hand_computation():
     v = -wv * ((states - b) ** 2).sum(1)
     np.testing.assert_allclose(result.rewards, r, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(result.values, v, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(result.expected_return, r[0] + gamma * r[1] + gamma**2 * v[-1], rtol=1e-5)
+    np.testing.assert_allclose(
+        result.expected_return, r[0] + gamma * r[1] + gamma**2 * v[-1], rtol=1e-5
+    )
 
 
 def test_score_is_the_objective_the_planner_maximises():
@@ -130,7 +147,9 @@ def test_score_is_the_objective_the_planner_maximises():
     chunks = torch.stack([torch.as_tensor(result.mean), torch.zeros(3, A), torch.full((3, A), 0.9)])
     scores = planner.score(*inputs(), chunks).numpy()
     assert scores.shape == (3,)
-    np.testing.assert_allclose(scores[0], result.expected_return, rtol=1e-5)  # the plan's own return
+    np.testing.assert_allclose(
+        scores[0], result.expected_return, rtol=1e-5
+    )  # the plan's own return
     a = chunks[2].double().numpy()  # by hand for the constant chunk
     r = -((a - [0.3, -0.5]) ** 2).sum(1)
     v_end = -0.5 * ((a.sum(0) - [1.0, 0.0]) ** 2).sum()
@@ -144,7 +163,9 @@ def test_score_is_the_objective_the_planner_maximises():
 def test_warm_start_shifts_previous_mean_by_delay():
     model = QuadraticToyModel([0.0, 0.0])
     # A tiny std makes the first iteration's Gaussian candidates equal to the warm-start mean.
-    planner = make(model, horizon=6, mixture_coef=0.0, init_std=1e-6, min_std=1e-6, delay=2, num_elites=8)
+    planner = make(
+        model, horizon=6, mixture_coef=0.0, init_std=1e-6, min_std=1e-6, delay=2, num_elites=8
+    )
     planner._mean.copy_(torch.linspace(-0.6, 0.6, 12).view(6, 2))  # a known previous plan
     expected = torch.zeros(6, 2)
     expected[:4] = planner._mean[2:]
@@ -157,14 +178,23 @@ def test_warm_start_shifts_previous_mean_by_delay():
 def test_policy_warm_start_starts_every_step_at_pi_chunk():
     chunk = torch.linspace(-0.5, 0.5, 6 * A).view(6, A)
     model = QuadraticToyModel([0.0, 0.0], policy=chunk)
-    planner = make(model, horizon=6, mixture_coef=0.0, init_std=1e-6, min_std=1e-6, num_elites=8,
-                   warm_start="policy")
+    planner = make(
+        model,
+        horizon=6,
+        mixture_coef=0.0,
+        init_std=1e-6,
+        min_std=1e-6,
+        num_elites=8,
+        warm_start="policy",
+    )
     planner._mean.copy_(torch.full((6, A), 0.9))  # a previous plan the policy start ignores
     model.recorded = []
     planner.plan(*inputs())
     torch.testing.assert_close(model.recorded[0].mean(0), chunk, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="warm_start"):
-        PlannerConfig(horizon=6, action_low=(-1.0,) * A, action_high=(1.0,) * A, warm_start="previous")
+        PlannerConfig(
+            horizon=6, action_low=(-1.0,) * A, action_high=(1.0,) * A, warm_start="previous"
+        )
 
 
 def test_policy_prior_trades_the_objective_against_distance_from_pi():
@@ -173,14 +203,31 @@ def test_policy_prior_trades_the_objective_against_distance_from_pi():
     target, chunk = np.array([0.6, -0.4]), np.array([-0.2, 0.2])
     T, unit = 5, 0.5
     for w, k in ((0.0, 0.0), (5.0 * unit**2, 1.0), (15.0 * unit**2, 3.0)):
-        model = QuadraticToyModel(target, policy=torch.tensor(np.tile(chunk, (T, 1)), dtype=torch.float32))
-        planner = make(model, horizon=T, discount=1.0, policy_prior=w, std_scale=(unit,) * A,
-                       init_std=1.0, min_std=0.01, num_samples=1000, num_elites=64, temperature=10.0, iterations=40)
+        model = QuadraticToyModel(
+            target, policy=torch.tensor(np.tile(chunk, (T, 1)), dtype=torch.float32)
+        )
+        planner = make(
+            model,
+            horizon=T,
+            discount=1.0,
+            policy_prior=w,
+            std_scale=(unit,) * A,
+            init_std=1.0,
+            min_std=0.01,
+            num_samples=1000,
+            num_elites=64,
+            temperature=10.0,
+            iterations=40,
+        )
         result = planner.plan(*inputs())
         expected = (target + k * chunk) / (1 + k)
-        np.testing.assert_allclose(result.mean, np.tile(expected, (T, 1)), atol=0.01, err_msg=f"policy_prior={w}")
+        np.testing.assert_allclose(
+            result.mean, np.tile(expected, (T, 1)), atol=0.01, err_msg=f"policy_prior={w}"
+        )
         # the reported rewards are the model's own, without the prior's cost
-        np.testing.assert_allclose(result.rewards, -((result.mean - target) ** 2).sum(1), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            result.rewards, -((result.mean - target) ** 2).sum(1), rtol=1e-5, atol=1e-6
+        )
     # the distance is in std units, summed over the action and averaged over the horizon
     chunks = torch.zeros(2, T, A)
     chunks[1, 0] = torch.tensor([0.5, 0.0])  # one step 0.5 (one unit) off in one dimension
@@ -210,14 +257,28 @@ def test_std_scale_sets_the_unit_of_every_std_per_dimension():
     unit (a zero-reward model leaves the elites' own spread, so the floor shows)."""
     unit = (0.05, 0.5)
     model = QuadraticToyModel([0.0, 0.0], reward_weight=0.0, policy=torch.zeros(5, A))
-    planner = make(model, action_low=(-1.0,) * A, action_high=(1.0,) * A, num_samples=2000,
-                   mixture_coef=0.5, init_std=0.2, policy_noise_std=0.1, min_std=0.5, num_elites=8,
-                   iterations=1, std_scale=unit)
+    planner = make(
+        model,
+        action_low=(-1.0,) * A,
+        action_high=(1.0,) * A,
+        num_samples=2000,
+        mixture_coef=0.5,
+        init_std=0.2,
+        policy_noise_std=0.1,
+        min_std=0.5,
+        num_elites=8,
+        iterations=1,
+        std_scale=unit,
+    )
     model.recorded = []
     planner.plan(*inputs())
     first = model.recorded[0]
-    torch.testing.assert_close(first[:2000].std(dim=(0, 1)), 0.2 * torch.tensor(unit), rtol=0.05, atol=0)
-    torch.testing.assert_close(first[2000:].std(dim=(0, 1)), 0.1 * torch.tensor(unit), rtol=0.05, atol=0)
+    torch.testing.assert_close(
+        first[:2000].std(dim=(0, 1)), 0.2 * torch.tensor(unit), rtol=0.05, atol=0
+    )
+    torch.testing.assert_close(
+        first[2000:].std(dim=(0, 1)), 0.1 * torch.tensor(unit), rtol=0.05, atol=0
+    )
     # the elites spread less than the floor in both dimensions: the std is the floor itself
     torch.testing.assert_close(planner._std, (0.5 * torch.tensor(unit)).expand(5, A))
     ur5e = ur5e_planner_config([-0.05, -0.5, 0.0], [0.05, 0.5, 1.0])
@@ -251,7 +312,9 @@ def test_deterministic_per_seed():
     assert not np.array_equal(run(1), run(2))
 
 
-@pytest.mark.parametrize("part", ["encode", "encode_history", "policy", "dynamics", "reward", "value"])
+@pytest.mark.parametrize(
+    "part", ["encode", "encode_history", "policy", "dynamics", "reward", "value"]
+)
 def test_nonfinite_model_output_raises(part):
     model = QuadraticToyModel([0.3, -0.2])
     model.nan_in.add(part)
@@ -284,7 +347,9 @@ def test_some_nonfinite_candidates_are_discarded_when_tolerated():
     strict = make(model, num_samples=128, iterations=3, num_elites=16)
     with pytest.raises(PlannerError, match="candidate"):
         strict.plan(*inputs())
-    tolerant = make(model, num_samples=128, iterations=3, num_elites=16, max_nonfinite_candidates=384)
+    tolerant = make(
+        model, num_samples=128, iterations=3, num_elites=16, max_nonfinite_candidates=384
+    )
     result = tolerant.plan(*inputs())
     assert result.nonfinite_candidates > 0 and np.all(np.isfinite(result.action))
 
@@ -329,12 +394,25 @@ def test_config_defaults_and_validation():
     assert (go2.num_samples, go2.num_policy_samples, go2.num_candidates) == (450, 22, 472)
     assert (go2.iterations, go2.num_elites, go2.horizon) == (8, 64, 25)
     assert go2.temperature == GO2_TEMPERATURE == 30.0  # not mppi.yaml's 0.25: see its comment
-    assert (go2.init_std, go2.min_std, go2.policy_noise_std, go2.discount, go2.delay) == (2.0, 0.05, 0.05, 0.99, 1)
+    assert (go2.init_std, go2.min_std, go2.policy_noise_std, go2.discount, go2.delay) == (
+        2.0,
+        0.05,
+        0.05,
+        0.99,
+        1,
+    )
     ur5e = ur5e_planner_config([-1.0] * 7, [1.0] * 7, num_samples=100)
-    assert (ur5e.horizon, ur5e.init_std, ur5e.policy_noise_std, ur5e.temperature) == (5, 1.0, 0.1, 0.4)
+    assert (ur5e.horizon, ur5e.init_std, ur5e.policy_noise_std, ur5e.temperature) == (
+        5,
+        1.0,
+        0.1,
+        0.4,
+    )
     assert ur5e.num_samples == 100
     with pytest.raises(ValueError, match="num_elites"):
-        PlannerConfig(horizon=5, action_low=(-1.0,), action_high=(1.0,), num_samples=10, num_elites=64)
+        PlannerConfig(
+            horizon=5, action_low=(-1.0,), action_high=(1.0,), num_samples=10, num_elites=64
+        )
     with pytest.raises(ValueError, match="delay"):
         PlannerConfig(horizon=5, action_low=(-1.0,), action_high=(1.0,), delay=0)
     with pytest.raises(ValueError, match="action_low < action_high"):
@@ -348,7 +426,9 @@ def test_cuda_matches_cpu_contract():
     model.value_target = model.value_target.cuda()
     model.horizon = 5
     planner = MPPIPlanner(
-        model, PlannerConfig(horizon=5, action_low=(-1.0,) * A, action_high=(1.0,) * A, mixture_coef=0.0), "cuda"
+        model,
+        PlannerConfig(horizon=5, action_low=(-1.0,) * A, action_high=(1.0,) * A, mixture_coef=0.0),
+        "cuda",
     )
     for _ in range(6):
         result = planner.plan(*inputs())
@@ -363,9 +443,14 @@ def _real_inputs(cfg):
     if cfg.command_dim:
         obs["command"] = torch.randn(1, cfg.command_dim, generator=g)
     if cfg.image is not None:
-        obs["images"] = torch.randint(0, 256, (1, cfg.num_cameras, 3, 32, 32), dtype=torch.uint8, generator=g)
-    return (obs, torch.randn(1, cfg.history, cfg.proprio_dim, generator=g),
-            torch.randn(1, cfg.history, cfg.action_dim, generator=g))
+        obs["images"] = torch.randint(
+            0, 256, (1, cfg.num_cameras, 3, 32, 32), dtype=torch.uint8, generator=g
+        )
+    return (
+        obs,
+        torch.randn(1, cfg.history, cfg.proprio_dim, generator=g),
+        torch.randn(1, cfg.history, cfg.action_dim, generator=g),
+    )
 
 
 @pytest.mark.parametrize("robot", ["go2", "ur5e"])
@@ -373,12 +458,24 @@ def test_runs_on_real_world_model(robot):
     torch.manual_seed(0)
     if robot == "go2":
         cfg = go2_config(latent_dim=16, history=4, horizon=4)
-        config = go2_planner_config([-1.0] * 12, [1.0] * 12, horizon=4, num_samples=40, num_elites=8, iterations=2)
+        config = go2_planner_config(
+            [-1.0] * 12, [1.0] * 12, horizon=4, num_samples=40, num_elites=8, iterations=2
+        )
     else:
-        image = ImageEncoderConfig(UR5E_CAMERAS, 32, 32, backbone="small_cnn", small_cnn_channels=(8, 8),
-                                   small_cnn_features=16)
-        cfg = ur5e_small_config(latent_dim=16, image=image, policy_proprio_skip=True)  # pi reads o^p_t too
-        config = ur5e_planner_config([-0.5] * 6 + [0.0], [0.5] * 6 + [1.0], num_samples=40, num_elites=8, iterations=2)
+        image = ImageEncoderConfig(
+            UR5E_CAMERAS,
+            32,
+            32,
+            backbone="small_cnn",
+            small_cnn_channels=(8, 8),
+            small_cnn_features=16,
+        )
+        cfg = ur5e_small_config(
+            latent_dim=16, image=image, policy_proprio_skip=True
+        )  # pi reads o^p_t too
+        config = ur5e_planner_config(
+            [-0.5] * 6 + [0.0], [0.5] * 6 + [1.0], num_samples=40, num_elites=8, iterations=2
+        )
     model = WorldModel(cfg).eval()
     planner = MPPIPlanner(model, config)
     first = [planner.plan(*_real_inputs(cfg)) for _ in range(2)]
@@ -386,7 +483,9 @@ def test_runs_on_real_world_model(robot):
     again = [planner.plan(*_real_inputs(cfg)) for _ in range(2)]
     for r in first:
         assert r.mean.shape == (cfg.horizon, cfg.action_dim) and r.rewards.shape == (cfg.horizon,)
-        assert np.all(r.mean >= np.array(config.action_low)) and np.all(r.mean <= np.array(config.action_high))
+        assert np.all(r.mean >= np.array(config.action_low)) and np.all(
+            r.mean <= np.array(config.action_high)
+        )
         assert np.all(np.isfinite(r.values)) and r.nonfinite_candidates == 0
     np.testing.assert_array_equal(first[1].mean, again[1].mean)  # reset reproduces the episode
     model.train()
@@ -411,14 +510,18 @@ class _Uncached:
 def test_dynamics_context_is_built_once_per_step_and_keeps_the_plan(kind):
     torch.manual_seed(0)
     cfg = go2_config(latent_dim=16, history=4, horizon=4, dynamics_kind=kind)
-    config = go2_planner_config([-1.0] * 12, [1.0] * 12, horizon=4, num_samples=40, num_elites=8, iterations=3)
+    config = go2_planner_config(
+        [-1.0] * 12, [1.0] * 12, horizon=4, num_samples=40, num_elites=8, iterations=3
+    )
     model = WorldModel(cfg).eval()
     rows = count_kv_rows(model)
     cached = MPPIPlanner(model, config).plan(*_real_inputs(cfg))
     context_rows = cfg.dynamics.layers * (2 * cfg.history + 1)
     assert rows == {"k": context_rows, "v": context_rows}  # one batch-1 context for the whole step
     plain = MPPIPlanner(_Uncached(model), config).plan(*_real_inputs(cfg))
-    assert rows["k"] > context_rows * config.num_candidates * config.iterations  # what the cache saves
+    assert (
+        rows["k"] > context_rows * config.num_candidates * config.iterations
+    )  # what the cache saves
     np.testing.assert_allclose(cached.action, plain.action, atol=1e-5)
     np.testing.assert_allclose(cached.mean, plain.mean, atol=1e-5)
     np.testing.assert_allclose(cached.rewards, plain.rewards, atol=1e-4)

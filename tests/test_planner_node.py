@@ -4,6 +4,7 @@ The node runs as its own process (lockstep: one tick per observation) with a sma
 initialised UR5e world model; the test plays ingestion, publishing observations and reading
 the node's action, plan, values and diagnostics.
 """
+
 import pathlib
 import subprocess
 import sys
@@ -38,8 +39,12 @@ def make_checkpoint(path, seed=0, scale=1.0, **overrides):
 
     torch.manual_seed(seed)
     config = ur5e_small_config(
-        proprio_dim=SPEC.proprio_dim, latent_dim=32, dynamics=AttentionConfig(1, 2), policy=AttentionConfig(1, 2),
-        **overrides)
+        proprio_dim=SPEC.proprio_dim,
+        latent_dim=32,
+        dynamics=AttentionConfig(1, 2),
+        policy=AttentionConfig(1, 2),
+        **overrides,
+    )
     model = WorldModel(config)
     if scale != 1.0:  # finite weights whose activations overflow: the model outputs NaN/Inf
         with torch.no_grad():
@@ -56,13 +61,22 @@ class Ingestion:
         rclpy.init()
         self.node = Node("planner_test")
         self.rng = np.random.default_rng(0)
-        self.images = {c: self.node.create_publisher(Image, f"/simdist/observation/image/{c}", QOS) for c in SPEC.cameras}
+        self.images = {
+            c: self.node.create_publisher(Image, f"/simdist/observation/image/{c}", QOS)
+            for c in SPEC.cameras
+        }
         self.proprio = self.node.create_publisher(JointState, "/simdist/observation/proprio", QOS)
         self.actions, self.plans, self.values, self.diags = {}, {}, {}, []
         n = self.node
-        n.create_subscription(JointTrajectory, "/simdist/action", lambda m: self._keep(self.actions, m), QOS)
-        n.create_subscription(JointTrajectory, "/simdist/plan", lambda m: self._keep(self.plans, m), QOS)
-        n.create_subscription(JointTrajectory, "/simdist/values", lambda m: self._keep(self.values, m), QOS)
+        n.create_subscription(
+            JointTrajectory, "/simdist/action", lambda m: self._keep(self.actions, m), QOS
+        )
+        n.create_subscription(
+            JointTrajectory, "/simdist/plan", lambda m: self._keep(self.plans, m), QOS
+        )
+        n.create_subscription(
+            JointTrajectory, "/simdist/values", lambda m: self._keep(self.values, m), QOS
+        )
         n.create_subscription(DiagnosticArray, "/diagnostics", self.diags.append, QOS)
         self.set_params = n.create_client(SetParameters, "/planner/set_parameters")
         self.load_model = n.create_client(Trigger, "/planner/load_model")
@@ -89,12 +103,24 @@ class Ingestion:
     def publish(self) -> int:
         """One observation (a new tick) once the planner listens; returns its stamp."""
         pubs = [self.proprio, *self.images.values()]
-        assert self.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 60.0), "planner never subscribed"
+        assert self.wait(lambda: all(p.get_subscription_count() > 0 for p in pubs), 60.0), (
+            "planner never subscribed"
+        )
         now = self.node.get_clock().now().nanoseconds
-        self.stamp = now if self.realtime else self.stamp + 200_000_000  # wall clock / lockstep ticks
-        obs = Observation(stamp=0.0, proprio=self.rng.normal(size=SPEC.proprio_dim).astype(np.float32))
+        self.stamp = (
+            now if self.realtime else self.stamp + 200_000_000
+        )  # wall clock / lockstep ticks
+        obs = Observation(
+            stamp=0.0, proprio=self.rng.normal(size=SPEC.proprio_dim).astype(np.float32)
+        )
         for cam, pub in self.images.items():
-            pub.publish(ros_msgs.image_to_msg(self.rng.integers(0, 255, (*SPEC.image_shape, 3), dtype=np.uint8), self.stamp, cam))
+            pub.publish(
+                ros_msgs.image_to_msg(
+                    self.rng.integers(0, 255, (*SPEC.image_shape, 3), dtype=np.uint8),
+                    self.stamp,
+                    cam,
+                )
+            )
         self.proprio.publish(ros_msgs.proprio_to_msg(obs, SPEC, self.stamp))
         return self.stamp
 
@@ -191,7 +217,9 @@ def test_set_parameters_applied_or_rejected_with_reason_and_used_next_tick(tmp_p
     _, values = ing.planning_status(mark)
     assert values["num_samples"] == "48"  # the tick after the set planned with the new value
     assert values["warm_start"] == "policy" and values["policy_prior"] == "20.0"
-    assert values["temperature"] == "0.4" and values["num_elites"] == "8"  # rejected sets changed nothing
+    assert (
+        values["temperature"] == "0.4" and values["num_elites"] == "8"
+    )  # rejected sets changed nothing
 
 
 def test_hot_swap_answers_every_observation(tmp_path, planner):
@@ -205,7 +233,9 @@ def test_hot_swap_answers_every_observation(tmp_path, planner):
     stamps = []
     while not future.done() or len(stamps) < 3:
         stamps.append(ing.publish())
-        assert ing.wait(lambda: stamps[-1] in ing.actions, 20.0), f"tick {len(stamps)} dropped during the swap"
+        assert ing.wait(lambda: stamps[-1] in ing.actions, 20.0), (
+            f"tick {len(stamps)} dropped during the swap"
+        )
         assert len(stamps) < 200, "the swap never finished"
     result = future.result()
     assert result.success, result.message
@@ -218,7 +248,9 @@ def test_hot_swap_answers_every_observation(tmp_path, planner):
     (ok,) = ing.set(checkpoint=str(tmp_path / "missing"))
     assert ok.successful
     refused = ing.call(ing.load_model, Trigger.Request())
-    assert not refused.success and "refused checkpoint" in refused.message and "v2" in refused.message
+    assert (
+        not refused.success and "refused checkpoint" in refused.message and "v2" in refused.message
+    )
     assert ing.tick(), "the node stopped planning after a refused swap"
 
 
@@ -226,23 +258,35 @@ def test_nan_model_output_sends_hold_and_reports_an_error(tmp_path, planner):
     start, ing = planner
     start(make_checkpoint(tmp_path / "nan", scale=1e30))
     stamp = ing.publish()
-    assert ing.wait(lambda: ing.planning_status()[0] is not None and ing.planning_status()[0].level == b"\x02", 60.0)
+    assert ing.wait(
+        lambda: ing.planning_status()[0] is not None and ing.planning_status()[0].level == b"\x02",
+        60.0,
+    )
     status, values = ing.planning_status()
     assert "HOLD sent" in status.message and "non-finite" in status.message
     assert values["failed_plans"] == "1"
     assert ing.wait(lambda: stamp in ing.actions, 10.0)
     hold = ing.actions[stamp]
-    assert hold.header.frame_id == "hold" and list(hold.points[0].positions) == []  # the explicit safe action
+    assert (
+        hold.header.frame_id == "hold" and list(hold.points[0].positions) == []
+    )  # the explicit safe action
     assert not ing.plans  # nothing planned is ever published from a non-finite model
 
 
-def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_deadline(tmp_path, planner):
+def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_deadline(
+    tmp_path, planner
+):
     start, ing = planner
     # 100 Hz with 5% of the period (0.5 ms) for MPPI: the first MPPI tick measures the latency,
     # every later tick must run pi instead (re-probing disabled). This pi also reads o^p_t.
-    start(make_checkpoint(tmp_path / "ck", policy_proprio_gain=True), "lockstep:=false", "control_rate_hz:=100.0",
-          "deadline_fraction:=0.05", "reprobe_ticks:=0",
-          "max_observation_age_s:=5.0")  # fmt: skip  (staleness is not under test; a slow first tick must not void the next)
+    start(
+        make_checkpoint(tmp_path / "ck", policy_proprio_gain=True),
+        "lockstep:=false",
+        "control_rate_hz:=100.0",
+        "deadline_fraction:=0.05",
+        "reprobe_ticks:=0",
+        "max_observation_age_s:=5.0",
+    )  # fmt: skip  (staleness is not under test; a slow first tick must not void the next)
     ing.realtime = True
     for _ in range(4):
         stamp = ing.publish()
@@ -250,7 +294,9 @@ def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_
     ing.spin(0.3)
     stamps = sorted(ing.actions)
     assert len(stamps) == 4
-    assert stamps[0] in ing.values and not any(s in ing.values for s in stamps[1:])  # pi has no values
+    assert stamps[0] in ing.values and not any(
+        s in ing.values for s in stamps[1:]
+    )  # pi has no values
     assert all(len(ing.plans[s].points) == 5 for s in stamps)
     assert ing.wait(lambda: ing.planning_status()[1].get("policy_fallbacks") == "3")
     status, values = ing.planning_status()
@@ -262,12 +308,16 @@ def test_observation_with_a_foreign_proprio_layout_is_rejected_without_acting(tm
     start(make_checkpoint(tmp_path / "ck"))
     assert ing.tick(60.0)
     good = dict(ing.actions)
-    bad = ros_msgs.proprio_to_msg(Observation(stamp=0.0, proprio=np.zeros(SPEC.proprio_dim, np.float32)), SPEC, 0)
+    bad = ros_msgs.proprio_to_msg(
+        Observation(stamp=0.0, proprio=np.zeros(SPEC.proprio_dim, np.float32)), SPEC, 0
+    )
     bad.name = list(reversed(bad.name))  # same size, different layout: must not be planned on
     ing.stamp += 200_000_000
     bad.header.stamp = ros_msgs.stamp_msg(ing.stamp)
     for cam, pub in ing.images.items():
-        pub.publish(ros_msgs.image_to_msg(np.zeros((*SPEC.image_shape, 3), np.uint8), ing.stamp, cam))
+        pub.publish(
+            ros_msgs.image_to_msg(np.zeros((*SPEC.image_shape, 3), np.uint8), ing.stamp, cam)
+        )
     ing.proprio.publish(bad)
 
     def rejected():

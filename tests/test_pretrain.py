@@ -1,4 +1,5 @@
 """simdist-pretrain: schedule, real shards, augmentation, DDP with 2 CPU ranks, exact resume."""
+
 import dataclasses
 import json
 import os
@@ -33,18 +34,45 @@ from simdist_planner.training.train_state import weights_sha256
 TINY = {"latent_dim": 16, "history": 3, "horizon": 4}
 
 
-
 def synthetic_cfg(**kw) -> PretrainConfig:
-    base = dict(model="go2", synthetic=True, model_overrides=TINY, steps=12, batch_size=4,
-                warmup_steps=3, checkpoint_every=4, log_every=4, workers=0)
+    base = dict(
+        model="go2",
+        synthetic=True,
+        model_overrides=TINY,
+        steps=12,
+        batch_size=4,
+        warmup_steps=3,
+        checkpoint_every=4,
+        log_every=4,
+        workers=0,
+    )
     return PretrainConfig(**{**base, **kw})
 
 
 def cli_args(cfg: PretrainConfig, out) -> list[str]:
-    return ["--synthetic", "true", "--model", cfg.model, "--model-overrides", json.dumps(cfg.model_overrides),
-            "--steps", str(cfg.steps), "--batch-size", str(cfg.batch_size), "--warmup-steps", str(cfg.warmup_steps),
-            "--checkpoint-every", str(cfg.checkpoint_every), "--log-every", str(cfg.log_every),
-            "--workers", "0", "--out", str(out), "--no-progress"]
+    return [
+        "--synthetic",
+        "true",
+        "--model",
+        cfg.model,
+        "--model-overrides",
+        json.dumps(cfg.model_overrides),
+        "--steps",
+        str(cfg.steps),
+        "--batch-size",
+        str(cfg.batch_size),
+        "--warmup-steps",
+        str(cfg.warmup_steps),
+        "--checkpoint-every",
+        str(cfg.checkpoint_every),
+        "--log-every",
+        str(cfg.log_every),
+        "--workers",
+        "0",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
 
 
 def test_learning_rate_schedule():
@@ -57,14 +85,23 @@ def test_learning_rate_schedule():
     assert lr_at(cfg, 5000) == pytest.approx(1e-4)
 
 
-def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),), action=None, task="peg", state=None):
+def _write_ur5e_like_shard(
+    path, state_terms=(("tcp_to_grasp", 3),), action=None, task="peg", state=None
+):
     """Three 12-row episodes of random rows; `action` (12, A) replaces the random 2-d actions,
     `state` (12, S) or one per episode (3, 12, S) the random task state."""
 
-    layout = StepLayout(proprio_terms=(("joint_pos", 3), ("gripper", 1)),
-                        action_dim=2 if action is None else action.shape[1],
-                        cameras=("wrist",), image_shape=(16, 16), state_terms=state_terms)
-    attrs = {"task": task, "config": json.dumps({"robot": {"obs_noise": {"joint_pos": 0.5, "gripper": 0.0}}})}
+    layout = StepLayout(
+        proprio_terms=(("joint_pos", 3), ("gripper", 1)),
+        action_dim=2 if action is None else action.shape[1],
+        cameras=("wrist",),
+        image_shape=(16, 16),
+        state_terms=state_terms,
+    )
+    attrs = {
+        "task": task,
+        "config": json.dumps({"robot": {"obs_noise": {"joint_pos": 0.5, "gripper": 0.0}}}),
+    }
     rng = np.random.default_rng(0)
     with ShardWriter(path / shard_name(0), layout, attrs) as w:
         for ep in range(3):
@@ -72,24 +109,49 @@ def _write_ur5e_like_shard(path, state_terms=(("tcp_to_grasp", 3),), action=None
             steps = {
                 "proprio": rng.normal(size=(rows, 4)).astype(np.float32),
                 "images/wrist": rng.integers(0, 255, (rows, 16, 16, 3), dtype=np.uint8),
-                "action": rng.normal(size=(rows, 2)).astype(np.float32) if action is None else action,
+                "action": rng.normal(size=(rows, 2)).astype(np.float32)
+                if action is None
+                else action,
                 "reward": rng.normal(size=rows).astype(np.float32),
                 "value": rng.normal(size=rows).astype(np.float32),
                 "expert": (rng.random(rows) > 0.3).astype(np.uint8),
                 "noised": np.zeros(rows, np.uint8),
             }
             if state_terms:
-                steps["state"] = (rng.normal(size=(rows, layout.state_dim)).astype(np.float32)
-                                  if state is None else state[ep] if state.ndim == 3 else state)
-            w.append(EpisodeRecord(id=ep, steps=steps, policy=0, seed=ep, noise_scale=np.zeros(layout.action_dim),
-                                   never_noised=False, success=False, terminated=False, truncated=True))
+                steps["state"] = (
+                    rng.normal(size=(rows, layout.state_dim)).astype(np.float32)
+                    if state is None
+                    else state[ep]
+                    if state.ndim == 3
+                    else state
+                )
+            w.append(
+                EpisodeRecord(
+                    id=ep,
+                    steps=steps,
+                    policy=0,
+                    seed=ep,
+                    noise_scale=np.zeros(layout.action_dim),
+                    never_noised=False,
+                    success=False,
+                    terminated=False,
+                    truncated=True,
+                )
+            )
 
 
 def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     _write_ur5e_like_shard(tmp_path / "data")
-    cfg = PretrainConfig(model="ur5e_small", data=(str(tmp_path / "data"),), steps=3, batch_size=4,
-                         warmup_steps=1, checkpoint_every=3, workers=0,
-                         model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+    cfg = PretrainConfig(
+        model="ur5e_small",
+        data=(str(tmp_path / "data"),),
+        steps=3,
+        batch_size=4,
+        warmup_steps=1,
+        checkpoint_every=3,
+        workers=0,
+        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    )
     final = pretrain(cfg, tmp_path / "run", progress=False)
     model = load_checkpoint(final)
     c = model.config
@@ -108,39 +170,61 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     mc = source.model_config
     aug = augment(batch, cfg, source.proprio_noise(), 0.0, mc, torch.Generator().manual_seed(0))
     h = 2
-    assert not torch.equal(aug["proprio"][:, :h + 1, :3], batch["proprio"][:, :h + 1, :3])
+    assert not torch.equal(aug["proprio"][:, : h + 1, :3], batch["proprio"][:, : h + 1, :3])
     assert torch.equal(aug["proprio"][:, :, 3], batch["proprio"][:, :, 3])  # gripper noise 0
-    assert torch.equal(aug["proprio"][:, h + 1:], batch["proprio"][:, h + 1:])  # targets clean
+    assert torch.equal(aug["proprio"][:, h + 1 :], batch["proprio"][:, h + 1 :])  # targets clean
     clean = batch["images"]
-    assert clean.dtype == torch.uint8 and aug["images"].dtype == torch.uint8  # camera frames stay bytes
+    assert (
+        clean.dtype == torch.uint8 and aug["images"].dtype == torch.uint8
+    )  # camera frames stay bytes
     assert not torch.equal(aug["images"][:, h], clean[:, h])
 
     # photometric change on o_t only; one shift per (window, camera) on o_t and the targets alike
-    photometric = augment(batch, dataclasses.replace(cfg, image_shift=0), source.proprio_noise(), 0.0, mc,
-                          torch.Generator().manual_seed(0))["images"]
+    photometric = augment(
+        batch,
+        dataclasses.replace(cfg, image_shift=0),
+        source.proprio_noise(),
+        0.0,
+        mc,
+        torch.Generator().manual_seed(0),
+    )["images"]
     assert not torch.equal(photometric[:, h], clean[:, h])
-    assert torch.equal(photometric[:, h + 1:], clean[:, h + 1:])
+    assert torch.equal(photometric[:, h + 1 :], clean[:, h + 1 :])
     assert torch.equal(photometric[:, :h], clean[:, :h])  # history frames: E never reads them
     s = 2
     geometric = dataclasses.replace(cfg, image_shift=s, image_brightness=0.0, image_contrast=0.0)
     # the wrist camera is fixed by default (its view of the hand is the mount's): never shifted
     assert mc.image.cameras == ("wrist",) and cfg.fixed_cameras == ("wrist",)
-    fixed = augment(batch, geometric, source.proprio_noise(), 0.0, mc, torch.Generator().manual_seed(0))["images"]
+    fixed = augment(
+        batch, geometric, source.proprio_noise(), 0.0, mc, torch.Generator().manual_seed(0)
+    )["images"]
     assert torch.equal(fixed, clean)
-    shifted = augment(batch, dataclasses.replace(geometric, fixed_cameras=()), source.proprio_noise(), 0.0, mc,
-                      torch.Generator().manual_seed(0))["images"]
+    shifted = augment(
+        batch,
+        dataclasses.replace(geometric, fixed_cameras=()),
+        source.proprio_noise(),
+        0.0,
+        mc,
+        torch.Generator().manual_seed(0),
+    )["images"]
     assert torch.equal(shifted[:, :h], clean[:, :h])
     # the reference: replicate padding by s pixels, then a crop at one of (2 s + 1)^2 offsets
     ref = clean.float()
     padded = torch.nn.functional.pad(ref.flatten(0, 2), (s, s, s, s), mode="replicate").view(
-        *ref.shape[:4], ref.shape[4] + 2 * s, ref.shape[5] + 2 * s)
+        *ref.shape[:4], ref.shape[4] + 2 * s, ref.shape[5] + 2 * s
+    )
     hh, ww = ref.shape[-2:]
     offsets = set()
     for b in range(ref.shape[0]):
         for c in range(ref.shape[2]):
-            crops = {(dy, dx): padded[b, h:, c, :, dy:dy + hh, dx:dx + ww]
-                     for dy in range(2 * s + 1) for dx in range(2 * s + 1)}
-            match = [k for k, crop in crops.items() if torch.equal(crop[0], shifted[b, h, c].float())]
+            crops = {
+                (dy, dx): padded[b, h:, c, :, dy : dy + hh, dx : dx + ww]
+                for dy in range(2 * s + 1)
+                for dx in range(2 * s + 1)
+            }
+            match = [
+                k for k, crop in crops.items() if torch.equal(crop[0], shifted[b, h, c].float())
+            ]
             assert match, "o_t is not a shifted crop"
             # the same offset moved every target frame of this window and camera
             assert any(torch.equal(crops[k], shifted[b, h:, c].float()) for k in match)
@@ -154,18 +238,30 @@ def test_the_scaler_sees_a_rare_flag_as_often_as_the_data_holds_it(tmp_path, mon
     state = np.zeros((3, 12, 1), np.float32)
     state[1, 10:, 0] = 1.0
     _write_ur5e_like_shard(tmp_path / "data", state_terms=(("seated", 1),), state=state)
-    cfg = PretrainConfig(model="ur5e_small", data=(str(tmp_path / "data"),), workers=0,
-                         model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+    cfg = PretrainConfig(
+        model="ur5e_small",
+        data=(str(tmp_path / "data"),),
+        workers=0,
+        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    )
 
     read_names = []
     real_read = ShardedDataset.read
-    monkeypatch.setattr(ShardedDataset, "read", lambda self, i, a, b, names=None: (
-        read_names.append(names), real_read(self, i, a, b, names))[1])
+    monkeypatch.setattr(
+        ShardedDataset,
+        "read",
+        lambda self, i, a, b, names=None: (
+            read_names.append(names),
+            real_read(self, i, a, b, names),
+        )[1],
+    )
     source = WindowSource(cfg, 0, 1)
     model = WorldModel(source.model_config)
     read_names.clear()
     fit_scaler(model, cfg, source)
-    assert read_names and all(n is not None and not any("images" in k for k in n) for n in read_names)
+    assert read_names and all(
+        n is not None and not any("images" in k for k in n) for n in read_names
+    )
     flag = state.reshape(-1)
     assert float(model.scaler.state_std) == pytest.approx(flag.std(ddof=1), rel=1e-5)
     assert float(model.scaler.state_mean) == pytest.approx(2 / 36, rel=1e-5)
@@ -178,8 +274,15 @@ def test_the_scaler_sees_a_rare_flag_as_often_as_the_data_holds_it(tmp_path, mon
 
 def test_a_dataset_without_the_task_state_is_refused_unless_the_state_loss_is_off(tmp_path):
     _write_ur5e_like_shard(tmp_path / "data", state_terms=())
-    cfg = PretrainConfig(model="ur5e_small", data=(str(tmp_path / "data"),), steps=1, batch_size=2,
-                         warmup_steps=1, workers=0, model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+    cfg = PretrainConfig(
+        model="ur5e_small",
+        data=(str(tmp_path / "data"),),
+        steps=1,
+        batch_size=2,
+        warmup_steps=1,
+        workers=0,
+        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    )
     with pytest.raises(ValueError, match="holds no task state"):
         pretrain(cfg, tmp_path / "run", progress=False)
     off = dataclasses.replace(cfg, model_overrides={**cfg.model_overrides, "loss": {"state": 0.0}})
@@ -194,8 +297,14 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
     action[9:, 2] = 0.02
     _write_ur5e_like_shard(tmp_path / "data", action=action)
     # H = 2, T = 3: windows t = 0..8 per episode, of which t = 6, 7, 8 are closing (a_t closed)
-    cfg = PretrainConfig(model="ur5e_small", data=(str(tmp_path / "data"),), steps=200, batch_size=4,
-                         workers=0, model_overrides={"latent_dim": 16, "history": 2, "horizon": 3})
+    cfg = PretrainConfig(
+        model="ur5e_small",
+        data=(str(tmp_path / "data"),),
+        steps=200,
+        batch_size=4,
+        workers=0,
+        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    )
 
     def closing_share(c: PretrainConfig) -> float:
         source = WindowSource(c, 0, 1)
@@ -205,10 +314,17 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
     assert closing_share(cfg) == pytest.approx(3 / 9, abs=0.06)  # uniform over windows
     weighted = cfg.replace(phase_weights={"closing": 4})
     assert closing_share(weighted) == pytest.approx(12 / 18, abs=0.06)  # 3 x 4 against 6 x 1
-    assert WindowSource(weighted, 0, 1).weighting == "9 of 27 windows in the phases {'closing': 4}, 66.7% of draws"
-    assert closing_share(cfg.replace(phase_weights={"closing": 0.25})) == pytest.approx(0.75 / 6.75, abs=0.06)
+    assert (
+        WindowSource(weighted, 0, 1).weighting
+        == "9 of 27 windows in the phases {'closing': 4}, 66.7% of draws"
+    )
+    assert closing_share(cfg.replace(phase_weights={"closing": 0.25})) == pytest.approx(
+        0.75 / 6.75, abs=0.06
+    )
 
-    with pytest.raises(ValueError, match=r"names \['lift'\], but task 'peg' defines the phases \['closing'\]"):
+    with pytest.raises(
+        ValueError, match=r"names \['lift'\], but task 'peg' defines the phases \['closing'\]"
+    ):
         WindowSource(cfg.replace(phase_weights={"lift": 2}), 0, 1)
     for bad in (0, -1, float("nan"), True, "2"):
         with pytest.raises(ValueError, match="must be a positive number"):
@@ -225,11 +341,21 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
     state[:, STATE_SLICES["bottom_to_hole"]] = [0.0, 0.0, 0.1]
     state[:, STATE_SLICES["grasped"]] = 1.0
     state[2:5, STATE_SLICES["bottom_to_hole"]] = [0.005, 0.0, 0.004]  # windows t = 2, 3, 4
-    _write_ur5e_like_shard(tmp_path / "with_state", state_terms=STATE_TERMS, action=action, state=state)
+    _write_ur5e_like_shard(
+        tmp_path / "with_state", state_terms=STATE_TERMS, action=action, state=state
+    )
     at_hole = cfg.replace(data=(str(tmp_path / "with_state"),), phase_weights={"at_hole": 2})
-    assert WindowSource(at_hole, 0, 1).weighting == "9 of 27 windows in the phases {'at_hole': 2}, 50.0% of draws"
-    args_cfg, _ = parse_args(["--preset", "ur5e_peg", "--data", "d", "--out", "o", "--phase-weights", '{"closing": 3}'])
-    assert args_cfg.phase_weights == {"closing": 3} and args_cfg.steps == PRETRAIN_PRESETS["ur5e_peg"]["steps"]
+    assert (
+        WindowSource(at_hole, 0, 1).weighting
+        == "9 of 27 windows in the phases {'at_hole': 2}, 50.0% of draws"
+    )
+    args_cfg, _ = parse_args(
+        ["--preset", "ur5e_peg", "--data", "d", "--out", "o", "--phase-weights", '{"closing": 3}']
+    )
+    assert (
+        args_cfg.phase_weights == {"closing": 3}
+        and args_cfg.steps == PRETRAIN_PRESETS["ur5e_peg"]["steps"]
+    )
 
     _write_ur5e_like_shard(tmp_path / "go2", action=action, task="go2_flat")
     with pytest.raises(ValueError, match="task 'go2_flat' defines the phases none"):
@@ -237,31 +363,48 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
     never = action.copy()
     never[:, 6] = 0.0  # no grasp at all: nothing to weight
     _write_ur5e_like_shard(tmp_path / "open", action=never)
-    with pytest.raises(ValueError, match=r"no window of the selection lies in the phases \['closing'\]"):
+    with pytest.raises(
+        ValueError, match=r"no window of the selection lies in the phases \['closing'\]"
+    ):
         WindowSource(weighted.replace(data=(str(tmp_path / "open"),)), 0, 1)
 
 
 def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
     cfg = synthetic_cfg(steps=4, checkpoint_every=2, log_every=2)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "simdist_planner.cli.pretrain", *cli_args(cfg, tmp_path / "ddp")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "simdist_planner.cli.pretrain",
+        *cli_args(cfg, tmp_path / "ddp"),
+    ]
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     metrics = json.loads((tmp_path / "ddp" / "model" / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["step"] == 4
     a, b = metrics["rank_weights_sha256"]
     assert a == b
     # and training moved the weights: a single-rank run of 0 steps differs
-    untrained = pretrain(synthetic_cfg(steps=1, checkpoint_every=1), tmp_path / "zero", progress=False)
+    untrained = pretrain(
+        synthetic_cfg(steps=1, checkpoint_every=1), tmp_path / "zero", progress=False
+    )
     assert weights_sha256(load_checkpoint(untrained)) != a
 
 
 def test_kill_and_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
     cfg = synthetic_cfg(steps=40, checkpoint_every=2, log_every=2)
-    proc = subprocess.Popen([sys.executable, "-m", "simdist_planner.cli.pretrain", *cli_args(cfg, tmp_path / "killed")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "simdist_planner.cli.pretrain", *cli_args(cfg, tmp_path / "killed")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     state = tmp_path / "killed" / "train_state" / "state.json"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -284,9 +427,13 @@ def test_kill_and_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
 
 def test_time_limit_stops_saves_and_resumes_to_the_uninterrupted_weights(tmp_path):
     cfg = synthetic_cfg(steps=12, checkpoint_every=100, log_every=100)
-    stopped = pretrain(dataclasses.replace(cfg, time_limit_s=1e-9), tmp_path / "run", progress=False)
+    stopped = pretrain(
+        dataclasses.replace(cfg, time_limit_s=1e-9), tmp_path / "run", progress=False
+    )
     metrics = json.loads((stopped / "metrics.json").read_text())
-    assert metrics["stopped_at_time_limit"] and metrics["step"] == 1 and metrics["steps_this_run"] == 1
+    assert (
+        metrics["stopped_at_time_limit"] and metrics["step"] == 1 and metrics["steps_this_run"] == 1
+    )
     assert json.loads((tmp_path / "run" / "train_state" / "state.json").read_text())["step"] == 1
 
     resumed = pretrain(cfg, tmp_path / "run", progress=False)  # the budget may change on resume
@@ -300,30 +447,57 @@ def test_time_limit_stops_saves_and_resumes_to_the_uninterrupted_weights(tmp_pat
 def test_init_from_starts_from_the_checkpoint_weights(tmp_path):
     first = pretrain(synthetic_cfg(steps=4), tmp_path / "first", progress=False)
     # one step at the warm-up's first learning rate (0) leaves the loaded weights as they were
-    warm = pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7, init_from=str(first)), tmp_path / "warm",
-                    progress=False)
+    warm = pretrain(
+        synthetic_cfg(steps=1, warmup_steps=1, seed=7, init_from=str(first)),
+        tmp_path / "warm",
+        progress=False,
+    )
     a, b = load_checkpoint(first).state_dict(), load_checkpoint(warm).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    cold = load_checkpoint(pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7), tmp_path / "cold",
-                                    progress=False)).state_dict()
+    cold = load_checkpoint(
+        pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7), tmp_path / "cold", progress=False)
+    ).state_dict()
     assert not all(torch.equal(a[k], cold[k]) for k in a)
     # a setting that leaves every weight's shape and role (WARM_START_FREE) may change
-    blind = load_checkpoint(pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7, init_from=str(first),
-                                                   model_overrides={**TINY, "policy_sees_history": False}),
-                                     tmp_path / "blind", progress=False))
+    blind = load_checkpoint(
+        pretrain(
+            synthetic_cfg(
+                steps=1,
+                warmup_steps=1,
+                seed=7,
+                init_from=str(first),
+                model_overrides={**TINY, "policy_sees_history": False},
+            ),
+            tmp_path / "blind",
+            progress=False,
+        )
+    )
     assert not blind.config.policy_sees_history
     assert all(torch.equal(a[k], v) for k, v in blind.state_dict().items())
     # a zero-initialised addition (WARM_START_ADDED) may be switched on; it starts at zero
-    gained = load_checkpoint(pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7, init_from=str(first),
-                                                    model_overrides={**TINY, "policy_proprio_gain": True}),
-                                      tmp_path / "gained", progress=False))
+    gained = load_checkpoint(
+        pretrain(
+            synthetic_cfg(
+                steps=1,
+                warmup_steps=1,
+                seed=7,
+                init_from=str(first),
+                model_overrides={**TINY, "policy_proprio_gain": True},
+            ),
+            tmp_path / "gained",
+            progress=False,
+        )
+    )
     assert gained.config.policy_proprio_gain
     assert all(torch.equal(a[k], gained.state_dict()[k]) for k in a)
     assert not gained.policy_head.proprio_gain.weight.any()
     other = {**TINY, "latent_dim": 8}
     with pytest.raises(ValueError, match="latent_dim"):
-        pretrain(synthetic_cfg(steps=1, init_from=str(first), model_overrides=other), tmp_path / "bad",
-                 progress=False)
+        pretrain(
+            synthetic_cfg(steps=1, init_from=str(first), model_overrides=other),
+            tmp_path / "bad",
+            progress=False,
+        )
 
 
 def test_resume_refuses_different_settings(tmp_path):
@@ -347,12 +521,16 @@ def test_weight_average_follows_its_ramp_then_its_decay():
         net.weight.fill_(-1.0)
     avg.update(net, step=10_000)  # past the ramp: the decay
     torch.testing.assert_close(avg.model.weight, torch.full((2,), 0.99 * 2.8 + 0.01 * -1.0))
-    torch.testing.assert_close(net.weight.detach(), torch.full((2,), -1.0))  # the trained model is left alone
+    torch.testing.assert_close(
+        net.weight.detach(), torch.full((2,), -1.0)
+    )  # the trained model is left alone
 
 
 def test_ema_run_writes_the_average_trains_as_without_and_resumes_exactly(tmp_path):
     cfg = synthetic_cfg(steps=12, checkpoint_every=100, log_every=100, ema_decay=0.9)
-    plain = load_checkpoint(pretrain(dataclasses.replace(cfg, ema_decay=0.0), tmp_path / "plain", progress=False))
+    plain = load_checkpoint(
+        pretrain(dataclasses.replace(cfg, ema_decay=0.0), tmp_path / "plain", progress=False)
+    )
     ema = load_checkpoint(pretrain(cfg, tmp_path / "ema", progress=False))
     raw = load_checkpoint(tmp_path / "ema" / "train_state" / "model")
     p, e, r = plain.state_dict(), ema.state_dict(), raw.state_dict()
@@ -367,7 +545,11 @@ def test_ema_run_writes_the_average_trains_as_without_and_resumes_exactly(tmp_pa
     assert all(torch.equal(e[k], resumed[k]) for k in e)
 
     # a train state saved without the average cannot resume a run that keeps one
-    pretrain(dataclasses.replace(cfg, ema_decay=0.0, time_limit_s=1e-9), tmp_path / "no_avg", progress=False)
+    pretrain(
+        dataclasses.replace(cfg, ema_decay=0.0, time_limit_s=1e-9),
+        tmp_path / "no_avg",
+        progress=False,
+    )
     (tmp_path / "no_avg" / "pretrain.json").write_text(json.dumps(cfg.to_dict()))
     with pytest.raises(ValueError, match="no ema/ weight average"):
         pretrain(cfg, tmp_path / "no_avg", progress=False)

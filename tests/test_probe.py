@@ -1,4 +1,5 @@
 """The chunk-ranking probe: its look-aheads run on copies, its truth is the real continuation."""
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,11 @@ def test_probing_leaves_the_rollout_alone_and_its_truth_is_the_real_continuation
     assert points[0].truth[EXPERT] == pytest.approx(ret, rel=1e-6)
     with torch.no_grad():  # the oracle scores the chunk over the latents of what it produced
         z = torch.cat([model.encode(observation_to_inputs(o, ref.spec)) for o in seen])
-        oracle, _, _ = planner.objective(z[None], torch.as_tensor(np.stack(chunk))[None],
-                                         observation_to_inputs(seen[0], ref.spec)["command"])
+        oracle, _, _ = planner.objective(
+            z[None],
+            torch.as_tensor(np.stack(chunk))[None],
+            observation_to_inputs(seen[0], ref.spec)["command"],
+        )
     assert points[0].oracle["m"][EXPERT] == pytest.approx(float(oracle[0]), rel=1e-5)
     # ... and the driven episode is exactly the unprobed one.
     ref2 = go2_flat(20)
@@ -93,8 +97,12 @@ def test_probing_leaves_the_rollout_alone_and_its_truth_is_the_real_continuation
 def test_the_policy_driver_runs_pi_as_the_agent_does():
     model = tiny_go2_model()
     task = go2_flat(20)
-    probe = ChunkProbe(task, {"m": model}, ProbeConfig(driver="policy", start=2, every=4, per_noise=1),
-                       **SMALL_PLANNER)
+    probe = ChunkProbe(
+        task,
+        {"m": model},
+        ProbeConfig(driver="policy", start=2, every=4, per_noise=1),
+        **SMALL_PLANNER,
+    )
     points = probe.run(seed=1, max_steps=8)
     assert [p.step for p in points] == [2, 6] and len(points[0].truth) == 2 + 3
     ref = go2_flat(20)
@@ -103,10 +111,18 @@ def test_the_policy_driver_runs_pi_as_the_agent_does():
     agent.reset(1)
     for k in range(8):
         if k == 2:  # candidate PI is pi's clipped chunk here, scored by the planner's objective
-            inputs, (proprio, actions) = observation_to_inputs(obs, ref.spec), agent.history.tensors()
-            chunk = np.clip(policy_chunk(model, inputs, proprio, actions), ref.spec.action_low,
-                            ref.spec.action_high).astype(np.float32)
-            score = probe.planners["m"].score(inputs, proprio, actions, torch.as_tensor(chunk)[None])
+            inputs, (proprio, actions) = (
+                observation_to_inputs(obs, ref.spec),
+                agent.history.tensors(),
+            )
+            chunk = np.clip(
+                policy_chunk(model, inputs, proprio, actions),
+                ref.spec.action_low,
+                ref.spec.action_high,
+            ).astype(np.float32)
+            score = probe.planners["m"].score(
+                inputs, proprio, actions, torch.as_tensor(chunk)[None]
+            )
             assert points[0].model["m"][PI] == pytest.approx(float(score[0]), rel=1e-5)
         obs = ref.step(agent.act(obs)).obs
     np.testing.assert_array_equal(task.backend.data.qpos, ref.backend.data.qpos)
@@ -125,17 +141,46 @@ def test_cli_prints_a_row_per_model_and_writes_every_state(tmp_path, capsys):
     save_checkpoint(tiny_go2_model(seed=0), tmp_path / "a")
     save_checkpoint(tiny_go2_model(seed=1), tmp_path / "b")
     out = tmp_path / "probe.json"
-    assert main(["--task", "go2_flat", "--checkpoint", f"pre={tmp_path / 'a'}", "--checkpoint",
-                 f"adapted={tmp_path / 'b'}", "--seeds", "0,1", "--max-steps", "6", "--start", "2",
-                 "--every", "3", "--device", "cpu", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--task",
+                "go2_flat",
+                "--checkpoint",
+                f"pre={tmp_path / 'a'}",
+                "--checkpoint",
+                f"adapted={tmp_path / 'b'}",
+                "--seeds",
+                "0,1",
+                "--max-steps",
+                "6",
+                "--start",
+                "2",
+                "--every",
+                "3",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "go2_flat sim: 4 states along the expert's rollouts, seeds 0,1; 17 candidates" in text
     assert [line.split()[0] for line in text.strip().splitlines()[-2:]] == ["pre", "adapted"]
     data = json.loads(out.read_text())
     assert [s["model"] for s in data["summaries"]] == ["pre", "adapted"]
-    assert [(p["episode_seed"], p["step"]) for p in data["points"]] == [(0, 2), (0, 5), (1, 2), (1, 5)]
+    assert [(p["episode_seed"], p["step"]) for p in data["points"]] == [
+        (0, 2),
+        (0, 5),
+        (1, 2),
+        (1, 5),
+    ]
     for s in data["summaries"]:
-        assert s["points"] == 4 and -1.0 <= s["rank_corr"] <= 1.0 and 0.0 <= s["pick_quantile"] <= 1.0
+        assert (
+            s["points"] == 4 and -1.0 <= s["rank_corr"] <= 1.0 and 0.0 <= s["pick_quantile"] <= 1.0
+        )
 
 
 def test_a_task_that_cannot_be_copied_needs_a_twin():
@@ -147,10 +192,14 @@ def test_a_task_that_cannot_be_copied_needs_a_twin():
 
 def tiny_ur5e_model(spec):
     torch.manual_seed(0)
-    image = ImageEncoderConfig(spec.cameras, 32, 32, backbone="small_cnn", small_cnn_channels=(8, 8),
-                               small_cnn_features=16)
-    return WorldModel(ur5e_small_config(latent_dim=16, proprio_dim=spec.proprio_dim, history=3,
-                                        horizon=3, image=image)).eval()
+    image = ImageEncoderConfig(
+        spec.cameras, 32, 32, backbone="small_cnn", small_cnn_channels=(8, 8), small_cnn_features=16
+    )
+    return WorldModel(
+        ur5e_small_config(
+            latent_dim=16, proprio_dim=spec.proprio_dim, history=3, horizon=3, image=image
+        )
+    ).eval()
 
 
 def test_the_twin_replays_the_episode_to_look_ahead_in_a_task_that_cannot_be_copied():
@@ -161,8 +210,13 @@ def test_the_twin_replays_the_episode_to_look_ahead_in_a_task_that_cannot_be_cop
     peg.close()
     overrides = task_overrides("peg", "wide", 12, model)
     task, twin = make_task("peg", **overrides), make_task("peg", **overrides)
-    probe = ChunkProbe(task, {"m": model}, ProbeConfig(start=4, every=6, noise_stds=(0.1,), per_noise=2),
-                       twin=twin, **SMALL_PLANNER)
+    probe = ChunkProbe(
+        task,
+        {"m": model},
+        ProbeConfig(start=4, every=6, noise_stds=(0.1,), per_noise=2),
+        twin=twin,
+        **SMALL_PLANNER,
+    )
     points = probe.run(seed=2, max_steps=9)
     driven = task.backend.data.qpos.copy()
     assert [p.step for p in points] == [4] and len(points[0].truth) == 4
@@ -196,7 +250,9 @@ def test_a_twin_that_does_not_replay_the_episode_raises():
     overrides = task_overrides("peg", "wide", 12, model)
     task = make_task("peg", **overrides)
     twin = make_task("peg", **dict(overrides, region="narrow"))  # another start: not a twin
-    probe = ChunkProbe(task, {"m": model}, ProbeConfig(start=1, per_noise=0), twin=twin, **SMALL_PLANNER)
+    probe = ChunkProbe(
+        task, {"m": model}, ProbeConfig(start=1, per_noise=0), twin=twin, **SMALL_PLANNER
+    )
     with pytest.raises(RuntimeError, match="did not reproduce the driver's observation"):
         probe.run(seed=0, max_steps=3)
     for t in (task, twin):

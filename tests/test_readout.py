@@ -1,6 +1,7 @@
 """simdist-readout: the state head's error on held-out windows tells a latent that holds the task
 state from a blind one, and pi's error against the expert tells a pi that follows it from one
 that acts the mean, overall and per task phase."""
+
 import numpy as np
 import pytest
 
@@ -27,25 +28,49 @@ def toy(monkeypatch):
 
 
 def _toy_data(path, seed, **kw):
-    cfg = datagen.GenerateConfig(task="toy", robot=toy_task.robot_data_config(None), episodes=10,
-                                 seed=seed, task_overrides={"cameras": ()}, **kw)
+    cfg = datagen.GenerateConfig(
+        task="toy",
+        robot=toy_task.robot_data_config(None),
+        episodes=10,
+        seed=seed,
+        task_overrides={"cameras": ()},
+        **kw,
+    )
     datagen.generate(cfg, path, progress=False)
     return ShardedDataset(path)
 
 
 def _pretrain(tmp_path, name, state_weight, steps, data="train"):
-    cfg = PretrainConfig(model="go2", data=(str(tmp_path / data),), steps=steps, batch_size=32,
-                         warmup_steps=5, checkpoint_every=steps, workers=0, learning_rate=2e-3,
-                         end_learning_rate=1e-3,
-                         model_overrides={"latent_dim": 16, "history": 2, "horizon": 3,
-                                          "loss": {"state": state_weight}})
+    cfg = PretrainConfig(
+        model="go2",
+        data=(str(tmp_path / data),),
+        steps=steps,
+        batch_size=32,
+        warmup_steps=5,
+        checkpoint_every=steps,
+        workers=0,
+        learning_rate=2e-3,
+        end_learning_rate=1e-3,
+        model_overrides={
+            "latent_dim": 16,
+            "history": 2,
+            "horizon": 3,
+            "loss": {"state": state_weight},
+        },
+    )
     return load_checkpoint(pretrain(cfg, tmp_path / name, progress=False))
 
 
-def test_readout_tells_a_latent_that_holds_the_state_from_an_untrained_one(tmp_path, capsys, monkeypatch):
+def test_readout_tells_a_latent_that_holds_the_state_from_an_untrained_one(
+    tmp_path, capsys, monkeypatch
+):
     # a phase for the toy task: each episode's first five steps
-    monkeypatch.setattr(toy_task, "step_phases", lambda rows: {"start": np.arange(len(rows["action"])) < 5},
-                        raising=False)
+    monkeypatch.setattr(
+        toy_task,
+        "step_phases",
+        lambda rows: {"start": np.arange(len(rows["action"])) < 5},
+        raising=False,
+    )
     _toy_data(tmp_path / "train", seed=0)
     held_out = _toy_data(tmp_path / "held_out", seed=1)  # other goals and starts
     trained = _pretrain(tmp_path, "trained", 4.0, 300)
@@ -71,14 +96,32 @@ def test_readout_tells_a_latent_that_holds_the_state_from_an_untrained_one(tmp_p
     expert_runs = _toy_data(tmp_path / "expert", seed=2, expert_only=True)
     imitator = _pretrain(tmp_path, "imitator", 4.0, 300, data="expert_train")
     every, start = policy_readout(imitator, expert_runs, windows=256)
-    assert (every.phase, start.phase) == ("all", "start") and 0 < start.windows < every.windows <= 256
+    assert (every.phase, start.phase) == (
+        "all",
+        "start",
+    ) and 0 < start.windows < every.windows <= 256
     naive = policy_readout(untrained, expert_runs, windows=256)[0]
     assert every.blind == pytest.approx(naive.blind)
-    assert max(e / b for e, b in zip(every.error, every.blind)) < 0.7  # pi follows the expert (0.49 / 0.54)
-    assert min(e / b for e, b in zip(naive.error, naive.blind)) > 0.85  # an untrained pi does not (1.20 / 0.95)
+    assert (
+        max(e / b for e, b in zip(every.error, every.blind)) < 0.7
+    )  # pi follows the expert (0.49 / 0.54)
+    assert (
+        min(e / b for e, b in zip(naive.error, naive.blind)) > 0.85
+    )  # an untrained pi does not (1.20 / 0.95)
     assert "start" in format_policy_readout([every, start], "t")
 
-    assert main(["--checkpoint", str(tmp_path / "trained" / "model"), "--data", str(tmp_path / "held_out"),
-                 "--windows", "64"]) == 0
+    assert (
+        main(
+            [
+                "--checkpoint",
+                str(tmp_path / "trained" / "model"),
+                "--data",
+                str(tmp_path / "held_out"),
+                "--windows",
+                "64",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "goal_offset" in out and "pi's first action" in out

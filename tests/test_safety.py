@@ -1,4 +1,5 @@
 """Safety supervisor: limits, watchdog, NaN rejection, stale stop, e-stop (core and node on DDS)."""
+
 import math
 import time
 
@@ -95,7 +96,11 @@ def test_watchdog_hold_then_damp_and_stale_observation():
 
     stale = go2(observation_timeout_s=0.1)
     d = stale.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.5)
-    assert d.status == "stale_observation" and d.command.kind == CommandKind.HOLD and "0.500 s old" in d.reason
+    assert (
+        d.status == "stale_observation"
+        and d.command.kind == CommandKind.HOLD
+        and "0.500 s old" in d.reason
+    )
 
 
 def test_estop_latches_until_resume_with_fresh_observation():
@@ -106,7 +111,10 @@ def test_estop_latches_until_resume_with_fresh_observation():
     assert "resume refused" in sup.resume(now=1.0)  # observation 1 s old
     sup.observation(0.95)
     assert sup.resume(now=1.0) is None and not sup.estopped
-    assert sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=1.0).status == "pass"
+    assert (
+        sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=1.0).status
+        == "pass"
+    )
 
 
 def test_config_validation():
@@ -120,19 +128,26 @@ def test_config_validation():
 
 # --- the node, on real DDS -------------------------------------------------------------------
 def _param(name, value):
-    return ParameterMsg(name=name, value=ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value))
+    return ParameterMsg(
+        name=name, value=ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value)
+    )
 
 
 def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
     ros = RosHarness(ros_domain)
     try:
-        node = ros.add(SafetyNode(context=ros.context, parameter_overrides=[
-            Parameter("robot", value="go2"),
-            Parameter("command_timeout_s", value=0.3),
-            Parameter("damp_grace_s", value=0.3),
-            Parameter("observation_timeout_s", value=5.0),
-            Parameter("answer_timeout_s", value=0.5),
-        ]))
+        node = ros.add(
+            SafetyNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("robot", value="go2"),
+                    Parameter("command_timeout_s", value=0.3),
+                    Parameter("damp_grace_s", value=0.3),
+                    Parameter("observation_timeout_s", value=5.0),
+                    Parameter("answer_timeout_s", value=0.5),
+                ],
+            )
+        )
         out = ros.collect(JointTrajectory, "/simdist/safe_command")
         diags = ros.collect(DiagnosticArray, "/diagnostics")
         act = ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
@@ -162,7 +177,11 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
         act.publish(bad)
         assert ros.spin_until(lambda: len(out) >= 2)
         assert out[1].header.frame_id == "hold"
-        assert ros.spin_until(lambda: any(lvl == 2 and "NaN" in m for lvl, m in diagnostics_text(diags, "safety_supervisor")))
+        assert ros.spin_until(
+            lambda: any(
+                lvl == 2 and "NaN" in m for lvl, m in diagnostics_text(diags, "safety_supervisor")
+            )
+        )
 
         # watchdog: no more plans -> HOLD after 0.3 s, DAMP after a further 0.3 s
         assert ros.spin_until(lambda: any(m.header.frame_id == "damp" for m in out), 3.0)
@@ -171,10 +190,16 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
 
         # parameters through the SetParameters service, as rqt does
         client = ros.probe.create_client(SetParameters, "/safety_supervisor/set_parameters")
-        res = ros.call(client, SetParameters.Request(parameters=[_param("command_timeout_s", 99.0)]))
+        res = ros.call(
+            client, SetParameters.Request(parameters=[_param("command_timeout_s", 99.0)])
+        )
         assert not res.results[0].successful and "range" in res.results[0].reason.lower()
-        bad_box = ParameterMsg(name="workspace_low", value=ParameterValue(
-            type=ParameterType.PARAMETER_DOUBLE_ARRAY, double_array_value=[1.0, 1.0, 1.0]))
+        bad_box = ParameterMsg(
+            name="workspace_low",
+            value=ParameterValue(
+                type=ParameterType.PARAMETER_DOUBLE_ARRAY, double_array_value=[1.0, 1.0, 1.0]
+            ),
+        )
         res = ros.call(client, SetParameters.Request(parameters=[bad_box]))  # above workspace_high
         assert not res.results[0].successful and "low < high" in res.results[0].reason
         res = ros.call(client, SetParameters.Request(parameters=[_param("command_timeout_s", 1.0)]))
@@ -187,7 +212,9 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
         assert ros.call(estop, Trigger.Request()).success
         n = len(out)
         act.publish(ros_msgs.command_to_msg(good, names, stamp + 2, 0.02))
-        assert ros.spin_until(lambda: any(ros_msgs.stamp_ns(m.header.stamp) == stamp + 2 for m in out[n:]))
+        assert ros.spin_until(
+            lambda: any(ros_msgs.stamp_ns(m.header.stamp) == stamp + 2 for m in out[n:])
+        )
         latched = [m for m in out[n:] if ros_msgs.stamp_ns(m.header.stamp) == stamp + 2][0]
         assert latched.header.frame_id == "damp"
         r = ros.call(resume, Trigger.Request())
@@ -197,15 +224,23 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
         silent = stamp + 10
         o.header.stamp = ros_msgs.stamp_msg(silent)
         obs.publish(o)
-        assert ros.spin_until(lambda: any(ros_msgs.stamp_ns(m.header.stamp) == silent for m in out), 3.0)
-        assert [m for m in out if ros_msgs.stamp_ns(m.header.stamp) == silent][0].header.frame_id == "hold"
-        assert ros.spin_until(lambda: any("no plan for the observation" in m for _, m in diagnostics_text(diags, "safety_supervisor")))
+        assert ros.spin_until(
+            lambda: any(ros_msgs.stamp_ns(m.header.stamp) == silent for m in out), 3.0
+        )
+        assert [m for m in out if ros_msgs.stamp_ns(m.header.stamp) == silent][
+            0
+        ].header.frame_id == "hold"
+        assert ros.spin_until(
+            lambda: any(
+                "no plan for the observation" in m
+                for _, m in diagnostics_text(diags, "safety_supervisor")
+            )
+        )
     finally:
         ros.close()
 
 
 def test_diagnostics_levels_immediate_publish_and_stale(ros_domain):
-
 
     ros = RosHarness(ros_domain)
     try:
@@ -216,9 +251,15 @@ def test_diagnostics_levels_immediate_publish_and_stale(ros_domain):
         ros.spin_for(0.3)
         diag.set("link", Level.ERROR, "cable out", retries=3)  # a level change goes out at once
         diag.set("beat", Level.OK, "alive", stale_after_s=0.3)
-        assert ros.spin_until(lambda: any(lvl == 2 and "cable out" in m for lvl, m in diagnostics_text(got, "diag_user")))
+        assert ros.spin_until(
+            lambda: any(
+                lvl == 2 and "cable out" in m for lvl, m in diagnostics_text(got, "diag_user")
+            )
+        )
         status = [s for a in got for s in a.status if s.name == "diag_user: link"][-1]
-        assert status.hardware_id == "hw" and [(kv.key, kv.value) for kv in status.values] == [("retries", "3")]
+        assert status.hardware_id == "hw" and [(kv.key, kv.value) for kv in status.values] == [
+            ("retries", "3")
+        ]
         time.sleep(0.4)  # "beat" is not refreshed: STALE; "link" (no stale_after_s) stays ERROR
         n = len(got)
         assert ros.spin_until(lambda: len(got) > n + 1)

@@ -1,4 +1,5 @@
 """SimForcing core: conditioning, objective, scheduler, guidance, data, checkpoints, tiny train + infer."""
+
 import json
 import os
 import random
@@ -34,8 +35,17 @@ from sim_video_world_model.pipeline import SimForcingPipeline
 from sim_video_world_model.scheduler import FlowMatchScheduler, warmup_cosine
 from sim_video_world_model.train import RunConfig, make_student, run
 
-TINY = TinyBackboneConfig(latent_channels=4, ae_channels=8, hidden=32, heads=2, layers=2, ffn=64,
-                          action_hidden=16, action_layers=1, action_heads=2)
+TINY = TinyBackboneConfig(
+    latent_channels=4,
+    ae_channels=8,
+    hidden=32,
+    heads=2,
+    layers=2,
+    ffn=64,
+    action_hidden=16,
+    action_layers=1,
+    action_heads=2,
+)
 
 
 def tiny_backbone(seed=0):
@@ -107,13 +117,23 @@ def test_student_objective_shares_noise_and_time_across_domains():
     a = torch.rand(3, 8, 7)
     obj = StudentObjective(ObjectiveConfig(variant=Variant.FULL))
     loss, m = obj(student, teacher, z, z.clone(), a, torch.Generator().manual_seed(0))
-    assert m["motion_real"] < 1e-9 and m["motion_sim"] < 1e-9  # batched [real; sim]: float round-off only
+    assert (
+        m["motion_real"] < 1e-9 and m["motion_sim"] < 1e-9
+    )  # batched [real; sim]: float round-off only
     assert m["fm_real"] == pytest.approx(m["fm_sim"], rel=1e-6)
     loss.backward()
-    assert student.sim_conditioning.projections[0].weight.grad.abs().sum() > 0  # the gated path learns
+    assert (
+        student.sim_conditioning.projections[0].weight.grad.abs().sum() > 0
+    )  # the gated path learns
     # the SFT rung uses neither the sim stream nor the teacher
     loss_sft, m_sft = StudentObjective(ObjectiveConfig(variant=Variant.SFT))(
-        make_student(teacher, Variant.SFT), None, z, torch.zeros_like(z), a, torch.Generator().manual_seed(0))
+        make_student(teacher, Variant.SFT),
+        None,
+        z,
+        torch.zeros_like(z),
+        a,
+        torch.Generator().manual_seed(0),
+    )
     assert m_sft["fm_sim"] == 0.0 and m_sft["motion_real"] == 0.0
     with pytest.raises(ValueError, match="teacher"):
         obj(student, None, z, z, a)
@@ -151,8 +171,10 @@ def test_scheduler_shift_weight_and_exact_euler():
 class CallCounter:
     def __init__(self, module):
         self.calls = []
-        module.register_forward_pre_hook(lambda m, args, kwargs: self.calls.append(kwargs.get("sim_latent") is not None),
-                                         with_kwargs=True)
+        module.register_forward_pre_hook(
+            lambda m, args, kwargs: self.calls.append(kwargs.get("sim_latent") is not None),
+            with_kwargs=True,
+        )
 
 
 def test_guidance_w0_w1_equal_the_branches_and_pass_counts():
@@ -174,9 +196,17 @@ def test_guidance_w0_w1_equal_the_branches_and_pass_counts():
     acts = torch.rand(1, 4, 7)
     mask = torch.zeros(1, 16, 16, dtype=torch.bool)
     pipe(frame, acts, 5, robot_mask=mask, sim_steps=2, real_steps=3, guidance=1.0)
-    assert counter.calls == [False, False, True, True, True]  # N_s sim passes, then ONE pass per real step
+    assert counter.calls == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]  # N_s sim passes, then ONE pass per real step
     counter.calls.clear()
-    out = pipe(frame, acts, 5, sim_steps=2, real_steps=3, guidance=0.0)  # no mask needed: no sim stage
+    out = pipe(
+        frame, acts, 5, sim_steps=2, real_steps=3, guidance=0.0
+    )  # no mask needed: no sim stage
     assert counter.calls == [False, False, False] and out.sim_latents is None
     counter.calls.clear()
     pipe(frame, acts, 5, robot_mask=mask, sim_steps=1, real_steps=2, guidance=0.6)
@@ -189,8 +219,14 @@ def test_guidance_w0_w1_equal_the_branches_and_pass_counts():
 
 
 def test_paired_windows_roundtrip_and_normalisation(tmp_path):
-    w = synthetic_pairs(2, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=3)
-    assert w.sim.shape == (4, 5, 16, 16, 3) and w.actions.shape == (4, 4, 7) and w.mask.shape == (4, 16, 16)
+    w = synthetic_pairs(
+        2, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=3
+    )
+    assert (
+        w.sim.shape == (4, 5, 16, 16, 3)
+        and w.actions.shape == (4, 4, 7)
+        and w.mask.shape == (4, 16, 16)
+    )
     assert w.mask.any(axis=(1, 2)).all()
     # the sim stream is the robot-only rendering: black outside the robot
     assert (w.sim[:, 0][~w.mask] == 0).mean() > 0.9
@@ -199,7 +235,11 @@ def test_paired_windows_roundtrip_and_normalisation(tmp_path):
     back = PairedWindows.load(path)
     assert np.array_equal(back.real, w.real) and back.meta["source"] == "synthetic"
     item = PairedVideoDataset(back)[0]
-    assert item["real"].shape == (3, 5, 16, 16) and -1.0 <= item["real"].min() and item["real"].max() <= 1.0
+    assert (
+        item["real"].shape == (3, 5, 16, 16)
+        and -1.0 <= item["real"].min()
+        and item["real"].max() <= 1.0
+    )
     assert item["actions"].abs().max() <= 1.0
     assert np.allclose(normalize_actions(w.action_low, w.action_low, w.action_high), -1.0)
     with pytest.raises(ValueError, match="one per transition"):
@@ -209,10 +249,16 @@ def test_paired_windows_roundtrip_and_normalisation(tmp_path):
 @pytest.mark.e2e
 def test_tiny_train_then_infer_and_resume(tmp_path):
     data = str(tmp_path / "pairs.h5")
-    synthetic_pairs(4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0).save(data)
+    synthetic_pairs(
+        4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0
+    ).save(data)
     steps = dict(batch_size=4, log_every=1, save_every=2)
-    cfg = RunConfig(backbone=BackboneConfig(tiny=TINY), autoencoder_train=TrainConfig(steps=3, lr=1e-3, **steps),
-                    teacher_train=TrainConfig(steps=3, **steps), student_train=TrainConfig(steps=3, **steps))
+    cfg = RunConfig(
+        backbone=BackboneConfig(tiny=TINY),
+        autoencoder_train=TrainConfig(steps=3, lr=1e-3, **steps),
+        teacher_train=TrainConfig(steps=3, **steps),
+        student_train=TrainConfig(steps=3, **steps),
+    )
     out = str(tmp_path / "run")
     run(cfg, data, out, ["autoencoder", "teacher", "student"], [Variant.FULL], resume=False)
     teacher = load_bundle(os.path.join(out, "teacher"))
@@ -226,22 +272,47 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     # the real-only baseline starts from the base backbone, not from the teacher
     run(cfg, data, out, ["student"], [Variant.SFT], resume=False)
     sft = load_bundle(os.path.join(out, "student_sft"))
-    assert sft.info["init"] == "base" and student.info["init"] == "teacher" and sft.denoiser.sim_conditioning is None
+    assert (
+        sft.info["init"] == "base"
+        and student.info["init"] == "teacher"
+        and sft.denoiser.sim_conditioning is None
+    )
     w = PairedWindows.load(data)
     item = PairedVideoDataset(w)[0]
     pipe = SimForcingPipeline(student.autoencoder, student.denoiser, FlowMatchScheduler())
-    video = pipe(item["real"][:, 0][None], item["actions"][None], 5, robot_mask=item["mask"][None],
-                 sim_steps=1, real_steps=2, guidance=0.6).video
+    video = pipe(
+        item["real"][:, 0][None],
+        item["actions"][None],
+        5,
+        robot_mask=item["mask"][None],
+        sim_steps=1,
+        real_steps=2,
+        guidance=0.6,
+    ).video
     assert video.shape == (1, 3, 5, 16, 16) and torch.isfinite(video).all()
     # evaluation: table rows for both students, the w sweep, the latency grid and the PNG
 
-    ecfg = EvalConfig(sim_steps=1, real_steps=2, sweep=(0.0, 1.0), latency_sim_steps=(1,), latency_real_steps=(1, 2),
-                      latency_guidance=(0.0, 1.0), latency_reps=1, guidance=1.0)
+    ecfg = EvalConfig(
+        sim_steps=1,
+        real_steps=2,
+        sweep=(0.0, 1.0),
+        latency_sim_steps=(1,),
+        latency_real_steps=(1, 2),
+        latency_guidance=(0.0, 1.0),
+        latency_reps=1,
+        guidance=1.0,
+    )
     result = evaluate_run(out, data, str(tmp_path / "eval"), ecfg, Scorer())
-    assert [(r["variant"], r["w"]) for r in result["table"]] == [("sft", 0.0), ("full", 0.0), ("full", 1.0)]
+    assert [(r["variant"], r["w"]) for r in result["table"]] == [
+        ("sft", 0.0),
+        ("full", 0.0),
+        ("full", 1.0),
+    ]
     assert len(result["latency"]) == 4 and all(r["seconds"] > 0 for r in result["latency"])
     assert isinstance(result["full_beats_sft"], bool)
-    assert all((tmp_path / "eval" / f).is_file() for f in ("results.json", "results.md", "qualitative.png"))
+    assert all(
+        (tmp_path / "eval" / f).is_file() for f in ("results.json", "results.md", "qualitative.png")
+    )
     # resume: a finished run is skipped (weights unchanged), a longer one continues from its last step
     before = {k: v.clone() for k, v in teacher.denoiser.state_dict().items()}
     run(cfg, data, out, ["autoencoder", "teacher"], [], resume=True)
@@ -266,17 +337,45 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
 @pytest.mark.slow
 def test_torchrun_ddp_gloo_two_ranks(tmp_path):
     data = str(tmp_path / "pairs.h5")
-    synthetic_pairs(4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0).save(data)
+    synthetic_pairs(
+        4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0
+    ).save(data)
     config = tmp_path / "run.json"
     tiny = {k: (list(v) if isinstance(v, tuple) else v) for k, v in TINY.__dict__.items()}
     small = {"steps": 2, "batch_size": 2, "log_every": 1}
-    config.write_text(json.dumps({"backbone": {"tiny": tiny}, "autoencoder_train": small, "teacher_train": small,
-                                  "student_train": small}))
+    config.write_text(
+        json.dumps(
+            {
+                "backbone": {"tiny": tiny},
+                "autoencoder_train": small,
+                "teacher_train": small,
+                "student_train": small,
+            }
+        )
+    )
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(random.randint(20000, 40000)), "-m", "sim_video_world_model.train",
-           "--data", data, "--out", str(out), "--config", str(config), "--variant", "full"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(random.randint(20000, 40000)),
+        "-m",
+        "sim_video_world_model.train",
+        "--data",
+        data,
+        "--out",
+        str(out),
+        "--config",
+        str(config),
+        "--variant",
+        "full",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / "student_full" / "train_state.json") as f:
         assert json.load(f)["complete"]
@@ -288,17 +387,32 @@ def test_metrics_zero_for_identical_and_growing_with_corruption(tmp_path):
     video = torch.rand(3, 3, 2, 32, 32) * 2 - 1
     noise = torch.randn_like(video)
     light, heavy = (video + 0.1 * noise).clamp(-1, 1), (video + 0.5 * noise).clamp(-1, 1)
-    assert metrics.psnr(video, video) == 100.0 and metrics.psnr(light, video) > metrics.psnr(heavy, video)
-    assert metrics.ssim(video, video) == pytest.approx(1.0) and metrics.ssim(light, video) > metrics.ssim(heavy, video)
-    for metric in (metrics.LPIPS(), metrics.FrechetInceptionDistance(size=75), metrics.FrechetVideoDistance(size=32)):
+    assert metrics.psnr(video, video) == 100.0 and metrics.psnr(light, video) > metrics.psnr(
+        heavy, video
+    )
+    assert metrics.ssim(video, video) == pytest.approx(1.0) and metrics.ssim(
+        light, video
+    ) > metrics.ssim(heavy, video)
+    for metric in (
+        metrics.LPIPS(),
+        metrics.FrechetInceptionDistance(size=75),
+        metrics.FrechetVideoDistance(size=32),
+    ):
         same, low, high = metric(video, video), metric(light, video), metric(heavy, video)
-        assert same == pytest.approx(0.0, abs=1e-9) and 0 < low < high, (type(metric).__name__, same, low, high)
+        assert same == pytest.approx(0.0, abs=1e-9) and 0 < low < high, (
+            type(metric).__name__,
+            same,
+            low,
+            high,
+        )
     # real loading code: weights written to a local file come back; a wrong file is refused
     lpips = metrics.LPIPS()
     path = str(tmp_path / "heads.safetensors")
     save_file({k: v.contiguous() for k, v in lpips.heads.state_dict().items()}, path)
     feats = str(tmp_path / "alexnet.safetensors")
-    save_file({f"features.{k}": v.contiguous() for k, v in lpips.features.state_dict().items()}, feats)
+    save_file(
+        {f"features.{k}": v.contiguous() for k, v in lpips.features.state_dict().items()}, feats
+    )
     assert metrics.LPIPS(feats, path)(light, video) == pytest.approx(lpips(light, video))
     with pytest.raises(ValueError, match="does not fit"):
         metrics.FrechetVideoDistance(weights=path)
@@ -316,7 +430,10 @@ def test_frechet_distance_matches_the_covariance_formula():
         return float((a.mean(0) - b.mean(0)).pow(2).sum() + s_a.trace() + s_b.trace() - 2 * cross)
 
     g = torch.Generator().manual_seed(0)
-    many = torch.randn(40, 6, generator=g), torch.randn(30, 6, generator=g) * 2 + 1  # N > D: eigen path
+    many = (
+        torch.randn(40, 6, generator=g),
+        torch.randn(30, 6, generator=g) * 2 + 1,
+    )  # N > D: eigen path
     few = torch.randn(5, 64, generator=g), torch.randn(6, 64, generator=g) + 0.5  # N < D: SVD path
     for a, b in (many, few):
         assert frechet_distance(a, b) == pytest.approx(reference(a, b), rel=1e-6)

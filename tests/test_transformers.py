@@ -1,5 +1,6 @@
 """Transformer blocks: the cheap dropout keeps F.dropout's statistics, attention with dropout
 reduces to SDPA when nothing is dropped, and a train-mode step is reproducible from the seed."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -75,5 +76,7 @@ def test_dropout_on_cuda_keeps_its_rate_and_training_attention_runs():
     y = dropout(x, 0.2, training=True)
     assert y.device.type == "cuda" and abs((y != 0).float().mean().item() - 0.8) < 0.01
     attn = Attention(16, 4, dropout=0.1).cuda().train()
-    out = attn(torch.randn(2, 5, 16, device="cuda"), torch.randn(2, 7, 16, device="cuda"), causal=False)
+    out = attn(
+        torch.randn(2, 5, 16, device="cuda"), torch.randn(2, 7, 16, device="cuda"), causal=False
+    )
     assert out.shape == (2, 5, 16) and torch.isfinite(out).all()

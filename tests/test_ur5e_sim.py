@@ -1,4 +1,5 @@
 """UR5e scene composition, servoL-like controller, backend contract, rendering and robot mask."""
+
 import subprocess
 import sys
 
@@ -23,7 +24,7 @@ def test_composition_sizes_and_options(backend):
     assert m.opt.timestep == pytest.approx(0.002)
     assert m.opt.impratio == pytest.approx(10.0)
     assert m.opt.cone == 1  # elliptic
-    assert np.all(m.body_gravcomp[m.body("base").id:] == 1.0)
+    assert np.all(m.body_gravcomp[m.body("base").id :] == 1.0)
     assert backend.spec.proprio_dim == 22 and backend.spec.action_dim == 7
 
 
@@ -65,11 +66,14 @@ def test_hold_keeps_pose_and_oversized_steps_are_clipped(backend):
     assert moved[0] == pytest.approx(backend.spec.action_high[0], abs=0.003)
 
 
-@pytest.mark.parametrize("values, match", [
-    (np.array([0.0, np.nan, 0, 0, 0, 0, 0]), "NaN"),
-    (np.zeros(6), "shape"),
-    (np.array([0, 0, np.inf, 0, 0, 0, 1.0]), "NaN or Inf"),
-])
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        (np.array([0.0, np.nan, 0, 0, 0, 0, 0]), "NaN"),
+        (np.zeros(6), "shape"),
+        (np.array([0, 0, np.inf, 0, 0, 0, 1.0]), "NaN or Inf"),
+    ],
+)
 def test_bad_commands_raise_and_change_nothing(backend, values, match):
     backend.reset(2)
     target = backend.controller.target_pos.copy()
@@ -140,11 +144,13 @@ def test_a_process_that_renders_can_then_build_an_optimiser():
     lazily when an optimiser is built, so the camera rig loads it first (ur5e/render.py). In a
     subprocess: a crash there must not take the test run with it."""
 
-    code = ("from robot_drivers.registry import make_task\n"
-            "obs = make_task('peg', image_size=(32, 32)).reset(0)\n"
-            "assert obs.images['wrist'].shape == (32, 32, 3)\n"
-            "import torch\n"
-            "torch.optim.Adam([torch.zeros(1, requires_grad=True)])\n"
-            "print('trained after rendering')\n")
+    code = (
+        "from robot_drivers.registry import make_task\n"
+        "obs = make_task('peg', image_size=(32, 32)).reset(0)\n"
+        "assert obs.images['wrist'].shape == (32, 32, 3)\n"
+        "import torch\n"
+        "torch.optim.Adam([torch.zeros(1, requires_grad=True)])\n"
+        "print('trained after rendering')\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "trained after rendering" in done.stdout, done.stderr[-2000:]

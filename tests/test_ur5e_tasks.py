@@ -1,5 +1,6 @@
 """UR5e Peg / Table Leg tasks: reset/step/render/score, expert bars, ladder, V^e, the sim-to-real
 gap, and TorchScript policy loading."""
+
 import dataclasses
 import zipfile
 
@@ -66,8 +67,14 @@ def test_task_resets_steps_renders_and_scores(name):
         assert 0.0 <= res.reward <= 1.0 and not res.success
     assert rewards[-1] > rewards[0]  # approaching the grasp point raises the dense reward
     p = obs.privileged  # the step's report (simdist-eval --episodes-out): where the object ended
-    assert res.info == {"step": 8, "depth": float(p["depth"][0]), "twist": float(p["twist"][0]),
-                        "xy_err": float(p["xy_err"][0]), "tilt": float(p["tilt"][0]), "held": False}
+    assert res.info == {
+        "step": 8,
+        "depth": float(p["depth"][0]),
+        "twist": float(p["twist"][0]),
+        "xy_err": float(p["xy_err"][0]),
+        "tilt": float(p["tilt"][0]),
+        "held": False,
+    }
     with pytest.raises(ValueError, match="NaN"):
         task.step(np.full(7, np.nan))
     with pytest.raises(ValueError, match="shape"):
@@ -95,7 +102,7 @@ def test_wrist_camera_resolves_where_the_peg_sits_in_the_hand():
 
     def peg_pixels(shift_in_hand):
         qpos = d.qpos.copy()
-        d.qpos[adr:adr + 3] += hand @ shift_in_hand
+        d.qpos[adr : adr + 3] += hand @ shift_in_hand
         mujoco.mj_kinematics(m, d)
         mujoco.mj_camlight(m, d)
         renderer.update_scene(d, camera="wrist")
@@ -194,7 +201,9 @@ def test_the_spiral_search_finds_a_hole_the_estimate_misses(monkeypatch):
     radii = [np.linalg.norm(expert._spiral(k)) for k in range(0, 40)]
     turn = round(2 * np.pi / InsertionExpert.SPIRAL_RATE)  # steps per turn, about 7.85
     assert radii[0] == 0.0 and np.all(np.diff(radii) > 0)
-    assert radii[turn] == pytest.approx(1.2 * 0.001, rel=0.05)  # one pitch per turn: 1.2 x clearance
+    assert radii[turn] == pytest.approx(
+        1.2 * 0.001, rel=0.05
+    )  # one pitch per turn: 1.2 x clearance
     task.close()
 
 
@@ -211,8 +220,11 @@ def test_a_peg_slipped_in_the_pads_is_held_while_the_gripper_reads_it():
 
     def phase_after(slip: float, reading: float):
         expert.phase, expert.phase_steps = CARRY, 1
-        p = dict(obs.privileged, obj_grasp=obs.privileged["tcp_pos"] + np.r_[0.0, 0.0, -slip],
-                 gripper=np.r_[reading])
+        p = dict(
+            obs.privileged,
+            obj_grasp=obs.privileged["tcp_pos"] + np.r_[0.0, 0.0, -slip],
+            gripper=np.r_[reading],
+        )
         action = expert._phase_action(p)
         return PHASE_NAMES[expert.phase], action[6]
 
@@ -232,7 +244,9 @@ def test_tilted_target_puts_the_leading_corner_where_asked():
     task = make_task("peg", cameras=())
     expert = InsertionExpert(task)
     yaw = np.radians(20.0)  # hand and peg turned alike: the pads square the peg to the hand
-    rz = np.array([[np.cos(yaw), -np.sin(yaw), 0.0], [np.sin(yaw), np.cos(yaw), 0.0], [0.0, 0.0, 1.0]])
+    rz = np.array(
+        [[np.cos(yaw), -np.sin(yaw), 0.0], [np.sin(yaw), np.cos(yaw), 0.0], [0.0, 0.0, 1.0]]
+    )
     tcp_pos, tcp_mat, obj_mat = np.r_[0.1, 0.5, 0.3], rz @ TCP_HOME_MAT, rz
     bottom = tcp_pos - np.r_[0.0, 0.0, 2 * 0.035 - 0.015]
     p = {"tcp_pos": tcp_pos, "tcp_mat": tcp_mat, "obj_mat": obj_mat, "obj_bottom": bottom}
@@ -241,12 +255,17 @@ def test_tilted_target_puts_the_leading_corner_where_asked():
     in_hand = lambda x: tcp_mat.T @ (x - tcp_pos)  # noqa: E731 - the rigid grasp
     new_obj = mat @ tcp_mat.T @ obj_mat
     w = task.cfg.obj.half_width
-    corners = [pos + mat @ in_hand(bottom + obj_mat @ np.r_[sx * w, sy * w, 0.0])
-               for sx in (-1, 1) for sy in (-1, 1)]
+    corners = [
+        pos + mat @ in_hand(bottom + obj_mat @ np.r_[sx * w, sy * w, 0.0])
+        for sx in (-1, 1)
+        for sy in (-1, 1)
+    ]
     lowest = min(corners, key=lambda c: c[2])
     np.testing.assert_allclose(lowest, want, atol=1e-9)
     assert np.degrees(np.arccos(new_obj[2, 2])) == pytest.approx(18.0)
-    assert lowest[0] + lowest[1] == pytest.approx(max(c[0] + c[1] for c in corners))  # it leads to +x+y
+    assert lowest[0] + lowest[1] == pytest.approx(
+        max(c[0] + c[1] for c in corners)
+    )  # it leads to +x+y
     # the tipped peg is squared to the hole (world axes): its bottom edges run along x and y
     edges = new_obj[:2, :2] / np.linalg.norm(new_obj[:2, :2], axis=0)
     assert np.allclose(np.abs(edges), np.eye(2), atol=0.1)
@@ -311,14 +330,23 @@ def test_value_fit_heldout_error_and_cache(tmp_path, monkeypatch):
 def test_real_gap_is_documented_and_applied():
     gap = real_gap("peg")
     names = {f.name for f in dataclasses.fields(RealGap)}
-    assert {"clearance_scale", "object_friction", "actuator_gain_scale", "action_latency_s",
-            "camera_offset", "table_checker", "light_pos"} <= names
+    assert {
+        "clearance_scale",
+        "object_friction",
+        "actuator_gain_scale",
+        "action_latency_s",
+        "camera_offset",
+        "table_checker",
+        "light_pos",
+    } <= names
     sim, real = make_task("peg", image_size=(32, 32)), make_task("peg", "real", image_size=(32, 32))
     assert real.cfg.fixture.clearance < sim.cfg.fixture.clearance
     assert real.backend.latency_steps > 0 and sim.backend.latency_steps == 0
     ids = [real.backend.model.actuator(n).id for n in ("shoulder_pan", "wrist_3")]
-    assert np.allclose(real.backend.model.actuator_gainprm[ids, 0],
-                       sim.backend.model.actuator_gainprm[ids, 0] * gap.actuator_gain_scale)
+    assert np.allclose(
+        real.backend.model.actuator_gainprm[ids, 0],
+        sim.backend.model.actuator_gainprm[ids, 0] * gap.actuator_gain_scale,
+    )
     # appearance: same state, different pictures
     o_sim, o_real = sim.reset(0), real.reset(0)
     diff = np.abs(o_sim.images["overhead"].astype(float) - o_real.images["overhead"]).mean()
@@ -388,7 +416,7 @@ def test_expert_holds_the_close_a_fixed_count_then_lifts():
             pytest.fail(f"seed {seed}: the expert never held and lifted")
         assert reach[first] < 0.002 <= reach[first - 1], seed  # no still open step before it
         assert np.linalg.norm(actions[first - 1][:3]) >= 0.002 and actions[first - 1][6] == 0.0
-        hold, lift = np.array(actions[first:first + k]), actions[first + k]
+        hold, lift = np.array(actions[first : first + k]), actions[first + k]
         assert np.all(hold[:, :6] == 0.0) and np.all(hold[:, 6] == 1.0), seed
         assert lift[2] > 0.01 and lift[6] == 1.0, (seed, lift)
         assert abs(task.privileged_state(obs)[6]) < 0.03, seed  # square when it lifts
@@ -396,6 +424,7 @@ def test_expert_holds_the_close_a_fixed_count_then_lifts():
 
 
 # -- TorchScript -----------------------------------------------------------------------------
+
 
 class _TinyPolicy(torch.nn.Module):
     def __init__(self):
@@ -421,7 +450,20 @@ def test_closing_phase_runs_from_the_first_close_through_its_lift():
     action[:, 2], action[:, 6] = dz, gripper
     for name in TASKS:
         phases = step_phases(name, {"action": action})
-        assert phases["closing"].tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0]  # the re-grasp is not
+        assert phases["closing"].tolist() == [
+            0,
+            0,
+            1,
+            1,
+            1,
+            1,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ]  # the re-grasp is not
     held = action.copy()
     held[:, 2] = 0.0  # closed to the end without a lift: the whole grasp
     assert step_phases("peg", {"action": held})["closing"].tolist() == [0, 0] + [1] * 5 + [0] * 5
@@ -434,8 +476,16 @@ def test_closing_phase_runs_from_the_first_close_through_its_lift():
 
 
 def test_at_hole_phase_is_a_held_object_close_above_the_hole():
-    b2h = np.array([[0.0, 0.0, 0.010], [0.02, -0.01, 0.0], [0.02, 0.02, 0.0], [0.0, 0.0, 0.02],
-                    [0.0, 0.0, -0.01], [0.0, 0.0, 0.0]])  # bottom minus hole (m)
+    b2h = np.array(
+        [
+            [0.0, 0.0, 0.010],
+            [0.02, -0.01, 0.0],
+            [0.02, 0.02, 0.0],
+            [0.0, 0.0, 0.02],
+            [0.0, 0.0, -0.01],
+            [0.0, 0.0, 0.0],
+        ]
+    )  # bottom minus hole (m)
     state = np.zeros((len(b2h), sum(n for _, n in STATE_TERMS)), np.float32)
     state[:, STATE_SLICES["bottom_to_hole"]] = b2h
     state[:, STATE_SLICES["grasped"]] = 1.0
@@ -445,7 +495,9 @@ def test_at_hole_phase_is_a_held_object_close_above_the_hole():
     # 28 mm off in xy, 20 mm above the top, and not held are outside; inside the hole is inside
     assert phases["at_hole"].tolist() == [1, 1, 0, 0, 1, 0]
     assert "at_hole" not in step_phases("peg", {"action": action})  # no state logged
-    assert "at_hole" not in step_phases("peg", {"action": action, "state": state[:, :3]})  # another layout
+    assert "at_hole" not in step_phases(
+        "peg", {"action": action, "state": state[:, :3]}
+    )  # another layout
 
 
 def test_torchscript_policy_roundtrip(tmp_path):

@@ -1,5 +1,6 @@
 """The video-prediction node over real DDS: bad requests are refused with the reason, a valid plan
 yields predicted frames, a preview strip and a status; parameters are validated on set."""
+
 import json
 import threading
 import time
@@ -20,8 +21,17 @@ from sim_video_world_model.checkpoint import ModelBundle, save_bundle
 from sim_video_world_model.config import BackboneConfig, TinyBackboneConfig
 from sim_video_world_model.video_node import VideoPredictionNode
 
-TINY = TinyBackboneConfig(latent_channels=4, ae_channels=8, hidden=32, heads=2, layers=2, ffn=64,
-                          action_hidden=16, action_layers=1, action_heads=2)
+TINY = TinyBackboneConfig(
+    latent_channels=4,
+    ae_channels=8,
+    hidden=32,
+    heads=2,
+    layers=2,
+    ffn=64,
+    action_hidden=16,
+    action_layers=1,
+    action_heads=2,
+)
 
 
 @pytest.fixture
@@ -30,12 +40,31 @@ def graph(tmp_path):
     ae, den = build_backbone(cfg)
     den.add_sim_conditioning()
     ckpt = str(tmp_path / "student")
-    save_bundle(ckpt, ModelBundle(ae, den, cfg, {"num_frames": 5, "image_size": [16, 16], "stage": "student",
-                                                 "action_low": [-0.05] * 6 + [0.0], "action_high": [0.05] * 6 + [1.0]}))
+    save_bundle(
+        ckpt,
+        ModelBundle(
+            ae,
+            den,
+            cfg,
+            {
+                "num_frames": 5,
+                "image_size": [16, 16],
+                "stage": "student",
+                "action_low": [-0.05] * 6 + [0.0],
+                "action_high": [0.05] * 6 + [1.0],
+            },
+        ),
+    )
     rclpy.init()
-    node = VideoPredictionNode(parameter_overrides=[
-        Parameter("checkpoint", value=ckpt), Parameter("camera", value="side"), Parameter("mask_task", value=""),
-        Parameter("guidance", value=0.0), Parameter("real_steps", value=2)])
+    node = VideoPredictionNode(
+        parameter_overrides=[
+            Parameter("checkpoint", value=ckpt),
+            Parameter("camera", value="side"),
+            Parameter("mask_task", value=""),
+            Parameter("guidance", value=0.0),
+            Parameter("real_steps", value=2),
+        ]
+    )
     client = rclpy.create_node("video_test_client")
     executor = MultiThreadedExecutor()
     executor.add_node(node)
@@ -66,7 +95,7 @@ def call(client, srv):
 
 
 def plan_msg(rows):
-    msg = JointTrajectory(joint_names=list(ros_msgs.UR5E_ACTION_NAMES[:len(rows[0])]))
+    msg = JointTrajectory(joint_names=list(ros_msgs.UR5E_ACTION_NAMES[: len(rows[0])]))
     msg.header.stamp = ros_msgs.stamp_msg(1_000_000_000)
     msg.points = [JointTrajectoryPoint(positions=[float(v) for v in r]) for r in rows]
     return msg
@@ -79,7 +108,12 @@ def test_bad_requests_then_a_prediction(graph):
     frames, previews, status = [], [], []
     client.create_subscription(Image, "/simdist/predicted_video/side", frames.append, 10)
     client.create_subscription(Image, "/simdist/predicted_video/side/preview", previews.append, 10)
-    client.create_subscription(String, "/simdist/predicted_video/side/status", lambda m: status.append(json.loads(m.data)), 10)
+    client.create_subscription(
+        String,
+        "/simdist/predicted_video/side/status",
+        lambda m: status.append(json.loads(m.data)),
+        10,
+    )
     pub_image = client.create_publisher(Image, "/camera/side/image_raw", 2)
     pub_plan = client.create_publisher(JointTrajectory, "/simdist/plan", 2)
 
@@ -87,14 +121,18 @@ def test_bad_requests_then_a_prediction(graph):
     assert not res.success and "no image received yet on /camera/side/image_raw" in res.message
 
     image = np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)
-    assert wait_for(lambda: pub_image.get_subscription_count() > 0 and pub_plan.get_subscription_count() > 0)
+    assert wait_for(
+        lambda: pub_image.get_subscription_count() > 0 and pub_plan.get_subscription_count() > 0
+    )
     pub_image.publish(ros_msgs.image_to_msg(image, 1_000_000_000, "side_camera"))
     assert wait_for(lambda: node._image is not None)
     res = call(client, srv)
     assert not res.success and "no valid plan" in res.message
 
     pub_plan.publish(plan_msg([[0.01, 0.0, 0.0]] * 3))  # 3-D actions for a 7-D model
-    assert wait_for(lambda: any("action dimension 3, expected 7" in s.get("error", "") for s in status))
+    assert wait_for(
+        lambda: any("action dimension 3, expected 7" in s.get("error", "") for s in status)
+    )
     res = call(client, srv)
     assert not res.success and "action dimension 3, expected 7" in res.message
 
@@ -102,7 +140,9 @@ def test_bad_requests_then_a_prediction(graph):
     pub_plan.publish(plan_msg(nan_plan))
     assert wait_for(lambda: any("NaN" in s.get("error", "") for s in status))
 
-    pub_plan.publish(plan_msg([[0.01, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]] * 3))  # 3 actions, model horizon 4
+    pub_plan.publish(
+        plan_msg([[0.01, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]] * 3)
+    )  # 3 actions, model horizon 4
     assert wait_for(lambda: any(s.get("ok") for s in status), timeout=60.0), status
     done = next(s for s in status if s.get("ok"))
     assert done["frames"] == 3 and done["guidance"] == 0.0

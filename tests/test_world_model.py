@@ -1,4 +1,5 @@
 """World model: official sizes, API shapes and units, causality of f, one-pass chunking, configs."""
+
 import json
 
 import pytest
@@ -23,17 +24,25 @@ OFFICIAL_GO2_PARAMS = 668_494
 OFFICIAL_GO2_DYNAMICS = 133_506
 
 
-
 def tiny_go2(**kw) -> WorldModelConfig:
     small = AttentionConfig(2, 2)
-    base = dict(latent_dim=16, history=3, horizon=6, dynamics=small, reward=AttentionConfig(1, 2),
-                value=AttentionConfig(1, 2), policy=small)
+    base = dict(
+        latent_dim=16,
+        history=3,
+        horizon=6,
+        dynamics=small,
+        reward=AttentionConfig(1, 2),
+        value=AttentionConfig(1, 2),
+        policy=small,
+    )
     base.update(kw)
     return go2_config(**base)
 
 
 def current_obs(window: dict, h: int) -> dict:
-    return {k: window[k][:, h] for k in ("proprio", "height_map", "images", "command") if k in window}
+    return {
+        k: window[k][:, h] for k in ("proprio", "height_map", "images", "command") if k in window
+    }
 
 
 def test_go2_parameter_count_matches_official():
@@ -42,9 +51,11 @@ def test_go2_parameter_count_matches_official():
     scaler = sum(b.numel() for b in model.scaler.buffers())
     total = counts["total"] + scaler  # the official count includes the scaler's mean / std
     transformer = sum(p.numel() for p in model.f.decoder.parameters())
-    print(f"\nGo2 world model: {counts['total']:,} parameters + {scaler} scaler = {total:,} "
-          f"(official {OFFICIAL_GO2_PARAMS:,}); dynamics transformer {transformer:,} "
-          f"(official {OFFICIAL_GO2_DYNAMICS:,}), f with action embedding {counts['dynamics']:,}")
+    print(
+        f"\nGo2 world model: {counts['total']:,} parameters + {scaler} scaler = {total:,} "
+        f"(official {OFFICIAL_GO2_PARAMS:,}); dynamics transformer {transformer:,} "
+        f"(official {OFFICIAL_GO2_DYNAMICS:,}), f with action embedding {counts['dynamics']:,}"
+    )
     assert abs(total - OFFICIAL_GO2_PARAMS) / OFFICIAL_GO2_PARAMS < 0.05
     assert abs(transformer - OFFICIAL_GO2_DYNAMICS) / OFFICIAL_GO2_DYNAMICS < 0.05
 
@@ -54,17 +65,28 @@ def test_ur5e_official_config_uses_resnet18_on_three_cameras():
     assert cfg.image.backbone == "resnet18" and (cfg.image.height, cfg.image.width) == (224, 224)
     assert cfg.image.cameras == ("wrist", "overhead", "side")
     assert (cfg.history, cfg.horizon, cfg.action_dim, cfg.latent_dim) == (5, 5, 7, 64)
-    assert (cfg.dynamics.layers, cfg.dynamics.heads, cfg.policy.layers, cfg.policy.heads) == (3, 4, 4, 8)
+    assert (cfg.dynamics.layers, cfg.dynamics.heads, cfg.policy.layers, cfg.policy.heads) == (
+        3,
+        4,
+        4,
+        8,
+    )
     model = WorldModel(cfg)
     assert model.encoder.images.out_features == 3 * 512
     small = WorldModel(ur5e_small_config())
     assert small.parameter_counts()["total"] < model.parameter_counts()["total"] / 5
 
 
-@pytest.mark.parametrize("make", [tiny_go2] + [
-    lambda backbone=b, **kw: ur5e_small_config(
-        latent_dim=16, image=ImageEncoderConfig(("a", "b"), 16, 16, backbone=backbone), **kw)
-    for b in ("small_cnn", "keypoint_cnn")])
+@pytest.mark.parametrize(
+    "make",
+    [tiny_go2]
+    + [
+        lambda backbone=b, **kw: ur5e_small_config(
+            latent_dim=16, image=ImageEncoderConfig(("a", "b"), 16, 16, backbone=backbone), **kw
+        )
+        for b in ("small_cnn", "keypoint_cnn")
+    ],
+)
 def test_api_shapes(make):
     cfg = make()
     model = WorldModel(cfg).eval()
@@ -81,8 +103,8 @@ def test_api_shapes(make):
     assert model.value(latents, cmd).shape == (3, t)
     assert model.policy(z, hist, cmd, w["proprio"][:, h]).shape == (3, t, cfg.action_dim)
     # a shorter history and horizon work too (first steps of an episode, short plans)
-    hist2 = model.encode_history(w["proprio"][:, h - 1:h], w["actions"][:, h - 1:h])
-    assert model.dynamics(z, w["actions"][:, h:h + 2], hist2).shape == (3, 2, 16)
+    hist2 = model.encode_history(w["proprio"][:, h - 1 : h], w["actions"][:, h - 1 : h])
+    assert model.dynamics(z, w["actions"][:, h : h + 2], hist2).shape == (3, 2, 16)
 
 
 def test_outputs_are_in_raw_units():
@@ -94,7 +116,11 @@ def test_outputs_are_in_raw_units():
     hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
     latents = torch.cat((z[:, None], model.dynamics(z, w["actions"][:, h:], hist)), 1)
     cmd = w["command"][:, h]
-    r0, v0, a0 = model.reward(latents, w["actions"][:, h:], cmd), model.value(latents, cmd), model.policy(z, hist, cmd)
+    r0, v0, a0 = (
+        model.reward(latents, w["actions"][:, h:], cmd),
+        model.value(latents, cmd),
+        model.policy(z, hist, cmd),
+    )
     with torch.no_grad():
         model.scaler.rewards_mean.fill_(5.0), model.scaler.rewards_std.fill_(2.0)
         model.scaler.values_mean.fill_(-1.0), model.scaler.values_std.fill_(3.0)
@@ -143,8 +169,10 @@ def test_policy_sees_the_history_only_when_configured(sees):
     assert not torch.allclose(model.dynamics(z, actions, other), model.dynamics(z, actions, hist))
 
 
-@pytest.mark.parametrize("option,module", [("policy_proprio_skip", "proprio_skip"),
-                                           ("policy_proprio_gain", "proprio_gain")])
+@pytest.mark.parametrize(
+    "option,module",
+    [("policy_proprio_skip", "proprio_skip"), ("policy_proprio_gain", "proprio_gain")],
+)
 def test_policy_proprio_paths_start_as_pi_and_are_linear_in_the_proprio(option, module):
     """Both proprio paths are zero-initialised, so the chunk starts as without them; then pi's
     chunk moves linearly with o^p_t (the rest of pi reads z and the history), and the path is
@@ -159,7 +187,9 @@ def test_policy_proprio_paths_start_as_pi_and_are_linear_in_the_proprio(option, 
     obs, cmd = current_obs(w, h), w["command"][:, h]
     z = model.encode(obs)
     hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
-    torch.testing.assert_close(model.policy(z, hist, cmd, obs["proprio"]), base.policy(z, hist, cmd))
+    torch.testing.assert_close(
+        model.policy(z, hist, cmd, obs["proprio"]), base.policy(z, hist, cmd)
+    )
     with pytest.raises(ValueError, match="reads the proprio"):
         model.policy(z, hist, cmd)
     with torch.no_grad():
@@ -167,8 +197,14 @@ def test_policy_proprio_paths_start_as_pi_and_are_linear_in_the_proprio(option, 
     a0, a1, a2 = (model.policy(z, hist, cmd, obs["proprio"] + d) for d in (0.0, 1.0, 2.0))
     assert not torch.allclose(a1, a0)
     torch.testing.assert_close(a2 - a1, a1 - a0, atol=1e-4, rtol=1e-4)  # linear in o^p_t
-    torch.testing.assert_close(model(w)["actions"], model.scaler.normalize("actions", model.policy(
-        z, hist, w["command"][:, h:], obs["proprio"])), atol=1e-5, rtol=1e-5)  # training = inference
+    torch.testing.assert_close(
+        model(w)["actions"],
+        model.scaler.normalize(
+            "actions", model.policy(z, hist, w["command"][:, h:], obs["proprio"])
+        ),
+        atol=1e-5,
+        rtol=1e-5,
+    )  # training = inference
 
 
 @pytest.mark.parametrize("kind,calls", [("chunked", 1), ("autoregressive", 6)])
@@ -179,7 +215,9 @@ def test_chunked_dynamics_is_one_forward_pass(kind, calls):
     h = cfg.history
     count = {"f": 0, "decoder": 0}
     model.f.register_forward_hook(lambda *a: count.__setitem__("f", count["f"] + 1))
-    model.f.decoder.register_forward_hook(lambda *a: count.__setitem__("decoder", count["decoder"] + 1))
+    model.f.decoder.register_forward_hook(
+        lambda *a: count.__setitem__("decoder", count["decoder"] + 1)
+    )
     z = model.encode(current_obs(w, h))
     hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
     out = model.dynamics(z, w["actions"][:, h:], hist)
@@ -212,8 +250,10 @@ def test_config_round_trip_and_validation():
     for cfg in (go2_config(), ur5e_config(), ur5e_small_config(dynamics_kind="autoregressive")):
         assert WorldModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     data = go2_config().to_dict()
-    legacy = {k: v for k, v in data.items() if k not in ("normalize_latent", "state_dim")}  # written before
-    legacy["loss"] = {k: v for k, v in data["loss"].items() if k != "state"}            # the keys existed
+    legacy = {
+        k: v for k, v in data.items() if k not in ("normalize_latent", "state_dim")
+    }  # written before
+    legacy["loss"] = {k: v for k, v in data["loss"].items() if k != "state"}  # the keys existed
     old = WorldModelConfig.from_dict(legacy)
     assert old.normalize_latent is False and old.state_dim == 0 and old.loss.state == 0.0
     assert "state" not in legacy["loss"]  # the caller's dict is left as it was
@@ -240,7 +280,11 @@ def test_resnet_weights_load_from_local_file(tmp_path):
     torch.testing.assert_close(backbone.conv1.weight, ref.conv1.weight, atol=0, rtol=0)
     torch.testing.assert_close(backbone.layer4[1].bn2.running_var, ref.layer4[1].bn2.running_var)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        WorldModel(ur5e_config(image=ImageEncoderConfig(("wrist",), 32, 32, weights_path=str(tmp_path / "no"))))
+        WorldModel(
+            ur5e_config(
+                image=ImageEncoderConfig(("wrist",), 32, 32, weights_path=str(tmp_path / "no"))
+            )
+        )
 
 
 def count_kv_rows(model: WorldModel) -> dict[str, int]:
@@ -249,8 +293,10 @@ def count_kv_rows(model: WorldModel) -> dict[str, int]:
     rows = {"k": 0, "v": 0}
     for layer in model.f.decoder.layers:
         for name in rows:
+
             def hook(module, args, out, name=name):
                 rows[name] += args[0].shape[:-1].numel()
+
             getattr(layer.cross_attn, name).register_forward_hook(hook)
     return rows
 
@@ -264,7 +310,9 @@ def test_cached_dynamics_context_matches_uncached(kind):
     h, n = cfg.history, 7
     z = model.encode(current_obs(w, h))
     hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
-    actions = torch.randn(n, cfg.horizon, cfg.action_dim, generator=torch.Generator().manual_seed(1))
+    actions = torch.randn(
+        n, cfg.horizon, cfg.action_dim, generator=torch.Generator().manual_seed(1)
+    )
     rows = count_kv_rows(model)
     with torch.inference_mode():
         # N candidates sharing one history: a batch-1 context serves all of them
@@ -284,7 +332,9 @@ def test_cached_dynamics_context_matches_uncached(kind):
         # autocast: the cache is built in the same precision as the plain path's K / V
         with torch.autocast("cpu", dtype=torch.bfloat16):
             plain16 = model.dynamics(z1, actions, h1)
-            cached16 = model.dynamics(z1, actions, h1, context=model.dynamics_context(z[:1], hist[:1]))
+            cached16 = model.dynamics(
+                z1, actions, h1, context=model.dynamics_context(z[:1], hist[:1])
+            )
         torch.testing.assert_close(cached16.float(), plain16.float(), atol=2e-2, rtol=0)
 
 
@@ -296,7 +346,10 @@ def test_cached_dynamics_context_on_cuda(kind):
     model = WorldModel(cfg).eval().cuda()
     g = torch.Generator().manual_seed(0)
     n, d = 472, cfg.latent_dim
-    z, hist = torch.randn(1, d, generator=g).cuda(), torch.randn(1, 2 * cfg.history, d, generator=g).cuda()
+    z, hist = (
+        torch.randn(1, d, generator=g).cuda(),
+        torch.randn(1, 2 * cfg.history, d, generator=g).cuda(),
+    )
     actions = torch.randn(n, cfg.horizon, cfg.action_dim, generator=g).cuda()
     with torch.inference_mode():
         zn, hn = z.expand(n, -1), hist.expand(n, -1, -1)
@@ -314,8 +367,9 @@ def test_keypoint_cnn_learns_where_a_small_dot_is():
     within a few hundred steps (what the UR5e encoder must do with the peg)."""
 
     torch.manual_seed(0)
-    cfg = ImageEncoderConfig(("a",), 32, 32, backbone="keypoint_cnn", small_cnn_channels=(8, 8, 8),
-                             small_cnn_features=2)
+    cfg = ImageEncoderConfig(
+        ("a",), 32, 32, backbone="keypoint_cnn", small_cnn_channels=(8, 8, 8), small_cnn_features=2
+    )
     net = KeypointCNN(cfg)
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
 
@@ -323,7 +377,7 @@ def test_keypoint_cnn_learns_where_a_small_dot_is():
         xy = torch.randint(0, 31, (n, 2))
         img = torch.zeros(n, 3, 32, 32)
         for i, (x, y) in enumerate(xy.tolist()):
-            img[i, :, y:y + 2, x:x + 2] = 1.0
+            img[i, :, y : y + 2, x : x + 2] = 1.0
         return img, xy.float() / 15.5 - 1.0
 
     for _ in range(300):

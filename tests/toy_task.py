@@ -4,6 +4,7 @@ Pure numpy, a few microseconds a step, with every observation term the real robo
 (proprio, one rendered camera, a height map, a command), a PD expert, a ladder of degraded
 checkpoints and a privileged value. Registered only inside tests by monkeypatching TASKS.
 """
+
 from __future__ import annotations
 
 import numpy as np

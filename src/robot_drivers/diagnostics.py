@@ -6,6 +6,7 @@ is paused in lockstep), and at once when a status changes level, so an operator 
 without waiting (a changed message at WARN/ERROR at most 10 times a second). A status set with
 `stale_after_s` (one refreshed regularly) is reported STALE when it stops being refreshed.
 """
+
 from __future__ import annotations
 
 import enum
@@ -32,19 +33,32 @@ class Diagnostics:
         self._status: dict[str, tuple[Level, str, dict, float, float | None]] = {}
         self._last_push = 0.0
         self._pub = node.create_publisher(
-            DiagnosticArray, "/diagnostics", QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+            DiagnosticArray,
+            "/diagnostics",
+            QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE),
         )
-        self._timer = node.create_timer(period_s, self.publish, clock=Clock(clock_type=ClockType.STEADY_TIME))
+        self._timer = node.create_timer(
+            period_s, self.publish, clock=Clock(clock_type=ClockType.STEADY_TIME)
+        )
 
-    def set(self, name: str, level: Level, message: str, *, stale_after_s: float | None = None, **values) -> None:
+    def set(
+        self, name: str, level: Level, message: str, *, stale_after_s: float | None = None, **values
+    ) -> None:
         """Record a status; publishes immediately if its level changed. A status given
         `stale_after_s` (one that should be refreshed regularly) reads STALE when it is not."""
         previous = self._status.get(name)
         now = time.monotonic()
         self._status[name] = (Level(level), message, values, now, stale_after_s)
         changed = previous is None or previous[0] != level
-        if not changed and level >= Level.WARN and previous[1] != message and now - self._last_push > 0.1:
-            self._last_push = now  # a new problem at the same level: show it, at most 10 times a second
+        if (
+            not changed
+            and level >= Level.WARN
+            and previous[1] != message
+            and now - self._last_push > 0.1
+        ):
+            self._last_push = (
+                now  # a new problem at the same level: show it, at most 10 times a second
+            )
             self.publish()
         if changed:
             if level == Level.ERROR:
@@ -67,7 +81,10 @@ class Diagnostics:
         msg.header.stamp = self._node.get_clock().now().to_msg()
         for name, (level, message, values, updated, stale_after_s) in self._status.items():
             if stale_after_s is not None and now - updated > stale_after_s:
-                level, message = Level.STALE, f"no update for {now - updated:.1f} s (last: {message})"
+                level, message = (
+                    Level.STALE,
+                    f"no update for {now - updated:.1f} s (last: {message})",
+                )
             msg.status.append(
                 DiagnosticStatus(
                     level=bytes([int(level)]),

@@ -5,6 +5,7 @@ Publishes `/joint_states`, `/imu` and `/simdist/robot/proprio`; reads the veloci
 estimator); takes commands only from `/simdist/safe_command`. Any fault (lost lowstate, fall)
 puts the motors in damping mode until `~/reset`.
 """
+
 from __future__ import annotations
 
 import threading
@@ -24,9 +25,21 @@ from robot_drivers.interface import CommandKind
 from robot_drivers.node_params import Param
 
 PARAMS = (
-    Param("network_interface", "", "network interface wired to the Go2, e.g. enp3s0 (required)", read_only=True),
+    Param(
+        "network_interface",
+        "",
+        "network interface wired to the Go2, e.g. enp3s0 (required)",
+        read_only=True,
+    ),
     Param("lowcmd_rate_hz", 500.0, "rt/lowcmd publishing rate", 50.0, 1000.0, read_only=True),
-    Param("lowstate_timeout_s", 0.1, "no rt/lowstate this long -> disconnected fault, damping", 0.005, 2.0, read_only=True),
+    Param(
+        "lowstate_timeout_s",
+        0.1,
+        "no rt/lowstate this long -> disconnected fault, damping",
+        0.005,
+        2.0,
+        read_only=True,
+    ),
 )
 
 
@@ -43,8 +56,10 @@ class Go2SdkDriverNode(RealtimeDriverNode):
         self._writer.start()
 
     def connect(self):
-        cfg = Go2SdkConfig(lowcmd_rate_hz=self.params["lowcmd_rate_hz"],
-                           lowstate_timeout_s=self.params["lowstate_timeout_s"])
+        cfg = Go2SdkConfig(
+            lowcmd_rate_hz=self.params["lowcmd_rate_hz"],
+            lowstate_timeout_s=self.params["lowstate_timeout_s"],
+        )
         try:
             return connect_go2(self.params["network_interface"], cfg)
         except (ImportError, ValueError) as e:
@@ -72,7 +87,9 @@ class Go2SdkDriverNode(RealtimeDriverNode):
 
     def publish_extra(self, obs, stamp_ns: int) -> None:
         p = obs.privileged
-        self.pub_imu.publish(ros_msgs.imu_msg(p["base_quat"], p["base_ang_vel"], p["accelerometer"], stamp_ns))
+        self.pub_imu.publish(
+            ros_msgs.imu_msg(p["base_quat"], p["base_ang_vel"], p["accelerometer"], stamp_ns)
+        )
 
     def destroy_node(self):
         self._stop.set()

@@ -6,6 +6,7 @@ proprio stamp, and only while no stream is stale. Anything wrong raises `StreamE
 the stream, what it got and what it expected; the bad sample is dropped, nothing is forwarded for
 it, and the caller reports it on /diagnostics.
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,8 +37,15 @@ class IngestionConfig:
         if len(set(self.cameras)) != len(self.cameras):
             raise ValueError(f"camera names must be unique, got {self.cameras}")
         if min(self.image_size) < 1 or min(self.camera_size) < 0:
-            raise ValueError(f"image_size must be positive and camera_size >= 0, got {self.image_size}, {self.camera_size}")
-        for name in ("align_tolerance_s", "proprio_timeout_s", "camera_timeout_s", "height_map_timeout_s"):
+            raise ValueError(
+                f"image_size must be positive and camera_size >= 0, got {self.image_size}, {self.camera_size}"
+            )
+        for name in (
+            "align_tolerance_s",
+            "proprio_timeout_s",
+            "camera_timeout_s",
+            "height_map_timeout_s",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"IngestionConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.buffer < 1:
@@ -77,7 +85,10 @@ def resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     xs = np.clip((np.arange(tw) + 0.5) * w / tw - 0.5, 0, w - 1)
     y0, x0 = ys.astype(np.int64), xs.astype(np.int64)
     y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
-    wy, wx = (ys - y0).astype(np.float32)[:, None, None], (xs - x0).astype(np.float32)[None, :, None]
+    wy, wx = (
+        (ys - y0).astype(np.float32)[:, None, None],
+        (xs - x0).astype(np.float32)[None, :, None],
+    )
     rows = np.take(image, np.concatenate([y0, y1]), axis=0)  # (2 th, W, C) uint8
     px = np.take(rows, np.concatenate([x0, x1]), axis=1).astype(np.float32)  # (2 th, 2 tw, C)
     cols = px[:, :tw] + (px[:, tw:] - px[:, :tw]) * wx
@@ -90,22 +101,36 @@ class Ingestion:
 
     def __init__(self, config: IngestionConfig):
         self.config = config
-        self.streams = ("proprio", *config.cameras) + (("height_map",) if config.height_map_shape else ())
-        self._buffers: dict[str, collections.deque] = {s: collections.deque(maxlen=config.buffer) for s in self.streams}
-        self._pending: collections.deque = collections.deque(maxlen=config.buffer)  # proprio to align
+        self.streams = ("proprio", *config.cameras) + (
+            ("height_map",) if config.height_map_shape else ()
+        )
+        self._buffers: dict[str, collections.deque] = {
+            s: collections.deque(maxlen=config.buffer) for s in self.streams
+        }
+        self._pending: collections.deque = collections.deque(
+            maxlen=config.buffer
+        )  # proprio to align
         self.last_stamp: dict[str, int | None] = {s: None for s in self.streams}  # ns
         self._names: list[str] | None = None
         self.unmatched = 0  # proprio samples dropped because a stream had no sample near them
 
     # --- inputs (raise StreamError; the sample is then dropped) -------------------------------
-    def add_proprio(self, stamp: int, proprio: np.ndarray, command: np.ndarray | None, names: list[str]) -> None:
+    def add_proprio(
+        self, stamp: int, proprio: np.ndarray, command: np.ndarray | None, names: list[str]
+    ) -> None:
         proprio = np.asarray(proprio, dtype=np.float32)
         if self.config.proprio_dim and proprio.shape != (self.config.proprio_dim,):
-            raise StreamError(f"proprio: {proprio.size} values, expected proprio_dim={self.config.proprio_dim}")
-        if not np.all(np.isfinite(proprio)) or (command is not None and not np.all(np.isfinite(command))):
+            raise StreamError(
+                f"proprio: {proprio.size} values, expected proprio_dim={self.config.proprio_dim}"
+            )
+        if not np.all(np.isfinite(proprio)) or (
+            command is not None and not np.all(np.isfinite(command))
+        ):
             raise StreamError("proprio: contains NaN or Inf; observation withheld")
         if self._names is not None and list(names) != self._names:
-            raise StreamError(f"proprio: layout changed from {len(self._names)} to {len(names)} named values")
+            raise StreamError(
+                f"proprio: layout changed from {len(self._names)} to {len(names)} named values"
+            )
         self._names = list(names)
         self._store("proprio", stamp, (proprio, command))
         if stamp not in self._pending:  # a lockstep republish of a tick re-emits its observation,
@@ -113,9 +138,13 @@ class Ingestion:
 
     def add_image(self, camera: str, stamp: int, image: np.ndarray) -> None:
         if camera not in self.config.cameras:
-            raise StreamError(f"camera {camera!r} is not configured; cameras: {self.config.cameras}")
+            raise StreamError(
+                f"camera {camera!r} is not configured; cameras: {self.config.cameras}"
+            )
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-            raise StreamError(f"camera {camera}: image {image.shape} {image.dtype}, expected (H, W, 3) uint8")
+            raise StreamError(
+                f"camera {camera}: image {image.shape} {image.dtype}, expected (H, W, 3) uint8"
+            )
         expected = self.config.camera_size
         if expected != (0, 0) and image.shape[:2] != tuple(expected):
             raise StreamError(
@@ -177,16 +206,24 @@ class Ingestion:
             matches = {s: self._nearest(s, stamp) for s in self.streams if s != "proprio"}
             missing = [s for s, m in matches.items() if m is None]
             if missing:
-                if any(self.last_stamp[s] is not None and self.last_stamp[s] > stamp + tol for s in missing):
+                if any(
+                    self.last_stamp[s] is not None and self.last_stamp[s] > stamp + tol
+                    for s in missing
+                ):
                     self._pending.popleft()  # a newer sample already passed: this stamp cannot complete
                     self.unmatched += 1
                     continue
                 break
             self._pending.popleft()
             proprio, command = self._nearest("proprio", stamp)[1]
-            out.append(AlignedObservation(
-                stamp_ns=stamp, proprio=proprio, command=command, proprio_names=list(self._names),
-                images={c: matches[c][1] for c in self.config.cameras},
-                height_map=matches["height_map"][1] if "height_map" in matches else None,
-            ))
+            out.append(
+                AlignedObservation(
+                    stamp_ns=stamp,
+                    proprio=proprio,
+                    command=command,
+                    proprio_names=list(self._names),
+                    images={c: matches[c][1] for c in self.config.cameras},
+                    height_map=matches["height_map"][1] if "height_map" in matches else None,
+                )
+            )
         return out

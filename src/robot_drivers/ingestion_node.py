@@ -6,6 +6,7 @@ docs/observation_topics.md). Bad samples (wrong encoding or size, NaN) and stale
 reported on /diagnostics and withhold the observation, so the safety supervisor's stale-
 observation stop takes over; the node never crashes on input.
 """
+
 from __future__ import annotations
 
 import time
@@ -21,18 +22,64 @@ from robot_drivers.ingestion import Ingestion, IngestionConfig, StreamError
 from robot_drivers.node_params import NodeParams, Param
 
 PARAMS = (
-    Param("cameras", ["wrist", "overhead", "side"], "camera names (topics /camera/<name>/image_raw); [] for none", read_only=True),
-    Param("image_height", 224, "model image height (pixels); images are resized to it", 8, 2048, read_only=True),
+    Param(
+        "cameras",
+        ["wrist", "overhead", "side"],
+        "camera names (topics /camera/<name>/image_raw); [] for none",
+        read_only=True,
+    ),
+    Param(
+        "image_height",
+        224,
+        "model image height (pixels); images are resized to it",
+        8,
+        2048,
+        read_only=True,
+    ),
     Param("image_width", 224, "model image width (pixels)", 8, 2048, read_only=True),
     Param("camera_height", 0, "expected raw camera height; 0 accepts any", 0, 8192, read_only=True),
     Param("camera_width", 0, "expected raw camera width; 0 accepts any", 0, 8192, read_only=True),
-    Param("height_map_rows", 0, "height map rows (Go2: 21); 0 = no height map", 0, 1024, read_only=True),
+    Param(
+        "height_map_rows",
+        0,
+        "height map rows (Go2: 21); 0 = no height map",
+        0,
+        1024,
+        read_only=True,
+    ),
     Param("height_map_cols", 0, "height map columns (Go2: 15)", 0, 1024, read_only=True),
-    Param("proprio_dim", 0, "expected proprio length; 0 accepts any fixed length", 0, 100000, read_only=True),
-    Param("align_tolerance_s", 0.02, "max |stamp difference| between a stream sample and the proprio stamp", 0.0, 1.0),
-    Param("proprio_timeout_s", 0.5, "proprio older than this is stale -> no observation", 0.01, 10.0),
-    Param("camera_timeout_s", 0.5, "a camera image older than this is stale -> no observation", 0.01, 10.0),
-    Param("height_map_timeout_s", 0.5, "a height map older than this is stale -> no observation", 0.01, 10.0),
+    Param(
+        "proprio_dim",
+        0,
+        "expected proprio length; 0 accepts any fixed length",
+        0,
+        100000,
+        read_only=True,
+    ),
+    Param(
+        "align_tolerance_s",
+        0.02,
+        "max |stamp difference| between a stream sample and the proprio stamp",
+        0.0,
+        1.0,
+    ),
+    Param(
+        "proprio_timeout_s", 0.5, "proprio older than this is stale -> no observation", 0.01, 10.0
+    ),
+    Param(
+        "camera_timeout_s",
+        0.5,
+        "a camera image older than this is stale -> no observation",
+        0.01,
+        10.0,
+    ),
+    Param(
+        "height_map_timeout_s",
+        0.5,
+        "a height map older than this is stale -> no observation",
+        0.01,
+        10.0,
+    ),
 )
 TUNABLE = ("align_tolerance_s", "proprio_timeout_s", "camera_timeout_s", "height_map_timeout_s")
 
@@ -59,12 +106,21 @@ class IngestionNode(Node):
         self.stats = {"published": 0, "rejected": 0, "withheld_stale": 0, "image_ms_mean": 0.0}
         self._image_s, self._images = 0.0, 0
         self._frame_id = ""  # the robot name the driver put on its proprio, passed through
-        self.pub_images = {c: self.create_publisher(Image, f"/simdist/observation/image/{c}", 10) for c in cfg.cameras}
-        self.pub_height = self.create_publisher(Image, "/simdist/observation/height_map", 10) if cfg.height_map_shape else None
+        self.pub_images = {
+            c: self.create_publisher(Image, f"/simdist/observation/image/{c}", 10)
+            for c in cfg.cameras
+        }
+        self.pub_height = (
+            self.create_publisher(Image, "/simdist/observation/height_map", 10)
+            if cfg.height_map_shape
+            else None
+        )
         self.pub_proprio = self.create_publisher(JointState, "/simdist/observation/proprio", 10)
         self.create_subscription(JointState, "/simdist/robot/proprio", self.on_proprio, 10)
         for c in cfg.cameras:
-            self.create_subscription(Image, f"/camera/{c}/image_raw", lambda m, c=c: self.on_image(c, m), 10)
+            self.create_subscription(
+                Image, f"/camera/{c}/image_raw", lambda m, c=c: self.on_image(c, m), 10
+            )
         if cfg.height_map_shape:
             self.create_subscription(Image, "/height_map", self.on_height_map, 10)
         self.create_timer(0.1, self.check_staleness)
@@ -93,6 +149,7 @@ class IngestionNode(Node):
             names = list(msg.name)
             self._frame_id = msg.header.frame_id
             self.core.add_proprio(ros_msgs.stamp_ns(msg.header.stamp), proprio, command, names)
+
         self._guard("proprio", add)
 
     def on_image(self, camera: str, msg: Image) -> None:
@@ -103,11 +160,16 @@ class IngestionNode(Node):
             self._image_s += time.perf_counter() - t0
             self._images += 1
             self.stats["image_ms_mean"] = round(1e3 * self._image_s / self._images, 3)
+
         self._guard(camera, add)
 
     def on_height_map(self, msg: Image) -> None:
-        self._guard("height_map", lambda: self.core.add_height_map(
-            ros_msgs.stamp_ns(msg.header.stamp), ros_msgs.height_map_from_msg(msg)))
+        self._guard(
+            "height_map",
+            lambda: self.core.add_height_map(
+                ros_msgs.stamp_ns(msg.header.stamp), ros_msgs.height_map_from_msg(msg)
+            ),
+        )
 
     def publish_aligned(self) -> None:
         for obs in self.core.pop_aligned():
@@ -120,17 +182,25 @@ class IngestionNode(Node):
                 self.pub_images[c].publish(ros_msgs.image_to_msg(image, stamp_ns, f"{c}_camera"))
             if self.pub_height is not None:
                 self.pub_height.publish(ros_msgs.height_map_to_msg(obs.height_map, stamp_ns))
-            self.pub_proprio.publish(ros_msgs.pack_proprio(obs.proprio_names, obs.proprio, obs.command, stamp_ns, self._frame_id))
+            self.pub_proprio.publish(
+                ros_msgs.pack_proprio(
+                    obs.proprio_names, obs.proprio, obs.command, stamp_ns, self._frame_id
+                )
+            )
             self.stats["published"] += 1
 
     def check_staleness(self) -> None:
         stale = self.core.stale(self.now_ns())
-        waiting = sorted(s for s in stale if self.core.last_stamp[s] is None)  # start-up, not a fault
+        waiting = sorted(
+            s for s in stale if self.core.last_stamp[s] is None
+        )  # start-up, not a fault
         for s in self.core.streams:
             if s in waiting:
                 self.diag.set(f"{s} freshness", Level.WARN, "waiting for the first sample")
             elif s in stale:
-                self.diag.set(f"{s} freshness", Level.ERROR, f"stale: {stale[s]}; observation withheld")
+                self.diag.set(
+                    f"{s} freshness", Level.ERROR, f"stale: {stale[s]}; observation withheld"
+                )
             else:
                 self.diag.set(f"{s} freshness", Level.OK, "fresh")
         if not stale:

@@ -3,6 +3,7 @@
 The ROS driver nodes, the dataset generator and the closed-loop evaluation talk to robots only
 through this module, so a hardware backend and its MuJoCo stand-in are interchangeable.
 """
+
 from __future__ import annotations
 
 import abc

@@ -10,6 +10,7 @@ success every tick for the recorder. Topics and packing: docs/observation_topics
 With `wait_for_ready` (set by the launch description when recording in lockstep) the first tick
 waits until the recorder says every topic of the loop is matched, so the bag misses no tick.
 """
+
 from __future__ import annotations
 
 import time
@@ -40,8 +41,14 @@ from robot_drivers.registry import make_task
 from robot_drivers.tasks.base import Task
 from robot_drivers.ur5e.config import SceneConfig
 
-ROBOT_OF_TASK = {"peg": "ur5e", "table_leg": "ur5e", "go2_flat": "go2", "go2_slope": "go2",
-                 "slippery_slope": "go2", "foam": "go2"}
+ROBOT_OF_TASK = {
+    "peg": "ur5e",
+    "table_leg": "ur5e",
+    "go2_flat": "go2",
+    "go2_slope": "go2",
+    "slippery_slope": "go2",
+    "foam": "go2",
+}
 CLOCK_START_NS = 1_000_000_000  # sim time starts at 1 s: ROS treats time 0 as "not set"
 
 
@@ -79,13 +86,17 @@ class SimEpisode:
         expected = CommandKind.EE_DELTA if self.robot == "ur5e" else CommandKind.JOINT_POSITION
         kind = command.kind
         if kind not in (expected, CommandKind.HOLD, CommandKind.DAMP):
-            raise ValueError(f"{self.robot} expects {expected.value}, hold or damp commands, got {kind.value}")
+            raise ValueError(
+                f"{self.robot} expects {expected.value}, hold or damp commands, got {kind.value}"
+            )
         self.step_count += 1
         if self.robot == "go2" and kind == CommandKind.DAMP:
             self.task.backend.act(command)
             self.obs = self.task.backend.step()
             self.done = True
-            return TickResult(self.obs, 0.0, True, False, {"damped": True, "terminated": True, "truncated": False})
+            return TickResult(
+                self.obs, 0.0, True, False, {"damped": True, "terminated": True, "truncated": False}
+            )
         if kind == expected:
             action = np.asarray(command.values, dtype=np.float64)
         elif self.robot == "ur5e":
@@ -97,29 +108,111 @@ class SimEpisode:
         errors = [f for f in self.task.backend.faults() if f.level >= FaultLevel.ERROR]
         self.done = bool(r.terminated or r.truncated or errors)
         info = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in r.info.items()}
-        return TickResult(r.obs, float(r.reward), self.done, bool(r.success),
-                          {**info, "terminated": bool(r.terminated or errors), "truncated": bool(r.truncated)})
+        return TickResult(
+            r.obs,
+            float(r.reward),
+            self.done,
+            bool(r.success),
+            {**info, "terminated": bool(r.terminated or errors), "truncated": bool(r.truncated)},
+        )
 
 
 PARAMS = (
-    Param("robot", "", "ur5e or go2; empty = the task's robot (a mismatch is an error)", read_only=True),
-    Param("task", "peg", "peg | table_leg (UR5e); go2_flat | go2_slope | slippery_slope | foam (Go2)", read_only=True),
+    Param(
+        "robot",
+        "",
+        "ur5e or go2; empty = the task's robot (a mismatch is an error)",
+        read_only=True,
+    ),
+    Param(
+        "task",
+        "peg",
+        "peg | table_leg (UR5e); go2_flat | go2_slope | slippery_slope | foam (Go2)",
+        read_only=True,
+    ),
     Param("variant", "sim", "sim (training) or real (the hardware stand-in)", read_only=True),
     Param("region", "wide", "UR5e initial region: narrow or wide", read_only=True),
-    Param("cameras", ["wrist", "overhead", "side"], "UR5e cameras to render ([] for none)", read_only=True),
-    Param("image_height", SceneConfig().image_size[0], "UR5e rendered image height (pixels)", 8, 1024, read_only=True),
-    Param("image_width", SceneConfig().image_size[1], "UR5e rendered image width (pixels)", 8, 1024, read_only=True),
-    Param("max_steps", 0, "episode length in control steps; 0 = the task's own limit", 0, 1_000_000, read_only=True),
+    Param(
+        "cameras",
+        ["wrist", "overhead", "side"],
+        "UR5e cameras to render ([] for none)",
+        read_only=True,
+    ),
+    Param(
+        "image_height",
+        SceneConfig().image_size[0],
+        "UR5e rendered image height (pixels)",
+        8,
+        1024,
+        read_only=True,
+    ),
+    Param(
+        "image_width",
+        SceneConfig().image_size[1],
+        "UR5e rendered image width (pixels)",
+        8,
+        1024,
+        read_only=True,
+    ),
+    Param(
+        "max_steps",
+        0,
+        "episode length in control steps; 0 = the task's own limit",
+        0,
+        1_000_000,
+        read_only=True,
+    ),
     Param("seed", 0, "seed of the next ~/reset (and of the first episode)", 0, 2**31 - 1),
-    Param("lockstep", True, "advance only when the command for the current tick arrives (sim time)", read_only=True),
-    Param("episodes", 0, "episodes to run back to back (seeds seed, seed+1, ...); then the node exits 0; 0 = until stopped", 0, 1_000_000),
-    Param("realtime_factor", 1.0, "real-time mode: sim seconds per wall second", 0.05, 20.0, read_only=True),
-    Param("command_timeout_s", 0.5, "real-time mode: HOLD when no command arrived within this (wall s)", 0.01, 10.0),
-    Param("lockstep_republish_s", 1.0, "lockstep: republish the waiting tick this often (late joiners)", 0.05, 60.0),
-    Param("wait_for_ready", "", "lockstep: latched std_msgs/Bool topic that must say true before the first tick; "
-          "'' = start at once", read_only=True),
-    Param("ready_timeout_s", 60.0, "longest wait for wait_for_ready (wall s); then start with a warning", 0.0, 600.0,
-          read_only=True),
+    Param(
+        "lockstep",
+        True,
+        "advance only when the command for the current tick arrives (sim time)",
+        read_only=True,
+    ),
+    Param(
+        "episodes",
+        0,
+        "episodes to run back to back (seeds seed, seed+1, ...); then the node exits 0; 0 = until stopped",
+        0,
+        1_000_000,
+    ),
+    Param(
+        "realtime_factor",
+        1.0,
+        "real-time mode: sim seconds per wall second",
+        0.05,
+        20.0,
+        read_only=True,
+    ),
+    Param(
+        "command_timeout_s",
+        0.5,
+        "real-time mode: HOLD when no command arrived within this (wall s)",
+        0.01,
+        10.0,
+    ),
+    Param(
+        "lockstep_republish_s",
+        1.0,
+        "lockstep: republish the waiting tick this often (late joiners)",
+        0.05,
+        60.0,
+    ),
+    Param(
+        "wait_for_ready",
+        "",
+        "lockstep: latched std_msgs/Bool topic that must say true before the first tick; "
+        "'' = start at once",
+        read_only=True,
+    ),
+    Param(
+        "ready_timeout_s",
+        60.0,
+        "longest wait for wait_for_ready (wall s); then start with a warning",
+        0.0,
+        600.0,
+        read_only=True,
+    ),
 )
 
 
@@ -130,8 +223,11 @@ class MujocoDriverNode(Node):
         p = self.params
         overrides = {}
         if ROBOT_OF_TASK[p["task"]] == "ur5e":
-            overrides = dict(region=p["region"], cameras=tuple(c for c in p["cameras"] if c),
-                             image_size=(p["image_height"], p["image_width"]))
+            overrides = dict(
+                region=p["region"],
+                cameras=tuple(c for c in p["cameras"] if c),
+                image_size=(p["image_height"], p["image_width"]),
+            )
             if p["max_steps"]:
                 overrides["max_steps"] = p["max_steps"]
         elif p["max_steps"]:
@@ -144,7 +240,9 @@ class MujocoDriverNode(Node):
         self.episode_id = 0
         self.seed = p["seed"]
         self.last = TickResult(self.episode.reset(self.seed), 0.0, False, False, {})
-        self.latest: tuple[Command, float] | None = None  # real-time mode: newest command, wall time
+        self.latest: tuple[Command, float] | None = (
+            None  # real-time mode: newest command, wall time
+        )
         self.dropped = 0
         self.finished = Future()  # set when `episodes` episodes have run
         self.diag = Diagnostics(self, hardware_id=f"mujoco:{p['task']}:{p['variant']}")
@@ -156,13 +254,20 @@ class MujocoDriverNode(Node):
             self._last_publish = time.monotonic()
             self.create_timer(0.05, self.republish_if_waiting, clock=steady)
         else:
-            self.create_timer(self.period_ns * 1e-9 / p["realtime_factor"], self.realtime_tick, clock=steady)
+            self.create_timer(
+                self.period_ns * 1e-9 / p["realtime_factor"], self.realtime_tick, clock=steady
+            )
         if self.lockstep and p["wait_for_ready"]:
-            latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                                 durability=DurabilityPolicy.TRANSIENT_LOCAL)
+            latched = QoSProfile(
+                depth=1,
+                reliability=ReliabilityPolicy.RELIABLE,
+                durability=DurabilityPolicy.TRANSIENT_LOCAL,
+            )
             self.create_subscription(Bool, p["wait_for_ready"], self.on_ready, latched)
             self._ready_deadline = time.monotonic() + p["ready_timeout_s"]
-            self.diag.set("start", Level.WARN, f"waiting for {p['wait_for_ready']} before the first tick")
+            self.diag.set(
+                "start", Level.WARN, f"waiting for {p['wait_for_ready']} before the first tick"
+            )
         else:
             self.publish_tick()
 
@@ -170,7 +275,9 @@ class MujocoDriverNode(Node):
         self.pub_clock = self.create_publisher(ClockMsg, "/clock", 10)
         self.pub_joints = self.create_publisher(JointState, "/joint_states", 10)
         self.pub_proprio = self.create_publisher(JointState, "/simdist/robot/proprio", 10)
-        self.pub_cams = {c: self.create_publisher(Image, f"/camera/{c}/image_raw", 10) for c in self.spec.cameras}
+        self.pub_cams = {
+            c: self.create_publisher(Image, f"/camera/{c}/image_raw", 10) for c in self.spec.cameras
+        }
         self.pub_episode = self.create_publisher(String, "/simdist/episode", 10)
         if self.spec.name == "go2":
             self.pub_imu = self.create_publisher(Imu, "/imu", 10)
@@ -196,37 +303,65 @@ class MujocoDriverNode(Node):
         if self.lockstep:
             self.pub_clock.publish(ClockMsg(clock=ros_msgs.stamp_msg(t)))
             self._last_publish = time.monotonic()
-        self.pub_joints.publish(ros_msgs.joint_state_msg(self.spec.joint_names, obs.joint_pos, obs.joint_vel, t))
+        self.pub_joints.publish(
+            ros_msgs.joint_state_msg(self.spec.joint_names, obs.joint_pos, obs.joint_vel, t)
+        )
         for cam, pub in self.pub_cams.items():
             pub.publish(ros_msgs.image_to_msg(obs.images[cam], t, f"{cam}_camera"))
         priv = obs.privileged or {}
         if self.spec.name == "go2":
             self.pub_imu.publish(ros_msgs.imu_msg(priv["base_quat"], priv["base_ang_vel"], None, t))
-            self.pub_odom.publish(ros_msgs.odometry_msg(
-                priv["base_pos"], priv["base_quat"], priv["base_lin_vel"], priv["base_ang_vel"], t))
+            self.pub_odom.publish(
+                ros_msgs.odometry_msg(
+                    priv["base_pos"],
+                    priv["base_quat"],
+                    priv["base_lin_vel"],
+                    priv["base_ang_vel"],
+                    t,
+                )
+            )
             self.pub_height.publish(ros_msgs.height_map_to_msg(obs.height_map, t))
         else:
             quat = np.zeros(4)
             mujoco.mju_mat2Quat(quat, np.asarray(priv["tcp_mat"], np.float64).reshape(9))
             self.pub_tcp.publish(ros_msgs.pose_msg(priv["tcp_pos"], quat, t))
-        self.pub_episode.publish(ros_msgs.episode_msg(
-            task=self.episode.task.name, variant=self.episode.task.variant, robot=self.spec.name,
-            seed=self.seed, episode=self.episode_id, step=self.episode.step_count, reward=self.last.reward,
-            success=self.last.success, terminated=self.last.info.get("terminated", False),
-            truncated=self.last.info.get("truncated", False), done=self.episode.done, stamp_ns=t,
-            info=self.last.info))
-        self.pub_proprio.publish(ros_msgs.proprio_to_msg(obs, self.spec, t))  # last: completes the tick
+        self.pub_episode.publish(
+            ros_msgs.episode_msg(
+                task=self.episode.task.name,
+                variant=self.episode.task.variant,
+                robot=self.spec.name,
+                seed=self.seed,
+                episode=self.episode_id,
+                step=self.episode.step_count,
+                reward=self.last.reward,
+                success=self.last.success,
+                terminated=self.last.info.get("terminated", False),
+                truncated=self.last.info.get("truncated", False),
+                done=self.episode.done,
+                stamp_ns=t,
+                info=self.last.info,
+            )
+        )
+        self.pub_proprio.publish(
+            ros_msgs.proprio_to_msg(obs, self.spec, t)
+        )  # last: completes the tick
 
     def on_ready(self, msg: Bool) -> None:
         if msg.data and self._ready_deadline is not None:
-            self.diag.set("start", Level.OK, f"{self.params['wait_for_ready']} is ready: first tick")
+            self.diag.set(
+                "start", Level.OK, f"{self.params['wait_for_ready']} is ready: first tick"
+            )
             self.publish_tick()
 
     def republish_if_waiting(self) -> None:
         if self._ready_deadline is not None:  # not started yet
             if time.monotonic() >= self._ready_deadline:
-                self.diag.set("start", Level.WARN, f"no ready on {self.params['wait_for_ready']} within "
-                              f"ready_timeout_s={self.params['ready_timeout_s']} s; started anyway")
+                self.diag.set(
+                    "start",
+                    Level.WARN,
+                    f"no ready on {self.params['wait_for_ready']} within "
+                    f"ready_timeout_s={self.params['ready_timeout_s']} s; started anyway",
+                )
                 self.publish_tick()
             return
         if time.monotonic() - self._last_publish >= self.params["lockstep_republish_s"]:
@@ -244,13 +379,21 @@ class MujocoDriverNode(Node):
             return
         if ros_msgs.stamp_ns(msg.header.stamp) != self._stamp:
             self.dropped += 1
-            self.diag.set("lockstep", Level.WARN, f"dropped a command stamped {ros_msgs.stamp_ns(msg.header.stamp)} "
-                          f"while waiting for tick {self.tick} ({self._stamp})", dropped=self.dropped)
+            self.diag.set(
+                "lockstep",
+                Level.WARN,
+                f"dropped a command stamped {ros_msgs.stamp_ns(msg.header.stamp)} "
+                f"while waiting for tick {self.tick} ({self._stamp})",
+                dropped=self.dropped,
+            )
             return
         self.advance(command)
 
     def realtime_tick(self) -> None:
-        fresh = self.latest is not None and time.monotonic() - self.latest[1] <= self.params["command_timeout_s"]
+        fresh = (
+            self.latest is not None
+            and time.monotonic() - self.latest[1] <= self.params["command_timeout_s"]
+        )
         self.advance(self.latest[0] if fresh else Command(CommandKind.HOLD))
 
     def advance(self, command: Command) -> None:
@@ -274,7 +417,9 @@ class MujocoDriverNode(Node):
         except RuntimeError as e:  # the backend refused to go on (faulted): end the episode
             self.diag.set("robot", Level.ERROR, f"simulation step failed, episode ended: {e}")
             self.episode.done = True
-            self.last = TickResult(self.last.obs, 0.0, True, False, {"terminated": True, "truncated": False})
+            self.last = TickResult(
+                self.last.obs, 0.0, True, False, {"terminated": True, "truncated": False}
+            )
         self.tick += 1
         self.report_faults()
         self.publish_tick()
@@ -286,8 +431,14 @@ class MujocoDriverNode(Node):
             level = Level.ERROR if worst.level >= FaultLevel.ERROR else Level.WARN
             self.diag.set("robot", level, "; ".join(f"{f.code}: {f.message}" for f in faults))
         else:
-            self.diag.set("robot", Level.OK, "no faults", tick=self.tick, episode=self.episode_id,
-                          step=self.episode.step_count)
+            self.diag.set(
+                "robot",
+                Level.OK,
+                "no faults",
+                tick=self.tick,
+                episode=self.episode_id,
+                step=self.episode.step_count,
+            )
 
     def start_episode(self, seed: int) -> None:
         self.seed = seed
@@ -302,7 +453,9 @@ class MujocoDriverNode(Node):
         self.params.apply()
         self.start_episode(int(self.params["seed"]))
         response.success = True
-        response.message = f"episode {self.episode_id} seed {self.seed} tick {self.tick} stamp_ns {self._stamp}"
+        response.message = (
+            f"episode {self.episode_id} seed {self.seed} tick {self.tick} stamp_ns {self._stamp}"
+        )
         return response
 
 

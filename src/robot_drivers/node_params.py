@@ -4,6 +4,7 @@ Each node lists its tunables once as `Param`s; `NodeParams` declares them with a
 a range (rqt_reconfigure shows sliders), rejects bad values at set time with the reason, and
 queues accepted ones so the node applies them at the start of its next tick, never mid-tick.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,9 @@ class Param:
         if self.low is not None and isinstance(self.default, bool):
             raise TypeError(f"parameter {self.name}: a bool takes no range")
         if self.low is not None and isinstance(self.default, int):
-            d.integer_range = [IntegerRange(from_value=int(self.low), to_value=int(self.high), step=1)]
+            d.integer_range = [
+                IntegerRange(from_value=int(self.low), to_value=int(self.high), step=1)
+            ]
         elif self.low is not None:
             d.floating_point_range = [
                 FloatingPointRange(from_value=float(self.low), to_value=float(self.high), step=0.0)
@@ -65,7 +68,9 @@ class NodeParams:
         for name, value in self.values.items():
             reason = self._validate(name, value, self.values)
             if reason:
-                raise ValueError(f"{node.get_name()}: parameter {name}={value!r} rejected: {reason}")
+                raise ValueError(
+                    f"{node.get_name()}: parameter {name}={value!r} rejected: {reason}"
+                )
         node.add_on_set_parameters_callback(self._on_set)
 
     def __getitem__(self, name: str):

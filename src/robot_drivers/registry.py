@@ -5,6 +5,7 @@ The registry sits above both tasks and experts: an expert module may import its 
 never imports an expert. Entries are "module:factory" strings, imported on first use, so a UR5e
 user never loads the Go2 stack, and a spawned worker process can register the same entry again.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -4,6 +4,7 @@ docs/observation_topics.md describes the topics; every node packs and unpacks th
 functions so the layout is defined once. Unpacking validates and raises `MessageError` (a
 ValueError) with what is wrong and what was expected; nothing is silently reshaped.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,16 +62,22 @@ def image_from_msg(msg: Image, expected_hw: tuple[int, int] | None = None) -> np
     """rgb8 (or bgr8, converted) Image -> (H, W, 3) uint8 RGB; checks encoding, step and size."""
     where = f"image on frame {msg.header.frame_id!r}"
     if msg.encoding not in ("rgb8", "bgr8"):
-        raise MessageError(f"{where}: encoding {msg.encoding!r} is not supported, expected 'rgb8' (or 'bgr8')")
+        raise MessageError(
+            f"{where}: encoding {msg.encoding!r} is not supported, expected 'rgb8' (or 'bgr8')"
+        )
     h, w, step = int(msg.height), int(msg.width), int(msg.step)
     if h <= 0 or w <= 0:
         raise MessageError(f"{where}: empty image {h}x{w}")
     if step < 3 * w:
         raise MessageError(f"{where}: step {step} is smaller than 3 * width = {3 * w}")
     if len(msg.data) != step * h:
-        raise MessageError(f"{where}: {len(msg.data)} data bytes, expected step * height = {step * h}")
+        raise MessageError(
+            f"{where}: {len(msg.data)} data bytes, expected step * height = {step * h}"
+        )
     if expected_hw is not None and tuple(expected_hw) != (h, w):
-        raise MessageError(f"{where}: size {h}x{w} (HxW), expected {expected_hw[0]}x{expected_hw[1]}")
+        raise MessageError(
+            f"{where}: size {h}x{w} (HxW), expected {expected_hw[0]}x{expected_hw[1]}"
+        )
     rows = np.frombuffer(bytes(msg.data), dtype=np.uint8).reshape(h, step)
     image = rows[:, : 3 * w].reshape(h, w, 3)
     if msg.encoding == "bgr8":
@@ -83,7 +90,13 @@ def height_map_to_msg(height_map: np.ndarray, stamp_ns_: int, frame_id: str = "b
     hm = np.ascontiguousarray(height_map, dtype="<f4")
     if hm.ndim != 2:
         raise MessageError(f"height map must be 2-D (rows, cols), got shape {hm.shape}")
-    msg = Image(height=hm.shape[0], width=hm.shape[1], encoding="32FC1", is_bigendian=0, step=4 * hm.shape[1])
+    msg = Image(
+        height=hm.shape[0],
+        width=hm.shape[1],
+        encoding="32FC1",
+        is_bigendian=0,
+        step=4 * hm.shape[1],
+    )
     msg.header.stamp = stamp_msg(stamp_ns_)
     msg.header.frame_id = frame_id
     msg.data = hm.tobytes()
@@ -95,9 +108,13 @@ def height_map_from_msg(msg: Image, expected_shape: tuple[int, int] | None = Non
         raise MessageError(f"height map encoding {msg.encoding!r}, expected '32FC1'")
     h, w = int(msg.height), int(msg.width)
     if expected_shape is not None and (h, w) != tuple(expected_shape):
-        raise MessageError(f"height map is {h}x{w}, expected {expected_shape[0]}x{expected_shape[1]}")
+        raise MessageError(
+            f"height map is {h}x{w}, expected {expected_shape[0]}x{expected_shape[1]}"
+        )
     if int(msg.step) != 4 * w or len(msg.data) != 4 * w * h:
-        raise MessageError(f"height map data is {len(msg.data)} bytes (step {msg.step}), expected {4 * w * h}")
+        raise MessageError(
+            f"height map data is {len(msg.data)} bytes (step {msg.step}), expected {4 * w * h}"
+        )
     dtype = ">f4" if msg.is_bigendian else "<f4"
     hm = np.frombuffer(bytes(msg.data), dtype=dtype).reshape(h, w).astype(np.float32)
     if not np.all(np.isfinite(hm)):
@@ -115,20 +132,32 @@ def proprio_names(spec: RobotSpec) -> list[str]:
 def proprio_to_msg(obs: Observation, spec: RobotSpec, stamp_ns_: int) -> JointState:
     proprio = np.asarray(obs.proprio, dtype=np.float64).ravel()
     if proprio.shape != (spec.proprio_dim,):
-        raise MessageError(f"{spec.name}: proprio has {proprio.size} values, expected {spec.proprio_dim}")
+        raise MessageError(
+            f"{spec.name}: proprio has {proprio.size} values, expected {spec.proprio_dim}"
+        )
     values = [proprio]
     if spec.command_dim:
-        command = np.zeros(spec.command_dim) if obs.command is None else np.asarray(obs.command, np.float64)
+        command = (
+            np.zeros(spec.command_dim)
+            if obs.command is None
+            else np.asarray(obs.command, np.float64)
+        )
         if command.shape != (spec.command_dim,):
-            raise MessageError(f"{spec.name}: command has shape {command.shape}, expected ({spec.command_dim},)")
+            raise MessageError(
+                f"{spec.name}: command has shape {command.shape}, expected ({spec.command_dim},)"
+            )
         values.append(command)
-    return pack_proprio(proprio_names(spec), proprio, values[1] if spec.command_dim else None, stamp_ns_, spec.name)
+    return pack_proprio(
+        proprio_names(spec), proprio, values[1] if spec.command_dim else None, stamp_ns_, spec.name
+    )
 
 
 def pack_proprio(names, proprio, command, stamp_ns_: int, frame_id: str) -> JointState:
     """Low-level packing from already named values (ingestion republishes what it received)."""
-    values = np.concatenate([np.asarray(proprio, np.float64).ravel()]
-                            + ([] if command is None else [np.asarray(command, np.float64).ravel()]))
+    values = np.concatenate(
+        [np.asarray(proprio, np.float64).ravel()]
+        + ([] if command is None else [np.asarray(command, np.float64).ravel()])
+    )
     if len(names) != values.size:
         raise MessageError(f"{len(names)} proprio names for {values.size} values")
     msg = JointState(name=list(names), position=values.tolist())
@@ -145,9 +174,11 @@ def split_proprio_msg(msg: JointState) -> tuple[np.ndarray, np.ndarray | None]:
     values = np.asarray(msg.position, dtype=np.float64)
     if not np.all(np.isfinite(values)):
         bad = [n for n, v in zip(names, values) if not math.isfinite(v)]
-        raise MessageError(f"proprio contains NaN or Inf in {bad[:8]}{'...' if len(bad) > 8 else ''}")
+        raise MessageError(
+            f"proprio contains NaN or Inf in {bad[:8]}{'...' if len(bad) > 8 else ''}"
+        )
     is_cmd = np.array([n.startswith("command[") for n in names], dtype=bool)
-    if is_cmd.any() and not is_cmd[int(np.argmax(is_cmd)):].all():
+    if is_cmd.any() and not is_cmd[int(np.argmax(is_cmd)) :].all():
         raise MessageError("proprio message: command[i] entries must come after all proprio terms")
     command = values[is_cmd].astype(np.float32) if is_cmd.any() else None
     return values[~is_cmd].astype(np.float32), command
@@ -158,10 +189,13 @@ def proprio_from_msg(msg: JointState, spec: RobotSpec) -> tuple[np.ndarray, np.n
     expected = proprio_names(spec)
     if list(msg.name) != expected:
         got = list(msg.name)
-        diff = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        diff = next(
+            (i for i, (a, b) in enumerate(zip(got, expected)) if a != b),
+            min(len(got), len(expected)),
+        )
         raise MessageError(
             f"{spec.name}: proprio layout differs from the spec at element {diff}: "
-            f"got {len(got)} names ({got[diff:diff + 3]}...), expected {len(expected)} ({expected[diff:diff + 3]}...)"
+            f"got {len(got)} names ({got[diff : diff + 3]}...), expected {len(expected)} ({expected[diff : diff + 3]}...)"
         )
     return split_proprio_msg(msg)
 
@@ -182,11 +216,15 @@ def imu_msg(quat_wxyz, gyro, accel, stamp_ns_: int, frame_id: str = "base") -> I
     msg.header.frame_id = frame_id
     w, x, y, z = (float(v) for v in quat_wxyz)
     msg.orientation.w, msg.orientation.x, msg.orientation.y, msg.orientation.z = w, x, y, z
-    msg.angular_velocity.x, msg.angular_velocity.y, msg.angular_velocity.z = (float(v) for v in gyro)
+    msg.angular_velocity.x, msg.angular_velocity.y, msg.angular_velocity.z = (
+        float(v) for v in gyro
+    )
     if accel is None:
         msg.linear_acceleration_covariance[0] = -1.0
     else:
-        msg.linear_acceleration.x, msg.linear_acceleration.y, msg.linear_acceleration.z = (float(v) for v in accel)
+        msg.linear_acceleration.x, msg.linear_acceleration.y, msg.linear_acceleration.z = (
+            float(v) for v in accel
+        )
     return msg
 
 
@@ -197,7 +235,9 @@ def odometry_msg(pos, quat_wxyz, lin_vel_body, ang_vel_body, stamp_ns_: int) -> 
     msg.child_frame_id = "base"
     p = msg.pose.pose
     p.position.x, p.position.y, p.position.z = (float(v) for v in pos)
-    p.orientation.w, p.orientation.x, p.orientation.y, p.orientation.z = (float(v) for v in quat_wxyz)
+    p.orientation.w, p.orientation.x, p.orientation.y, p.orientation.z = (
+        float(v) for v in quat_wxyz
+    )
     t = msg.twist.twist
     t.linear.x, t.linear.y, t.linear.z = (float(v) for v in lin_vel_body)
     t.angular.x, t.angular.y, t.angular.z = (float(v) for v in ang_vel_body)
@@ -236,7 +276,11 @@ def command_to_msg(command: Command, names, stamp_ns_: int, period_s: float) -> 
     msg = JointTrajectory(joint_names=list(names))
     msg.header.stamp = stamp_msg(stamp_ns_)
     msg.header.frame_id = command.kind.value
-    values = [] if command.kind in (CommandKind.HOLD, CommandKind.DAMP) else np.asarray(command.values, np.float64).tolist()
+    values = (
+        []
+        if command.kind in (CommandKind.HOLD, CommandKind.DAMP)
+        else np.asarray(command.values, np.float64).tolist()
+    )
     msg.points = [JointTrajectoryPoint(positions=values, time_from_start=duration_msg(period_s))]
     return msg
 
@@ -256,7 +300,9 @@ def command_from_msg(msg: JointTrajectory, spec: RobotSpec | None = None) -> Com
         raise MessageError(f"{kind.value} command without points")
     values = np.asarray(msg.points[0].positions, dtype=np.float64)
     if spec is not None and values.shape != (spec.action_dim,):
-        raise MessageError(f"{spec.name}: command has {values.size} values, expected {spec.action_dim}")
+        raise MessageError(
+            f"{spec.name}: command has {values.size} values, expected {spec.action_dim}"
+        )
     if not np.all(np.isfinite(values)):
         raise MessageError(f"command contains NaN or Inf: {values.tolist()}")
     return Command(kind=kind, values=values.astype(np.float32), stamp=stamp)
@@ -270,7 +316,9 @@ class ObservationAssembler:
     dropped, and at most `max_pending` stamps are kept.
     """
 
-    def __init__(self, cameras, has_height_map: bool, spec: RobotSpec | None = None, max_pending: int = 8):
+    def __init__(
+        self, cameras, has_height_map: bool, spec: RobotSpec | None = None, max_pending: int = 8
+    ):
         self.cameras = tuple(cameras)
         self.has_height_map = has_height_map
         self.spec = spec

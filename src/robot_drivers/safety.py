@@ -6,6 +6,7 @@ target limits and a per-tick target step limit). A command-rate watchdog turns a
 HOLD (arm) or, after a grace period, DAMP (quadruped). The ROS node (`safety_node.py`) only moves
 messages in and out of this class; every rule is testable here without ROS.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,8 +19,16 @@ from robot_drivers.interface import Command, CommandKind
 # model; the rear thighs reach further back than the front ones.
 _HIP, _CALF = (-1.0472, 1.0472), (-2.7227, -0.83776)
 _THIGH_FRONT, _THIGH_REAR = (-1.5708, 3.4907), (-0.5236, 4.5379)
-GO2_JOINT_LOW = tuple(v[0] for leg in ("F", "F", "R", "R") for v in (_HIP, _THIGH_FRONT if leg == "F" else _THIGH_REAR, _CALF))
-GO2_JOINT_HIGH = tuple(v[1] for leg in ("F", "F", "R", "R") for v in (_HIP, _THIGH_FRONT if leg == "F" else _THIGH_REAR, _CALF))
+GO2_JOINT_LOW = tuple(
+    v[0]
+    for leg in ("F", "F", "R", "R")
+    for v in (_HIP, _THIGH_FRONT if leg == "F" else _THIGH_REAR, _CALF)
+)
+GO2_JOINT_HIGH = tuple(
+    v[1]
+    for leg in ("F", "F", "R", "R")
+    for v in (_HIP, _THIGH_FRONT if leg == "F" else _THIGH_REAR, _CALF)
+)
 GO2_DEFAULT_POSE = (-0.1, 0.8, -1.5, 0.1, 0.8, -1.5, -0.1, 1.0, -1.5, 0.1, 1.0, -1.5)
 
 
@@ -46,21 +55,31 @@ class SafetyConfig:
     def __post_init__(self) -> None:
         if self.robot not in ("ur5e", "go2"):
             raise ValueError(f"SafetyConfig.robot must be 'ur5e' or 'go2', got {self.robot!r}")
-        for name in ("command_timeout_s", "observation_timeout_s", "max_step_pos", "max_step_rot",
-                     "action_scale", "max_target_step"):
+        for name in (
+            "command_timeout_s",
+            "observation_timeout_s",
+            "max_step_pos",
+            "max_step_rot",
+            "action_scale",
+            "max_target_step",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SafetyConfig.{name} must be > 0, got {getattr(self, name)}")
         if not self.damp_grace_s >= 0:
             raise ValueError(f"SafetyConfig.damp_grace_s must be >= 0, got {self.damp_grace_s}")
-        if len(self.workspace_low) != 3 or len(self.workspace_high) != 3 or not all(
-            lo < hi for lo, hi in zip(self.workspace_low, self.workspace_high)
+        if (
+            len(self.workspace_low) != 3
+            or len(self.workspace_high) != 3
+            or not all(lo < hi for lo, hi in zip(self.workspace_low, self.workspace_high))
         ):
             raise ValueError(
                 f"workspace box needs 3 values each with low < high, got {self.workspace_low} / {self.workspace_high}"
             )
         for name in ("default_pose", "joint_low", "joint_high"):
             if len(getattr(self, name)) != 12:
-                raise ValueError(f"SafetyConfig.{name} needs 12 values (Go2 joints), got {len(getattr(self, name))}")
+                raise ValueError(
+                    f"SafetyConfig.{name} needs 12 values (Go2 joints), got {len(getattr(self, name))}"
+                )
         if not all(lo < hi for lo, hi in zip(self.joint_low, self.joint_high)):
             raise ValueError("SafetyConfig.joint_low must be below joint_high for every joint")
 
@@ -78,7 +97,9 @@ class Decision:
     """What the supervisor forwards and why (reason empty when the command passed unchanged)."""
 
     command: Command
-    status: str  # "pass", "clipped", "rejected", "estop", "stale_observation", "watchdog", "no_answer"
+    status: (
+        str  # "pass", "clipped", "rejected", "estop", "stale_observation", "watchdog", "no_answer"
+    )
     reason: str = ""
     clipped: list[str] = field(default_factory=list)
 
@@ -97,7 +118,11 @@ class SafetySupervisor:
 
     # --- inputs ------------------------------------------------------------------------------
     def observation(self, stamp: float) -> None:
-        self.last_observation_stamp = stamp if self.last_observation_stamp is None else max(stamp, self.last_observation_stamp)
+        self.last_observation_stamp = (
+            stamp
+            if self.last_observation_stamp is None
+            else max(stamp, self.last_observation_stamp)
+        )
 
     def tcp_pose(self, pos) -> None:
         pos = np.asarray(pos, dtype=np.float64)
@@ -118,13 +143,18 @@ class SafetySupervisor:
 
     # --- checks ------------------------------------------------------------------------------
     def observation_stale(self, now: float) -> bool:
-        return self.last_observation_stamp is None or now - self.last_observation_stamp > self.config.observation_timeout_s
+        return (
+            self.last_observation_stamp is None
+            or now - self.last_observation_stamp > self.config.observation_timeout_s
+        )
 
     def _stale_reason(self, now: float) -> str:
         if self.last_observation_stamp is None:
             return "no observation received yet"
-        return (f"newest observation is {now - self.last_observation_stamp:.3f} s old "
-                f"(limit observation_timeout_s={self.config.observation_timeout_s})")
+        return (
+            f"newest observation is {now - self.last_observation_stamp:.3f} s old "
+            f"(limit observation_timeout_s={self.config.observation_timeout_s})"
+        )
 
     def safe_command(self, stamp: float, damp: bool = False) -> Command:
         kind = CommandKind.DAMP if (damp and self.config.robot == "go2") else CommandKind.HOLD
@@ -135,7 +165,9 @@ class SafetySupervisor:
         """Check one planner command received at node time `now`; returns what to forward."""
         stamp = command.stamp
         if self.estopped:
-            return Decision(self.safe_command(stamp, damp=True), "estop", "e-stop latched; call ~/resume")
+            return Decision(
+                self.safe_command(stamp, damp=True), "estop", "e-stop latched; call ~/resume"
+            )
         if self.observation_stale(now):
             return Decision(self.safe_command(stamp), "stale_observation", self._stale_reason(now))
         if command.kind in (CommandKind.HOLD, CommandKind.DAMP):
@@ -143,10 +175,15 @@ class SafetySupervisor:
             self._timeout_since = None
             return Decision(self.safe_command(stamp, damp=command.kind == CommandKind.DAMP), "pass")
         if command.kind != self.config.action_kind:
-            return self.reject(stamp, f"command kind {command.kind.value!r}, expected {self.config.action_kind.value!r}")
+            return self.reject(
+                stamp,
+                f"command kind {command.kind.value!r}, expected {self.config.action_kind.value!r}",
+            )
         values = np.asarray(command.values, dtype=np.float64)
         if values.shape != (self.config.action_dim,):
-            return self.reject(stamp, f"command has shape {values.shape}, expected ({self.config.action_dim},)")
+            return self.reject(
+                stamp, f"command has shape {values.shape}, expected ({self.config.action_dim},)"
+            )
         if not np.all(np.isfinite(values)):
             return self.reject(stamp, f"command contains NaN or Inf: {values.tolist()}")
         if self.config.robot == "ur5e":
@@ -161,14 +198,21 @@ class SafetySupervisor:
     def watchdog(self, now: float) -> Decision | None:
         """Called by the node's timer: the safe command to send when no fresh plan arrives, else None."""
         if self.estopped:
-            return Decision(self.safe_command(now, damp=True), "estop", "e-stop latched; call ~/resume")
-        if self.last_command_time is None or now - self.last_command_time <= self.config.command_timeout_s:
+            return Decision(
+                self.safe_command(now, damp=True), "estop", "e-stop latched; call ~/resume"
+            )
+        if (
+            self.last_command_time is None
+            or now - self.last_command_time <= self.config.command_timeout_s
+        ):
             return None
         if self._timeout_since is None:
             self._timeout_since = now
         damp = now - self._timeout_since > self.config.damp_grace_s
-        reason = (f"no plan for {now - self.last_command_time:.3f} s "
-                  f"(limit command_timeout_s={self.config.command_timeout_s})")
+        reason = (
+            f"no plan for {now - self.last_command_time:.3f} s "
+            f"(limit command_timeout_s={self.config.command_timeout_s})"
+        )
         return Decision(self.safe_command(now, damp=damp), "watchdog", reason)
 
     # --- robot limits ------------------------------------------------------------------------
@@ -187,7 +231,9 @@ class SafetySupervisor:
             r *= c.max_step_rot / np.linalg.norm(r)
             clipped.append("max_step_rot")
         if self.tcp_pos is None:
-            return self.reject(stamp, "no TCP pose on /tcp_pose yet: cannot check the workspace box")
+            return self.reject(
+                stamp, "no TCP pose on /tcp_pose yet: cannot check the workspace box"
+            )
         target = self.tcp_pos + d
         boxed = np.clip(target, c.workspace_low, c.workspace_high)
         if not np.allclose(boxed, target):
@@ -209,7 +255,11 @@ class SafetySupervisor:
         if not np.allclose(bounded, target):
             clipped.append("joint_limits")
         if self._last_target is not None:
-            stepped = np.clip(bounded, self._last_target - c.max_target_step, self._last_target + c.max_target_step)
+            stepped = np.clip(
+                bounded,
+                self._last_target - c.max_target_step,
+                self._last_target + c.max_target_step,
+            )
             if not np.allclose(stepped, bounded):
                 clipped.append("max_target_step")
             bounded = stepped

@@ -7,6 +7,7 @@ action when plans stop; an observation left unanswered for `answer_timeout_s` of
 the safe action with its stamp (so a failing planner cannot stall a lockstep simulator);
 `~/estop` latches it until `~/resume`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,28 +35,74 @@ from robot_drivers.safety import (
 )
 
 PARAMS = (
-    Param("robot", "ur5e", "robot whose limits apply: ur5e (EE deltas, HOLD) or go2 (joint targets, DAMP)", read_only=True),
-    Param("watchdog_rate_hz", 50.0, "how often the command-rate watchdog runs (node clock)", 1.0, 1000.0, read_only=True),
-    Param("command_timeout_s", 0.5, "no fresh plan for this long -> safe action (keep above one control period)", 0.01, 10.0),
-    Param("damp_grace_s", 0.2, "Go2: stand (HOLD) this long after a plan timeout, then DAMP", 0.0, 10.0),
-    Param("observation_timeout_s", 0.5, "newest observation older than this -> safe action", 0.01, 10.0),
-    Param("answer_timeout_s", 10.0, "the newest observation unanswered this long on the WALL clock -> safe "
-          "action stamped with it (a stuck or failing planner cannot stall a lockstep simulator); 0 = off", 0.0, 60.0),
+    Param(
+        "robot",
+        "ur5e",
+        "robot whose limits apply: ur5e (EE deltas, HOLD) or go2 (joint targets, DAMP)",
+        read_only=True,
+    ),
+    Param(
+        "watchdog_rate_hz",
+        50.0,
+        "how often the command-rate watchdog runs (node clock)",
+        1.0,
+        1000.0,
+        read_only=True,
+    ),
+    Param(
+        "command_timeout_s",
+        0.5,
+        "no fresh plan for this long -> safe action (keep above one control period)",
+        0.01,
+        10.0,
+    ),
+    Param(
+        "damp_grace_s",
+        0.2,
+        "Go2: stand (HOLD) this long after a plan timeout, then DAMP",
+        0.0,
+        10.0,
+    ),
+    Param(
+        "observation_timeout_s",
+        0.5,
+        "newest observation older than this -> safe action",
+        0.01,
+        10.0,
+    ),
+    Param(
+        "answer_timeout_s",
+        10.0,
+        "the newest observation unanswered this long on the WALL clock -> safe "
+        "action stamped with it (a stuck or failing planner cannot stall a lockstep simulator); 0 = off",
+        0.0,
+        60.0,
+    ),
     Param("max_step_pos", 0.03, "UR5e: max TCP translation per control step (m)", 0.001, 0.2),
     Param("max_step_rot", 0.25, "UR5e: max TCP rotation per control step (rad)", 0.01, 1.5),
-    Param("workspace_low", [-0.45, 0.10, 0.01], "UR5e: TCP box lower corner x, y, z (m, base frame)"),
-    Param("workspace_high", [0.55, 0.90, 0.70], "UR5e: TCP box upper corner x, y, z (m, base frame)"),
-    Param("action_scale", 0.25, "Go2: joint target = default_pose + action_scale * action", 0.01, 2.0),
+    Param(
+        "workspace_low", [-0.45, 0.10, 0.01], "UR5e: TCP box lower corner x, y, z (m, base frame)"
+    ),
+    Param(
+        "workspace_high", [0.55, 0.90, 0.70], "UR5e: TCP box upper corner x, y, z (m, base frame)"
+    ),
+    Param(
+        "action_scale", 0.25, "Go2: joint target = default_pose + action_scale * action", 0.01, 2.0
+    ),
     Param("max_target_step", 0.5, "Go2: max joint-target change per control step (rad)", 0.01, 3.0),
     Param("default_pose", list(GO2_DEFAULT_POSE), "Go2: default joint pose (rad), Unitree order"),
     Param("joint_low", list(GO2_JOINT_LOW), "Go2: lower joint-target limits (rad), Unitree order"),
-    Param("joint_high", list(GO2_JOINT_HIGH), "Go2: upper joint-target limits (rad), Unitree order"),
+    Param(
+        "joint_high", list(GO2_JOINT_HIGH), "Go2: upper joint-target limits (rad), Unitree order"
+    ),
 )
 CONFIG_FIELDS = [f.name for f in dataclasses.fields(SafetyConfig)]
 
 
 def _config(values: dict) -> SafetyConfig:
-    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in CONFIG_FIELDS}
+    kw = {
+        k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in CONFIG_FIELDS
+    }
     return SafetyConfig(**kw)
 
 
@@ -82,26 +129,34 @@ class SafetyNode(Node):
         self.counts = {"pass": 0, "clipped": 0, "rejected": 0, "safe": 0}
         self.pub = self.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
         self.create_subscription(JointTrajectory, "/simdist/action", self.on_action, 10)
-        self.create_subscription(JointState, "/simdist/observation/proprio", self.on_observation, 10)
+        self.create_subscription(
+            JointState, "/simdist/observation/proprio", self.on_observation, 10
+        )
         self.create_subscription(PoseStamped, "/tcp_pose", self.on_tcp_pose, 10)
         self.create_service(Trigger, "~/estop", self.on_estop)
         self.create_service(Trigger, "~/resume", self.on_resume)
         self.create_timer(1.0 / self.params["watchdog_rate_hz"], self.on_watchdog)
         self._unanswered: tuple[int, float] | None = None  # (observation stamp ns, wall time seen)
         self._answered_ns = -1
-        self.create_timer(0.05, self.on_answer_deadline, clock=Clock(clock_type=ClockType.STEADY_TIME))
+        self.create_timer(
+            0.05, self.on_answer_deadline, clock=Clock(clock_type=ClockType.STEADY_TIME)
+        )
 
     def now_s(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
 
     def apply_params(self) -> None:
         if self.params.apply():
-            self.core.config = _config(self.params.values)  # limits only: the supervisor's state stays
+            self.core.config = _config(
+                self.params.values
+            )  # limits only: the supervisor's state stays
 
     def on_observation(self, msg: JointState) -> None:
         stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
         self.core.observation(stamp_ns * 1e-9)
-        if stamp_ns > self._answered_ns and (self._unanswered is None or stamp_ns > self._unanswered[0]):
+        if stamp_ns > self._answered_ns and (
+            self._unanswered is None or stamp_ns > self._unanswered[0]
+        ):
             self._unanswered = (stamp_ns, time.monotonic())
 
     def on_answer_deadline(self) -> None:
@@ -111,7 +166,9 @@ class SafetyNode(Node):
             return
         stamp_ns = self._unanswered[0]
         reason = f"no plan for the observation stamped {stamp_ns} within answer_timeout_s={limit} s (wall)"
-        self.publish(Decision(self.core.safe_command(stamp_ns * 1e-9), "no_answer", reason), stamp_ns)
+        self.publish(
+            Decision(self.core.safe_command(stamp_ns * 1e-9), "no_answer", reason), stamp_ns
+        )
         self._answered_ns, self._unanswered = stamp_ns, None
 
     def on_tcp_pose(self, msg: PoseStamped) -> None:
@@ -141,7 +198,9 @@ class SafetyNode(Node):
             self.publish(decision, self.get_clock().now().nanoseconds)
 
     def publish(self, decision, stamp_ns: int) -> None:
-        self.pub.publish(ros_msgs.command_to_msg(decision.command, self.names, stamp_ns, self.period_s))
+        self.pub.publish(
+            ros_msgs.command_to_msg(decision.command, self.names, stamp_ns, self.period_s)
+        )
         if decision.status in ("pass", "clipped"):
             self.counts[decision.status] += 1
             level = Level.OK if decision.status == "pass" else Level.WARN
@@ -149,7 +208,9 @@ class SafetyNode(Node):
         else:
             self.counts["rejected" if decision.status == "rejected" else "safe"] += 1
             level = Level.WARN if decision.status == "estop" else Level.ERROR
-            text = f"{decision.command.kind.value.upper()} sent: {decision.status}: {decision.reason}"
+            text = (
+                f"{decision.command.kind.value.upper()} sent: {decision.status}: {decision.reason}"
+            )
         self.diag.set("command", level, text, **self.counts)
 
     def on_estop(self, request, response):

@@ -1,4 +1,5 @@
 """The RobotSpec of each robot with its default backend settings: one lookup for every node."""
+
 from __future__ import annotations
 
 from robot_drivers.go2.backend import go2_spec

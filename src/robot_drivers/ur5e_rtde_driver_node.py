@@ -4,6 +4,7 @@ Publishes `/joint_states`, `/tcp_pose` and `/simdist/robot/proprio` at `publish_
 commands only from `/simdist/safe_command`; servoL runs at 500 Hz in the backend's thread.
 Cameras come from their own driver nodes on `/camera/<name>/image_raw` (docs/hardware.md).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,10 +24,22 @@ from robot_drivers.ur5e.so3 import mat_to_quat
 
 PARAMS = (
     Param("robot_ip", "", "UR5e controller address (required)", read_only=True),
-    Param("gripper", True, "drive a Robotiq 2F-85 through its URCap socket (port 63352)", read_only=True),
+    Param(
+        "gripper",
+        True,
+        "drive a Robotiq 2F-85 through its URCap socket (port 63352)",
+        read_only=True,
+    ),
     Param("lookahead_time", 0.1, "servoL lookahead (s): larger is smoother, slower", 0.03, 0.2),
     Param("gain", 300.0, "servoL proportional gain", 100.0, 2000.0),
-    Param("world_yaw", 0.0, "world frame = controller base turned by this about z (rad); 0 for the sim's mounting", -3.15, 3.15, read_only=True),
+    Param(
+        "world_yaw",
+        0.0,
+        "world frame = controller base turned by this about z (rad); 0 for the sim's mounting",
+        -3.15,
+        3.15,
+        read_only=True,
+    ),
 )
 
 
@@ -38,8 +51,11 @@ class UR5eRtdeDriverNode(RealtimeDriverNode):
         self.pub_tcp = self.create_publisher(PoseStamped, "/tcp_pose", 10)
 
     def connect(self):
-        cfg = UR5eRtdeConfig(lookahead_time=self.params["lookahead_time"], gain=self.params["gain"],
-                             world_yaw=self.params["world_yaw"])
+        cfg = UR5eRtdeConfig(
+            lookahead_time=self.params["lookahead_time"],
+            gain=self.params["gain"],
+            world_yaw=self.params["world_yaw"],
+        )
         ip = self.params["robot_ip"]
         try:
             backend = connect_ur5e(ip, cfg)  # the arm first: its error is the one that matters
@@ -63,8 +79,11 @@ class UR5eRtdeDriverNode(RealtimeDriverNode):
     def publish_extra(self, obs, stamp_ns: int) -> None:
         p = obs.privileged
         self.pub_tcp.publish(ros_msgs.pose_msg(p["tcp_pos"], mat_to_quat(p["tcp_mat"]), stamp_ns))
-        self.diag.set("speed_scaling", Level.OK if p["speed_scaling"][0] >= 0.99 else Level.WARN,
-                      f"{p['speed_scaling'][0]:.2f}")
+        self.diag.set(
+            "speed_scaling",
+            Level.OK if p["speed_scaling"][0] >= 0.99 else Level.WARN,
+            f"{p['speed_scaling'][0]:.2f}",
+        )
 
 
 def main(args=None):

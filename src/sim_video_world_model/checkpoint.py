@@ -1,11 +1,12 @@
 """Checkpoints as directories of safetensors + JSON; nothing is ever unpickled.
 
-    config.json              format version, backbone / objective config, stage, data facts
-    autoencoder.safetensors  (tiny backbone, or a randomly initialised Wan VAE; a pretrained Wan
-                             VAE is reloaded from backbone.wan.model_dir instead)
-    denoiser.safetensors     transformer + action branch (+ sim-conditioning projections)
-    optimizer.safetensors, train_state.json   only while a stage is resumable
+config.json              format version, backbone / objective config, stage, data facts
+autoencoder.safetensors  (tiny backbone, or a randomly initialised Wan VAE; a pretrained Wan
+                         VAE is reloaded from backbone.wan.model_dir instead)
+denoiser.safetensors     transformer + action branch (+ sim-conditioning projections)
+optimizer.safetensors, train_state.json   only while a stage is resumable
 """
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,9 @@ def load_bundle(path: str, device: str | torch.device = "cpu") -> ModelBundle:
     with open(cfg_file) as f:
         config = json.load(f)
     if config.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: checkpoint format {config.get('format_version')}, expected {FORMAT_VERSION}")
+        raise ValueError(
+            f"{path}: checkpoint format {config.get('format_version')}, expected {FORMAT_VERSION}"
+        )
     backbone = from_dict(BackboneConfig, config["backbone"])
     autoencoder, denoiser = build_backbone(backbone)
     if config["info"].get("sim_conditioning"):
@@ -77,7 +80,9 @@ def load_bundle(path: str, device: str | torch.device = "cpu") -> ModelBundle:
     return ModelBundle(autoencoder.to(device), denoiser.to(device), backbone, config["info"])
 
 
-def save_optimizer(path: str, optimizer: torch.optim.Optimizer, step: int, extra: dict | None = None) -> None:
+def save_optimizer(
+    path: str, optimizer: torch.optim.Optimizer, step: int, extra: dict | None = None
+) -> None:
     sd = optimizer.state_dict()
     tensors = {}
     for idx, state in sd["state"].items():

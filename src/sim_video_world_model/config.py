@@ -3,6 +3,7 @@
 Defaults are the paper's / official code's values (METHOD_NOTES, SimForcing part) except the
 backbone sizes, which are scaled down so the built-in backbone trains on a CPU in minutes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -157,7 +158,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
         if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(f"steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+            raise ValueError(
+                f"steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}"
+            )
         if not 0.0 <= self.warmup_frac < 1.0:
             raise ValueError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
 
@@ -182,5 +185,7 @@ def from_dict(cls, data: dict):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - names
     if unknown:
-        raise ValueError(f"{cls.__name__}: unknown keys {sorted(unknown)}; expected a subset of {sorted(names)}")
+        raise ValueError(
+            f"{cls.__name__}: unknown keys {sorted(unknown)}; expected a subset of {sorted(names)}"
+        )
     return cls(**data)

@@ -7,6 +7,7 @@ table, the guidance sweep, the (N_s, N_r, w) latency grid and a qualitative PNG 
 Predictions start from the real first frame and the window's actions; scores cover the predicted
 frames 1..T-1 only (frame 0 is the given observation).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,12 @@ from sim_video_world_model.train import RunConfig, run
 
 log = logging.getLogger("simforcing.eval")
 
-ROW_NAMES = {Variant.SFT: "real-only SFT", Variant.JOINT_FM: "+ joint FM", Variant.MOTION: "+ motion distillation",
-             Variant.FULL: "+ sim conditioning (full)"}
+ROW_NAMES = {
+    Variant.SFT: "real-only SFT",
+    Variant.JOINT_FM: "+ joint FM",
+    Variant.MOTION: "+ motion distillation",
+    Variant.FULL: "+ sim conditioning (full)",
+}
 
 
 @dataclasses.dataclass
@@ -53,8 +58,14 @@ class EvalConfig:
     device: str = "cpu"
 
 
-def predict(bundle: ModelBundle, data: PairedVideoDataset, sim_steps: int, real_steps: int, w: float,
-            cfg: EvalConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def predict(
+    bundle: ModelBundle,
+    data: PairedVideoDataset,
+    sim_steps: int,
+    real_steps: int,
+    w: float,
+    cfg: EvalConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(predicted, ground-truth) real videos of every held-out window, (N, 3, T, H, W) on the CPU."""
     pipe = SimForcingPipeline(bundle.autoencoder, bundle.denoiser, FlowMatchScheduler(5.0))
     preds, gts = [], []
@@ -63,8 +74,16 @@ def predict(bundle: ModelBundle, data: PairedVideoDataset, sim_steps: int, real_
         real = torch.stack([it["real"] for it in items]).to(cfg.device)
         actions = torch.stack([it["actions"] for it in items]).to(cfg.device)
         mask = torch.stack([it["mask"] for it in items]).to(cfg.device)
-        out = pipe(real[:, :, 0], actions, real.shape[2], robot_mask=mask, sim_steps=sim_steps,
-                   real_steps=real_steps, guidance=w, seed=cfg.seed + start)
+        out = pipe(
+            real[:, :, 0],
+            actions,
+            real.shape[2],
+            robot_mask=mask,
+            sim_steps=sim_steps,
+            real_steps=real_steps,
+            guidance=w,
+            seed=cfg.seed + start,
+        )
         preds.append(out.video.float().cpu())
         gts.append(real.cpu())
     return torch.cat(preds), torch.cat(gts)
@@ -73,8 +92,13 @@ def predict(bundle: ModelBundle, data: PairedVideoDataset, sim_steps: int, real_
 class Scorer:
     """PSNR / SSIM always; LPIPS / FID / FVD when their local weight files are configured."""
 
-    def __init__(self, lpips_backbone: str | None = None, lpips_heads: str | None = None,
-                 fid_weights: str | None = None, fvd_weights: str | None = None):
+    def __init__(
+        self,
+        lpips_backbone: str | None = None,
+        lpips_heads: str | None = None,
+        fid_weights: str | None = None,
+        fvd_weights: str | None = None,
+    ):
         self.m = metrics
         self.extra = {}
         if lpips_backbone and lpips_heads:
@@ -101,8 +125,16 @@ def latency_grid(bundle: ModelBundle, item: dict, cfg: EvalConfig) -> list[dict]
     for ns in cfg.latency_sim_steps:
         for nr in cfg.latency_real_steps:
             for w in cfg.latency_guidance:
-                run = lambda: pipe(real[:, :, 0], actions, real.shape[2], robot_mask=mask, sim_steps=ns,  # noqa: E731
-                                   real_steps=nr, guidance=w, seed=cfg.seed)
+                run = lambda: pipe(
+                    real[:, :, 0],
+                    actions,
+                    real.shape[2],
+                    robot_mask=mask,
+                    sim_steps=ns,  # noqa: E731
+                    real_steps=nr,
+                    guidance=w,
+                    seed=cfg.seed,
+                )
                 run()
                 if cfg.device.startswith("cuda"):
                     torch.cuda.synchronize()
@@ -111,12 +143,20 @@ def latency_grid(bundle: ModelBundle, item: dict, cfg: EvalConfig) -> list[dict]
                     run()
                 if cfg.device.startswith("cuda"):
                     torch.cuda.synchronize()
-                rows.append({"sim_steps": ns, "real_steps": nr, "w": w,
-                             "seconds": (time.perf_counter() - t0) / cfg.latency_reps})
+                rows.append(
+                    {
+                        "sim_steps": ns,
+                        "real_steps": nr,
+                        "w": w,
+                        "seconds": (time.perf_counter() - t0) / cfg.latency_reps,
+                    }
+                )
     return rows
 
 
-def qualitative_grid(gt: torch.Tensor, rows: dict[str, torch.Tensor], path: str, samples: int = 2) -> None:
+def qualitative_grid(
+    gt: torch.Tensor, rows: dict[str, torch.Tensor], path: str, samples: int = 2
+) -> None:
     """PNG: per sample, ground truth then each method, one row of frames each."""
     import matplotlib  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
@@ -129,7 +169,9 @@ def qualitative_grid(gt: torch.Tensor, rows: dict[str, torch.Tensor], path: str,
 
     names = ["ground truth", *rows]
     n = min(samples, gt.shape[0])
-    fig, axes = plt.subplots(n * len(names), 1, figsize=(gt.shape[2] * 1.2, 1.3 * n * len(names)), squeeze=False)
+    fig, axes = plt.subplots(
+        n * len(names), 1, figsize=(gt.shape[2] * 1.2, 1.3 * n * len(names)), squeeze=False
+    )
     for s in range(n):
         for r, name in enumerate(names):
             ax = axes[s * len(names) + r, 0]
@@ -145,7 +187,11 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
     os.makedirs(out_dir, exist_ok=True)
     data = PairedVideoDataset(PairedWindows.load(heldout))
     table, preds, gt = [], {}, None
-    available = [v for v in Variant if os.path.isfile(os.path.join(run_dir, f"student_{v.value}", "config.json"))]
+    available = [
+        v
+        for v in Variant
+        if os.path.isfile(os.path.join(run_dir, f"student_{v.value}", "config.json"))
+    ]
     if not available:
         raise FileNotFoundError(f"no student_<variant>/ checkpoint under {run_dir}")
     torch.manual_seed(cfg.seed)
@@ -156,7 +202,11 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
             pred, gt = predict(bundle, data, cfg.sim_steps, cfg.real_steps, w, cfg)
             name = ROW_NAMES[variant] + (f" w={w:g}" if variant.sim_conditioning else "")
             if variant is Variant.SFT:
-                name += " from the sim teacher" if bundle.info.get("init", "teacher") == "teacher" else " from the base backbone"
+                name += (
+                    " from the sim teacher"
+                    if bundle.info.get("init", "teacher") == "teacher"
+                    else " from the base backbone"
+                )
             row = {"method": name, "variant": variant.value, "w": w, **scorer(pred, gt)}
             log.info("%s", row)
             table.append(row)
@@ -164,10 +214,18 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
                 preds["SFT" if variant is Variant.SFT else f"SimForcing (w={w:g})"] = pred
     latency = []
     if Variant.FULL in available:
-        latency = latency_grid(load_bundle(os.path.join(run_dir, "student_full"), cfg.device), data[0], cfg)
+        latency = latency_grid(
+            load_bundle(os.path.join(run_dir, "student_full"), cfg.device), data[0], cfg
+        )
     qualitative_grid(gt, preds, os.path.join(out_dir, "qualitative.png"))
-    result = {"heldout_windows": len(data), "sim_steps": cfg.sim_steps, "real_steps": cfg.real_steps,
-              "device": cfg.device, "table": table, "latency": latency}
+    result = {
+        "heldout_windows": len(data),
+        "sim_steps": cfg.sim_steps,
+        "real_steps": cfg.real_steps,
+        "device": cfg.device,
+        "table": table,
+        "latency": latency,
+    }
     sft = next((r for r in table if r["variant"] == "sft"), None)
     full = next((r for r in table if r["variant"] == "full" and r["w"] == cfg.guidance), None)
     if sft and full:
@@ -181,15 +239,28 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
 
 def format_markdown(result: dict) -> str:
     keys = [k for k in ("psnr", "ssim", "lpips", "fid", "fvd") if k in result["table"][0]]
-    lines = [f"Held-out windows: {result['heldout_windows']}, N_s={result['sim_steps']}, "
-             f"N_r={result['real_steps']}, device {result['device']}", "",
-             "| method | " + " | ".join(k.upper() for k in keys) + " |", "|---|" + "---|" * len(keys)]
-    lines += [f"| {r['method']} | " + " | ".join(f"{r[k]:.4f}" for k in keys) + " |" for r in result["table"]]
+    lines = [
+        f"Held-out windows: {result['heldout_windows']}, N_s={result['sim_steps']}, "
+        f"N_r={result['real_steps']}, device {result['device']}",
+        "",
+        "| method | " + " | ".join(k.upper() for k in keys) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
+    lines += [
+        f"| {r['method']} | " + " | ".join(f"{r[k]:.4f}" for k in keys) + " |"
+        for r in result["table"]
+    ]
     if result["latency"]:
         lines += ["", "| N_s | N_r | w | seconds / sample |", "|---|---|---|---|"]
-        lines += [f"| {r['sim_steps']} | {r['real_steps']} | {r['w']:g} | {r['seconds']:.3f} |" for r in result["latency"]]
+        lines += [
+            f"| {r['sim_steps']} | {r['real_steps']} | {r['w']:g} | {r['seconds']:.3f} |"
+            for r in result["latency"]
+        ]
     if "full_beats_sft" in result:
-        lines += ["", f"Full student beats real-only SFT on PSNR and SSIM: {result['full_beats_sft']}"]
+        lines += [
+            "",
+            f"Full student beats real-only SFT on PSNR and SSIM: {result['full_beats_sft']}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -206,26 +277,42 @@ def small_run(out: str, device: str, source: str | None = None) -> dict:
             mcfg = MujocoPairsConfig(task=source, steps=20)
             mujoco_pairs(24, 9, 4, mcfg, seed=1).save(train_file)
             mujoco_pairs(6, 9, 4, mcfg, seed=2).save(heldout_file)
-    tiny = TinyBackboneConfig(spatial_factor=4, latent_channels=8, ae_channels=32, hidden=96, heads=4, layers=4,
-                              ffn=256)
+    tiny = TinyBackboneConfig(
+        spatial_factor=4, latent_channels=8, ae_channels=32, hidden=96, heads=4, layers=4, ffn=256
+    )
     common = dict(device=device, batch_size=8, log_every=10, save_every=100)
-    cfg = RunConfig(backbone=BackboneConfig(tiny=tiny),
-                    autoencoder_train=TrainConfig(steps=1000, lr=2e-3, **dict(common, batch_size=4)),
-                    teacher_train=TrainConfig(steps=800, lr=5e-4, **common),
-                    student_train=TrainConfig(steps=300, lr=3e-4, **common))
+    cfg = RunConfig(
+        backbone=BackboneConfig(tiny=tiny),
+        autoencoder_train=TrainConfig(steps=1000, lr=2e-3, **dict(common, batch_size=4)),
+        teacher_train=TrainConfig(steps=800, lr=5e-4, **common),
+        student_train=TrainConfig(steps=300, lr=3e-4, **common),
+    )
     run(cfg, train_file, out, ["autoencoder", "teacher", "student"], list(Variant), resume=True)
-    return evaluate_run(out, heldout_file, os.path.join(out, "eval"),
-                        EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2), Scorer())
+    return evaluate_run(
+        out,
+        heldout_file,
+        os.path.join(out, "eval"),
+        EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2),
+        Scorer(),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--run", help="training run directory with student_<variant>/ checkpoints")
     p.add_argument("--heldout", help="held-out paired-window HDF5 file")
     p.add_argument("--out", required=True)
-    p.add_argument("--small", action="store_true", help="generate data, train every variant and evaluate (15-30 min on a CPU)")
-    p.add_argument("--source", help="--small data source: 'peg', 'table_leg' or 'synthetic' (default: peg)")
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="generate data, train every variant and evaluate (15-30 min on a CPU)",
+    )
+    p.add_argument(
+        "--source", help="--small data source: 'peg', 'table_leg' or 'synthetic' (default: peg)"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--sim-steps", type=int, default=5)
     p.add_argument("--real-steps", type=int, default=10)
@@ -234,7 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lpips-heads", help="local LPIPS linear-head weights")
     p.add_argument("--fid-weights", help="local Inception-v3 weights")
     p.add_argument("--fvd-weights", help="local R3D-18 weights")
-    p.add_argument("--threads", type=int, help="torch CPU threads (1 is fastest on a busy shared CPU)")
+    p.add_argument(
+        "--threads", type=int, help="torch CPU threads (1 is fastest on a busy shared CPU)"
+    )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -243,8 +332,12 @@ def main(argv: list[str] | None = None) -> None:
     else:
         if not (args.run and args.heldout):
             p.error("--run and --heldout are required unless --small")
-        cfg = EvalConfig(sim_steps=args.sim_steps, real_steps=args.real_steps, guidance=args.guidance,
-                         device=args.device)
+        cfg = EvalConfig(
+            sim_steps=args.sim_steps,
+            real_steps=args.real_steps,
+            guidance=args.guidance,
+            device=args.device,
+        )
         scorer = Scorer(args.lpips_backbone, args.lpips_heads, args.fid_weights, args.fvd_weights)
         result = evaluate_run(args.run, args.heldout, args.out, cfg, scorer)
     print(format_markdown(result))

@@ -6,6 +6,7 @@ they load them from LOCAL files (safetensors, or a PyTorch state dict read with 
 and are skipped when none are given. Deviation: torchvision has no I3D, so FVD uses torchvision's
 R3D-18 Kinetics network; pass its weights to get comparable-in-spirit (not paper-identical) numbers.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,9 @@ def psnr(pred: torch.Tensor, target: torch.Tensor) -> float:
 
 def ssim(pred: torch.Tensor, target: torch.Tensor) -> float:
     _check_pair(pred, target)
-    return float(structural_similarity_index_measure(_frames01(pred), _frames01(target), data_range=1.0))
+    return float(
+        structural_similarity_index_measure(_frames01(pred), _frames01(target), data_range=1.0)
+    )
 
 
 def read_state(path: str) -> dict[str, torch.Tensor]:
@@ -54,11 +57,17 @@ def read_state(path: str) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def load_weights(module: nn.Module, path: str, drop_prefixes: tuple[str, ...] = (), strip: str = "") -> nn.Module:
+def load_weights(
+    module: nn.Module, path: str, drop_prefixes: tuple[str, ...] = (), strip: str = ""
+) -> nn.Module:
     state = read_state(path)
     if strip and any(k.startswith(strip) for k in state):
-        state = {k[len(strip):]: v for k, v in state.items() if k.startswith(strip)}
-    state = {k: v for k, v in state.items() if not k.startswith(drop_prefixes)} if drop_prefixes else state
+        state = {k[len(strip) :]: v for k, v in state.items() if k.startswith(strip)}
+    state = (
+        {k: v for k, v in state.items() if not k.startswith(drop_prefixes)}
+        if drop_prefixes
+        else state
+    )
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as err:
@@ -78,7 +87,9 @@ class LPIPS(nn.Module):
 
         self.features = alexnet(weights=None).features
         if backbone_weights:
-            load_weights(self.features, backbone_weights, strip="features.")  # full AlexNet or features only
+            load_weights(
+                self.features, backbone_weights, strip="features."
+            )  # full AlexNet or features only
         self.heads = nn.ModuleList(nn.Conv2d(c, 1, 1, bias=False) for c in self.CHANNELS)
         for h in self.heads:
             nn.init.uniform_(h.weight, 0.0, 1.0 / h.in_channels)
@@ -105,9 +116,14 @@ class LPIPS(nn.Module):
         p = (_frames01(pred) * 2 - 1 - self.shift) / self.scale
         t = (_frames01(target) * 2 - 1 - self.shift) / self.scale
         size = max(64, p.shape[-1])
-        p, t = (F.interpolate(v, size=(size, size), mode="bilinear", align_corners=False) for v in (p, t))
-        dist = sum(head((fp - ft) ** 2).mean(dim=(1, 2, 3))
-                   for head, fp, ft in zip(self.heads, self._taps(p), self._taps(t)))
+        p, t = (
+            F.interpolate(v, size=(size, size), mode="bilinear", align_corners=False)
+            for v in (p, t)
+        )
+        dist = sum(
+            head((fp - ft) ** 2).mean(dim=(1, 2, 3))
+            for head, fp, ft in zip(self.heads, self._taps(p), self._taps(t))
+        )
         return float(dist.mean())
 
 
@@ -154,7 +170,9 @@ class FrechetInceptionDistance(nn.Module):
 
     @torch.no_grad()
     def features(self, video: torch.Tensor) -> torch.Tensor:
-        x = F.interpolate(_frames01(video), size=(self.size, self.size), mode="bilinear", align_corners=False)
+        x = F.interpolate(
+            _frames01(video), size=(self.size, self.size), mode="bilinear", align_corners=False
+        )
         return torch.cat([self.net((c - self.mean) / self.std) for c in x.split(16)])
 
     def forward(self, pred: torch.Tensor, target: torch.Tensor) -> float:
@@ -179,7 +197,9 @@ class FrechetVideoDistance(nn.Module):
     @torch.no_grad()
     def features(self, video: torch.Tensor) -> torch.Tensor:
         n, _, t = video.shape[:3]
-        frames = F.interpolate(_frames01(video), size=(self.size, self.size), mode="bilinear", align_corners=False)
+        frames = F.interpolate(
+            _frames01(video), size=(self.size, self.size), mode="bilinear", align_corners=False
+        )
         clips = frames.view(n, t, 3, self.size, self.size).transpose(1, 2)
         return self.net((clips - self.mean) / self.std)
 

@@ -7,6 +7,7 @@ joint flow matching, latent-motion distillation and multi-block dropout conditio
 Both domains share ONE noise draw and ONE flow time; the first latent frame is the clean
 observation, is never noised and is left out of every loss.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,13 +36,17 @@ def _per_sample_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (pred.float() - target.float()).pow(2).mean(dim=tuple(range(1, pred.ndim)))
 
 
-def corrupt_sim_latent(z: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+def corrupt_sim_latent(
+    z: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """With prob corrupt_prob per sample: z' = alpha z + (1 - alpha) sigma_c eta (conditioning input only)."""
     b = z.shape[0]
     dev = generator.device if generator is not None else "cpu"
 
     def uniform(lo, hi):
-        return (lo + (hi - lo) * torch.rand(b, generator=generator, device=dev)).to(z.device, z.dtype)
+        return (lo + (hi - lo) * torch.rand(b, generator=generator, device=dev)).to(
+            z.device, z.dtype
+        )
 
     hit = (torch.rand(b, generator=generator, device=dev) < cfg.corrupt_prob).to(z.device)
     alpha, sigma = uniform(*cfg.corrupt_alpha), uniform(*cfg.corrupt_sigma)
@@ -58,8 +63,13 @@ class TeacherObjective:
         self.cfg = cfg
         self.scheduler = FlowMatchScheduler(cfg.shift, cfg.num_train_timesteps)
 
-    def __call__(self, model: VideoDenoiser, z: torch.Tensor, actions: torch.Tensor,
-                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(
+        self,
+        model: VideoDenoiser,
+        z: torch.Tensor,
+        actions: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         sch = self.scheduler
         dev = generator.device if generator is not None else "cpu"
         noise = torch.randn(z.shape, generator=generator, device=dev).to(z.device, z.dtype)
@@ -67,7 +77,9 @@ class TeacherObjective:
         x = with_clean_first_frame(sch.add_noise(z, noise, sigma), z)
         v = model(x, sch.timesteps_from_sigma(sigma), actions)
         weight = sch.loss_weight(sigma)
-        loss = (weight * _per_sample_mse(v[:, :, 1:], sch.velocity_target(z, noise)[:, :, 1:])).mean()
+        loss = (
+            weight * _per_sample_mse(v[:, :, 1:], sch.velocity_target(z, noise)[:, :, 1:])
+        ).mean()
         return loss, {"loss": float(loss.detach())}
 
 
@@ -78,15 +90,27 @@ class StudentObjective:
         self.cfg = cfg
         self.scheduler = FlowMatchScheduler(cfg.shift, cfg.num_train_timesteps)
 
-    def __call__(self, student: VideoDenoiser, teacher: VideoDenoiser | None, z_real: torch.Tensor,
-                 z_sim: torch.Tensor, actions: torch.Tensor, generator: torch.Generator | None = None
-                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(
+        self,
+        student: VideoDenoiser,
+        teacher: VideoDenoiser | None,
+        z_real: torch.Tensor,
+        z_sim: torch.Tensor,
+        actions: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         cfg, sch, variant = self.cfg, self.scheduler, self.cfg.variant
         if variant.motion and teacher is None:
-            raise ValueError(f"variant {variant.value!r} distils motion and needs the frozen teacher")
+            raise ValueError(
+                f"variant {variant.value!r} distils motion and needs the frozen teacher"
+            )
         b, dev = z_real.shape[0], (generator.device if generator is not None else "cpu")
-        noise = torch.randn(z_real.shape, generator=generator, device=dev).to(z_real.device, z_real.dtype)
-        sigma = sch.sample_sigma(b, z_real.device, generator)  # SAME noise and flow time for both domains
+        noise = torch.randn(z_real.shape, generator=generator, device=dev).to(
+            z_real.device, z_real.dtype
+        )
+        sigma = sch.sample_sigma(
+            b, z_real.device, generator
+        )  # SAME noise and flow time for both domains
         t = sch.timesteps_from_sigma(sigma)
         x_real = with_clean_first_frame(sch.add_noise(z_real, noise, sigma), z_real)
         x_sim = with_clean_first_frame(sch.add_noise(z_sim, noise, sigma), z_sim)
@@ -99,7 +123,9 @@ class StudentObjective:
         cond, gate = None, None
         metrics: dict[str, float] = {}
         if variant.sim_conditioning:
-            g = (torch.rand(b, generator=generator, device=dev) < cfg.sim_cond_prob).to(z_real.device, z_real.dtype)
+            g = (torch.rand(b, generator=generator, device=dev) < cfg.sim_cond_prob).to(
+                z_real.device, z_real.dtype
+            )
             c = corrupt_sim_latent(z_sim.detach(), cfg, generator)
             cond = torch.cat([c, c]) if use_sim else c
             gate = torch.cat([g, torch.zeros_like(g)]) if use_sim else g
@@ -108,7 +134,9 @@ class StudentObjective:
         v_real, v_sim = (v[:b], v[b:]) if use_sim else (v, None)
 
         def fm(pred, z):
-            return (weight * _per_sample_mse(pred[:, :, 1:], sch.velocity_target(z, noise)[:, :, 1:])).mean()
+            return (
+                weight * _per_sample_mse(pred[:, :, 1:], sch.velocity_target(z, noise)[:, :, 1:])
+            ).mean()
 
         zero = v_real.new_zeros(())
         l_fm_real = fm(v_real, z_real)
@@ -117,13 +145,21 @@ class StudentObjective:
         if variant.motion:
             with torch.no_grad():
                 v_teacher = teacher(x_sim, t, actions)
-                m_teacher = latent_motion(sch.x0_from_velocity(x_sim, v_teacher, sigma), z_sim).detach()
+                m_teacher = latent_motion(
+                    sch.x0_from_velocity(x_sim, v_teacher, sigma), z_sim
+                ).detach()
             m_real = latent_motion(sch.x0_from_velocity(x_real, v_real, sigma), z_real)
             m_sim = latent_motion(sch.x0_from_velocity(x_sim, v_sim, sigma), z_sim)
             l_m_real = (weight * _per_sample_mse(m_real, m_teacher)).mean()
             l_m_sim = (weight * _per_sample_mse(m_sim, m_teacher)).mean()
-        loss = (cfg.lambda_video * 0.5 * (cfg.lambda_real * l_fm_real + cfg.lambda_sim * l_fm_sim)
-                + cfg.lambda_delta * 0.5 * (cfg.lambda_real * l_m_real + cfg.lambda_sim * l_m_sim))
-        metrics.update(loss=float(loss.detach()), fm_real=float(l_fm_real.detach()), fm_sim=float(l_fm_sim.detach()),
-                       motion_real=float(l_m_real.detach()), motion_sim=float(l_m_sim.detach()))
+        loss = cfg.lambda_video * 0.5 * (
+            cfg.lambda_real * l_fm_real + cfg.lambda_sim * l_fm_sim
+        ) + cfg.lambda_delta * 0.5 * (cfg.lambda_real * l_m_real + cfg.lambda_sim * l_m_sim)
+        metrics.update(
+            loss=float(loss.detach()),
+            fm_real=float(l_fm_real.detach()),
+            fm_sim=float(l_fm_sim.detach()),
+            motion_real=float(l_m_real.detach()),
+            motion_sim=float(l_m_sim.detach()),
+        )
         return loss, metrics

@@ -7,6 +7,7 @@ stream is the robot-only rendering (segmentation applied), which is what the mas
 frame looks like at inference. Sources: the MuJoCo UR5e tasks (`robot_drivers.tasks`) and a
 synthetic moving-arm world used for tests and CPU-scale experiments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,11 +45,20 @@ class PairedWindows:
 
     def __post_init__(self) -> None:
         n, t, h, w, c = self.sim.shape
-        if self.real.shape != self.sim.shape or c != 3 or self.sim.dtype != np.uint8 or self.real.dtype != np.uint8:
-            raise ValueError(f"sim/real must both be (N, T, H, W, 3) uint8, got {self.sim.shape} {self.sim.dtype} "
-                             f"and {self.real.shape} {self.real.dtype}")
+        if (
+            self.real.shape != self.sim.shape
+            or c != 3
+            or self.sim.dtype != np.uint8
+            or self.real.dtype != np.uint8
+        ):
+            raise ValueError(
+                f"sim/real must both be (N, T, H, W, 3) uint8, got {self.sim.shape} {self.sim.dtype} "
+                f"and {self.real.shape} {self.real.dtype}"
+            )
         if self.actions.ndim != 3 or self.actions.shape[:2] != (n, t - 1):
-            raise ValueError(f"actions must be ({n}, {t - 1}, A): one per transition, got {self.actions.shape}")
+            raise ValueError(
+                f"actions must be ({n}, {t - 1}, A): one per transition, got {self.actions.shape}"
+            )
         if self.mask.shape != (n, h, w):
             raise ValueError(f"mask must be ({n}, {h}, {w}), got {self.mask.shape}")
         a = self.actions.shape[2]
@@ -63,13 +73,24 @@ class PairedWindows:
         return self.sim.shape[1]
 
     def subset(self, index) -> "PairedWindows":
-        return PairedWindows(self.sim[index], self.real[index], self.actions[index], self.mask[index],
-                             self.action_low, self.action_high, dict(self.meta))
+        return PairedWindows(
+            self.sim[index],
+            self.real[index],
+            self.actions[index],
+            self.mask[index],
+            self.action_low,
+            self.action_high,
+            dict(self.meta),
+        )
 
     def save(self, path: str) -> None:
         with h5py.File(path, "w") as f:
             for name in ("sim", "real", "actions", "mask", "action_low", "action_high"):
-                f.create_dataset(name, data=getattr(self, name), compression="gzip" if name in ("sim", "real") else None)
+                f.create_dataset(
+                    name,
+                    data=getattr(self, name),
+                    compression="gzip" if name in ("sim", "real") else None,
+                )
             f.attrs["version"] = FILE_VERSION
             f.attrs["meta"] = json.dumps(self.meta)
 
@@ -77,8 +98,12 @@ class PairedWindows:
     def load(cls, path: str) -> "PairedWindows":
         with h5py.File(path, "r") as f:
             if int(f.attrs.get("version", -1)) != FILE_VERSION:
-                raise ValueError(f"{path}: paired-window file version {f.attrs.get('version')}, expected {FILE_VERSION}")
-            arrays = {k: f[k][()] for k in ("sim", "real", "actions", "mask", "action_low", "action_high")}
+                raise ValueError(
+                    f"{path}: paired-window file version {f.attrs.get('version')}, expected {FILE_VERSION}"
+                )
+            arrays = {
+                k: f[k][()] for k in ("sim", "real", "actions", "mask", "action_low", "action_high")
+            }
             return cls(meta=json.loads(f.attrs["meta"]), **arrays)
 
 
@@ -107,8 +132,12 @@ class PairedVideoDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         w = self.windows
-        return {"sim": to_pixels(w.sim[i]), "real": to_pixels(w.real[i]),
-                "actions": torch.from_numpy(self.actions[i]), "mask": torch.from_numpy(w.mask[i])}
+        return {
+            "sim": to_pixels(w.sim[i]),
+            "real": to_pixels(w.real[i]),
+            "actions": torch.from_numpy(self.actions[i]),
+            "mask": torch.from_numpy(w.mask[i]),
+        }
 
 
 def add_camera_noise(frames: np.ndarray, rng: np.random.Generator, std: float = 4.0) -> np.ndarray:
@@ -129,7 +158,9 @@ def cut_windows(num_steps: int, num_frames: int, stride: int) -> list[int]:
 @dataclass
 class SyntheticWorldConfig:
     size: int = 64
-    action_dim: int = 7  # UR5e layout: [dx, dy, dz, rx, ry, rz, gripper]; dx, dy, gripper move the arm
+    action_dim: int = (
+        7  # UR5e layout: [dx, dy, dz, rx, ry, rz, gripper]; dx, dy, gripper move the arm
+    )
     sim_gain: float = 0.08
     real_gain: float = 0.07  # "real" dynamics: weaker actuation ...
     real_lag: float = 0.3  # ... and first-order lag on the commanded velocity
@@ -149,7 +180,9 @@ class SyntheticArmWorld:
         if variant == "real":  # per-episode appearance: textured table, coloured arm, lighting
             c0, c1 = rng.uniform(60, 200, 3), rng.uniform(60, 200, 3)
             f = rng.uniform(3, 8, 2)
-            tex = 0.5 + 0.5 * np.sin(2 * np.pi * (f[0] * xx + 0.3 * yy)) * np.cos(2 * np.pi * f[1] * yy)
+            tex = 0.5 + 0.5 * np.sin(2 * np.pi * (f[0] * xx + 0.3 * yy)) * np.cos(
+                2 * np.pi * f[1] * yy
+            )
             self.background = (c0 * tex[..., None] + c1 * (1 - tex[..., None])).astype(np.float32)
             self.arm_color = np.array([230, 140, 40], np.float32) * rng.uniform(0.8, 1.1)
             self.light = rng.uniform(0.8, 1.2)
@@ -167,7 +200,9 @@ class SyntheticArmWorld:
         if self.variant == "sim":
             self.vel = self.cfg.sim_gain * cmd
         else:
-            self.vel = self.cfg.real_lag * self.vel + (1 - self.cfg.real_lag) * self.cfg.real_gain * cmd
+            self.vel = (
+                self.cfg.real_lag * self.vel + (1 - self.cfg.real_lag) * self.cfg.real_gain * cmd
+            )
         self.pos = np.clip(self.pos + self.vel, 0.1, 0.9)
         self.grip = float(action[-1] > 0.0)
 
@@ -176,9 +211,9 @@ class SyntheticArmWorld:
         a, b = self.base, self.pos
         ab = b - a
         t = np.clip(((xx - a[0]) * ab[0] + (yy - a[1]) * ab[1]) / max(1e-6, float(ab @ ab)), 0, 1)
-        link = (xx - a[0] - t * ab[0]) ** 2 + (yy - a[1] - t * ab[1]) ** 2 < 0.05 ** 2
+        link = (xx - a[0] - t * ab[0]) ** 2 + (yy - a[1] - t * ab[1]) ** 2 < 0.05**2
         radius = 0.08 if self.grip else 0.12
-        effector = (xx - b[0]) ** 2 + (yy - b[1]) ** 2 < radius ** 2
+        effector = (xx - b[0]) ** 2 + (yy - b[1]) ** 2 < radius**2
         return link | effector
 
     def render(self) -> np.ndarray:
@@ -187,7 +222,9 @@ class SyntheticArmWorld:
         return np.clip(img, 0, 255).astype(np.uint8)
 
 
-def _expert_actions(rng: np.random.Generator, steps: int, action_dim: int, start: np.ndarray) -> np.ndarray:
+def _expert_actions(
+    rng: np.random.Generator, steps: int, action_dim: int, start: np.ndarray
+) -> np.ndarray:
     """Goal-seeking EE-delta commands with occasional goal switches and gripper toggles."""
     actions = np.zeros((steps, action_dim), np.float32)
     pos, goal, grip = start.copy(), rng.uniform(0.15, 0.85, 2), -1.0
@@ -204,8 +241,14 @@ def _expert_actions(rng: np.random.Generator, steps: int, action_dim: int, start
     return actions
 
 
-def synthetic_pairs(num_episodes: int, num_frames: int = 9, steps: int = 16, stride: int = 8,
-                    cfg: SyntheticWorldConfig | None = None, seed: int = 0) -> PairedWindows:
+def synthetic_pairs(
+    num_episodes: int,
+    num_frames: int = 9,
+    steps: int = 16,
+    stride: int = 8,
+    cfg: SyntheticWorldConfig | None = None,
+    seed: int = 0,
+) -> PairedWindows:
     """Paired windows from the synthetic arm world (same actions in both variants)."""
     cfg = cfg or SyntheticWorldConfig()
     rng = np.random.default_rng(seed)
@@ -227,14 +270,21 @@ def synthetic_pairs(num_episodes: int, num_frames: int = 9, steps: int = 16, str
         sim_v = np.stack(frames["sim"])
         real_v = add_camera_noise(np.stack(frames["real"]), rng, cfg.noise_std)
         for s0 in cut_windows(steps, num_frames, stride):
-            sims.append(sim_v[s0:s0 + num_frames])
-            reals.append(real_v[s0:s0 + num_frames])
-            acts.append(actions[s0:s0 + num_frames - 1])
+            sims.append(sim_v[s0 : s0 + num_frames])
+            reals.append(real_v[s0 : s0 + num_frames])
+            acts.append(actions[s0 : s0 + num_frames - 1])
             masks.append(real_masks[s0])
     actions = np.stack(acts)
     flat = actions.reshape(-1, actions.shape[-1])
-    return PairedWindows(np.stack(sims), np.stack(reals), actions, np.stack(masks), flat.min(0), flat.max(0),
-                         {"source": "synthetic", "num_frames": num_frames, "size": cfg.size, "seed": seed})
+    return PairedWindows(
+        np.stack(sims),
+        np.stack(reals),
+        actions,
+        np.stack(masks),
+        flat.min(0),
+        flat.max(0),
+        {"source": "synthetic", "num_frames": num_frames, "size": cfg.size, "seed": seed},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +300,9 @@ class JointStateMaskRenderer:
 
     def __call__(self, image: np.ndarray, joint_pos: np.ndarray | None) -> np.ndarray:
         if joint_pos is None:
-            raise ValueError("JointStateMaskRenderer needs the measured joint positions (obs.joint_pos)")
+            raise ValueError(
+                "JointStateMaskRenderer needs the measured joint positions (obs.joint_pos)"
+            )
         b = self.backend
         qadr = b.controller.qadr
         q = np.asarray(joint_pos, np.float64)
@@ -260,7 +312,9 @@ class JointStateMaskRenderer:
         mujoco.mj_forward(b.model, b.data)
         mask = b.render_robot_mask(self.camera)
         if mask.shape != image.shape[:2]:
-            raise ValueError(f"mask {mask.shape} and image {image.shape[:2]} differ: camera models disagree")
+            raise ValueError(
+                f"mask {mask.shape} and image {image.shape[:2]} differ: camera models disagree"
+            )
         return mask
 
 
@@ -273,8 +327,14 @@ class MujocoPairsConfig:
     noise_std: float = 4.0
 
 
-def mujoco_pairs(num_episodes: int, num_frames: int = 9, stride: int = 4, cfg: MujocoPairsConfig | None = None,
-                 seed: int = 0, segmenter: Segmenter | None = None) -> PairedWindows:
+def mujoco_pairs(
+    num_episodes: int,
+    num_frames: int = 9,
+    stride: int = 4,
+    cfg: MujocoPairsConfig | None = None,
+    seed: int = 0,
+    segmenter: Segmenter | None = None,
+) -> PairedWindows:
     """Replay each episode's expert actions (a random rung of the expert ladder, acting on the sim
     task) in the "real" variant too. The sim stream is the sim rendering masked by MuJoCo's
     segmentation; the real stream gets camera noise; real masks come from `segmenter` (default: the
@@ -298,7 +358,11 @@ def mujoco_pairs(num_episodes: int, num_frames: int = 9, stride: int = 4, cfg: M
 
             def record(o_s, o_r):
                 img_s = o_s.images[cfg.camera]
-                sim_f.append(np.where(sim.backend.render_robot_mask(cfg.camera)[..., None], img_s, 0).astype(np.uint8))
+                sim_f.append(
+                    np.where(sim.backend.render_robot_mask(cfg.camera)[..., None], img_s, 0).astype(
+                        np.uint8
+                    )
+                )
                 real_f.append(o_r.images[cfg.camera])
                 real_m.append(segmenter(o_r.images[cfg.camera], o_r.joint_pos))
 
@@ -314,9 +378,9 @@ def mujoco_pairs(num_episodes: int, num_frames: int = 9, stride: int = 4, cfg: M
             real_v = add_camera_noise(np.stack(real_f), rng, cfg.noise_std)
             sim_v, actions = np.stack(sim_f), np.stack(actions)
             for s0 in cut_windows(len(actions), num_frames, stride):
-                sims.append(sim_v[s0:s0 + num_frames])
-                reals.append(real_v[s0:s0 + num_frames])
-                acts.append(actions[s0:s0 + num_frames - 1])
+                sims.append(sim_v[s0 : s0 + num_frames])
+                reals.append(real_v[s0 : s0 + num_frames])
+                acts.append(actions[s0 : s0 + num_frames - 1])
                 masks.append(real_m[s0])
     finally:
         for t in (sim, real, calibrated):
@@ -325,16 +389,30 @@ def mujoco_pairs(num_episodes: int, num_frames: int = 9, stride: int = 4, cfg: M
         raise ValueError(f"no window of {num_frames} frames fits in episodes of {cfg.steps} steps")
     actions = np.stack(acts)
     flat = actions.reshape(-1, actions.shape[-1])
-    return PairedWindows(np.stack(sims), np.stack(reals), actions, np.stack(masks), flat.min(0), flat.max(0),
-                         {"source": f"mujoco:{cfg.task}", "camera": cfg.camera, "num_frames": num_frames,
-                          "size": cfg.size, "seed": seed})
+    return PairedWindows(
+        np.stack(sims),
+        np.stack(reals),
+        actions,
+        np.stack(masks),
+        flat.min(0),
+        flat.max(0),
+        {
+            "source": f"mujoco:{cfg.task}",
+            "camera": cfg.camera,
+            "num_frames": num_frames,
+            "size": cfg.size,
+            "seed": seed,
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     """python -m sim_video_world_model.paired_data --source peg --episodes 40 --out pairs.h5"""
 
     p = argparse.ArgumentParser(description="Write paired sim/real video windows to an HDF5 file.")
-    p.add_argument("--source", default="peg", help="'synthetic' or a UR5e task name (peg, table_leg)")
+    p.add_argument(
+        "--source", default="peg", help="'synthetic' or a UR5e task name (peg, table_leg)"
+    )
     p.add_argument("--episodes", type=int, default=40)
     p.add_argument("--frames", type=int, default=9)
     p.add_argument("--stride", type=int, default=4)
@@ -345,11 +423,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if args.source == "synthetic":
-        w = synthetic_pairs(args.episodes, args.frames, args.steps, args.stride, SyntheticWorldConfig(size=args.size),
-                            args.seed)
+        w = synthetic_pairs(
+            args.episodes,
+            args.frames,
+            args.steps,
+            args.stride,
+            SyntheticWorldConfig(size=args.size),
+            args.seed,
+        )
     else:
-        w = mujoco_pairs(args.episodes, args.frames, args.stride,
-                         MujocoPairsConfig(args.source, args.camera, args.size, args.steps), args.seed)
+        w = mujoco_pairs(
+            args.episodes,
+            args.frames,
+            args.stride,
+            MujocoPairsConfig(args.source, args.camera, args.size, args.steps),
+            args.seed,
+        )
     w.save(args.out)
     print(f"wrote {len(w)} windows of {w.num_frames} frames ({w.meta['source']}) to {args.out}")
 

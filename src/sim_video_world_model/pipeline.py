@@ -6,6 +6,7 @@
    fixed as the condition (N_r steps). w = 1 runs one (conditioned) pass per step; w = 0 runs one
    unconditioned pass per step and skips the sim stage entirely.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,12 +28,16 @@ class PipelineOutput:
 def mask_frame(frame: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Keep the robot pixels (mask true), paint everything else black (-1), as the sim stream looks."""
     if mask.shape != (frame.shape[0], *frame.shape[-2:]):
-        raise ValueError(f"mask must be (B, H, W) = {(frame.shape[0], *frame.shape[-2:])}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must be (B, H, W) = {(frame.shape[0], *frame.shape[-2:])}, got {tuple(mask.shape)}"
+        )
     return torch.where(mask[:, None].bool(), frame, torch.full_like(frame, -1.0))
 
 
 class SimForcingPipeline:
-    def __init__(self, autoencoder: VideoAutoencoder, denoiser: VideoDenoiser, scheduler: FlowMatchScheduler):
+    def __init__(
+        self, autoencoder: VideoAutoencoder, denoiser: VideoDenoiser, scheduler: FlowMatchScheduler
+    ):
         self.autoencoder = autoencoder
         self.denoiser = denoiser
         self.scheduler = scheduler
@@ -49,24 +54,44 @@ class SimForcingPipeline:
         v_uncond = self.denoiser(x, t, actions)
         return v_uncond + w * (v_cond - v_uncond)
 
-    def sample(self, first_latent: torch.Tensor, actions: torch.Tensor, num_latent_frames: int, steps: int,
-               sim_latent: torch.Tensor | None, w: float, generator: torch.Generator | None) -> torch.Tensor:
+    def sample(
+        self,
+        first_latent: torch.Tensor,
+        actions: torch.Tensor,
+        num_latent_frames: int,
+        steps: int,
+        sim_latent: torch.Tensor | None,
+        w: float,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
         b, c, _, h, w_ = first_latent.shape
         dev = generator.device if generator is not None else "cpu"
         x = torch.randn((b, c, num_latent_frames, h, w_), generator=generator, device=dev)
         x = with_clean_first_frame(x.to(first_latent), first_latent)
         sigmas = self.scheduler.inference_sigmas(steps)
         for i in range(steps):
-            t = torch.full((b,), float(self.scheduler.timesteps_from_sigma(sigmas[i])), device=x.device)
+            t = torch.full(
+                (b,), float(self.scheduler.timesteps_from_sigma(sigmas[i])), device=x.device
+            )
             v = self.guided_velocity(x, t, actions, sim_latent, w)
-            x = with_clean_first_frame(self.scheduler.step(x, v, float(sigmas[i]), float(sigmas[i + 1])), first_latent)
+            x = with_clean_first_frame(
+                self.scheduler.step(x, v, float(sigmas[i]), float(sigmas[i + 1])), first_latent
+            )
         return x
 
     @torch.no_grad()
-    def __call__(self, first_frame: torch.Tensor, actions: torch.Tensor, num_frames: int,
-                 robot_mask: torch.Tensor | None = None, sim_steps: int = 1, real_steps: int = 10,
-                 guidance: float = 0.6, seed: int | None = 0, sim_first_frame: torch.Tensor | None = None
-                 ) -> PipelineOutput:
+    def __call__(
+        self,
+        first_frame: torch.Tensor,
+        actions: torch.Tensor,
+        num_frames: int,
+        robot_mask: torch.Tensor | None = None,
+        sim_steps: int = 1,
+        real_steps: int = 10,
+        guidance: float = 0.6,
+        seed: int | None = 0,
+        sim_first_frame: torch.Tensor | None = None,
+    ) -> PipelineOutput:
         """first_frame (B, 3, H, W) in [-1, 1]; actions (B, num_frames - 1, A) min-max normalised.
 
         The sim stage starts from `sim_first_frame` if given, else from first_frame masked by robot_mask.
@@ -76,8 +101,10 @@ class SimForcingPipeline:
         if first_frame.ndim != 4 or first_frame.shape[1] != 3:
             raise ValueError(f"first_frame must be (B, 3, H, W), got {tuple(first_frame.shape)}")
         if actions.ndim != 3 or actions.shape[:2] != (first_frame.shape[0], num_frames - 1):
-            raise ValueError(f"actions must be ({first_frame.shape[0]}, {num_frames - 1}, A) for {num_frames} frames, "
-                             f"got {tuple(actions.shape)}")
+            raise ValueError(
+                f"actions must be ({first_frame.shape[0]}, {num_frames - 1}, A) for {num_frames} frames, "
+                f"got {tuple(actions.shape)}"
+            )
         self.denoiser.eval()
         self.autoencoder.eval()
         gen = None if seed is None else torch.Generator(device="cpu").manual_seed(seed)
@@ -86,12 +113,20 @@ class SimForcingPipeline:
         sim_latent = None
         if guidance > 0.0:
             if self.denoiser.sim_conditioning is None:
-                raise ValueError("guidance w > 0 needs a student trained with sim conditioning (variant 'full')")
+                raise ValueError(
+                    "guidance w > 0 needs a student trained with sim conditioning (variant 'full')"
+                )
             if sim_first_frame is None:
                 if robot_mask is None:
-                    raise ValueError("guidance w > 0 needs robot_mask (or sim_first_frame) for the sim stage")
+                    raise ValueError(
+                        "guidance w > 0 needs robot_mask (or sim_first_frame) for the sim stage"
+                    )
                 sim_first_frame = mask_frame(first_frame, robot_mask)
             sim_first = self.autoencoder.encode(sim_first_frame[:, :, None])
             sim_latent = self.sample(sim_first, actions, num_latent, sim_steps, None, 0.0, gen)
-        latents = self.sample(first_latent, actions, num_latent, real_steps, sim_latent, guidance, gen)
-        return PipelineOutput(video=self.autoencoder.decode(latents), latents=latents, sim_latents=sim_latent)
+        latents = self.sample(
+            first_latent, actions, num_latent, real_steps, sim_latent, guidance, gen
+        )
+        return PipelineOutput(
+            video=self.autoencoder.decode(latents), latents=latents, sim_latents=sim_latent
+        )

@@ -6,6 +6,7 @@
 The loss weight is the Gaussian exp(-2 ((t - 500) / 1000)^2) shifted by its minimum and normalised
 by its mean over the 1000-entry shifted training schedule, so it averages 1 over that schedule.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,9 @@ class FlowMatchScheduler:
             raise ValueError(f"shift must be > 0, got {shift}")
         self.shift = float(shift)
         self.num_train_timesteps = int(num_train_timesteps)
-        table = self.timesteps_from_sigma(self.shift_sigma(torch.linspace(1.0, 0.0, self.num_train_timesteps)))
+        table = self.timesteps_from_sigma(
+            self.shift_sigma(torch.linspace(1.0, 0.0, self.num_train_timesteps))
+        )
         gauss = self._gaussian(table)
         self._weight_min = float(gauss.min())
         self._weight_mean = float((gauss - self._weight_min).mean())
@@ -30,7 +33,9 @@ class FlowMatchScheduler:
     def timesteps_from_sigma(self, sigma: torch.Tensor) -> torch.Tensor:
         return sigma * self.num_train_timesteps
 
-    def sample_sigma(self, batch: int, device, generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample_sigma(
+        self, batch: int, device, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
         u = torch.rand(batch, generator=generator, device=generator.device if generator else "cpu")
         return self.shift_sigma(u).to(device)
 
@@ -46,7 +51,9 @@ class FlowMatchScheduler:
     def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         return noise - x0
 
-    def x0_from_velocity(self, x_sigma: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    def x0_from_velocity(
+        self, x_sigma: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor
+    ) -> torch.Tensor:
         return x_sigma - self._expand(sigma, x_sigma) * v
 
     def _gaussian(self, t: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ Every stage writes a full model checkpoint directory (see checkpoint.py) under -
 `autoencoder/`, `teacher/`, `student_<variant>/`; with --resume an interrupted stage continues
 from its last save and a finished stage is skipped. DDP: NCCL on CUDA, gloo on CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,12 +76,24 @@ def resolve_device(device: str, dist: Dist) -> torch.device:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-        return torch.device("cuda", dist.local_rank if dist.world > 1 else torch.device(device).index or 0)
+        return torch.device(
+            "cuda", dist.local_rank if dist.world > 1 else torch.device(device).index or 0
+        )
     return torch.device(device)
 
 
-def fit(name: str, module: nn.Module, loss_fn: Callable, data: torch.utils.data.Dataset, tcfg: TrainConfig, out: str,
-        dist: Dist, resume: bool, save: Callable[[str], None], writer=None) -> None:
+def fit(
+    name: str,
+    module: nn.Module,
+    loss_fn: Callable,
+    data: torch.utils.data.Dataset,
+    tcfg: TrainConfig,
+    out: str,
+    dist: Dist,
+    resume: bool,
+    save: Callable[[str], None],
+    writer=None,
+) -> None:
     """The shared loop: AdamW, warm-up + cosine, grad clip, bf16 autocast on CUDA, DDP, tqdm, TB, resume.
 
     `loss_fn(model, batch, generator) -> (loss, metrics)`; `save(path)` writes the model checkpoint.
@@ -98,17 +111,35 @@ def fit(name: str, module: nn.Module, loss_fn: Callable, data: torch.utils.data.
         log.info("%s: resuming at step %d", name, start)
     model = module
     if dist.world > 1:
-        model = nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if cuda else None)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, tcfg.steps, tcfg.warmup_frac),
-                                              last_epoch=start - 1 if start else -1)
-    sampler = DistributedSampler(data, dist.world, dist.rank, seed=tcfg.seed) if dist.world > 1 else None
-    loader = DataLoader(data, batch_size=tcfg.batch_size, shuffle=sampler is None, sampler=sampler, drop_last=True,
-                        num_workers=tcfg.num_workers, generator=torch.Generator().manual_seed(tcfg.seed + start))
+        model = nn.parallel.DistributedDataParallel(
+            module, device_ids=[device.index] if cuda else None
+        )
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: warmup_cosine(s, tcfg.steps, tcfg.warmup_frac),
+        last_epoch=start - 1 if start else -1,
+    )
+    sampler = (
+        DistributedSampler(data, dist.world, dist.rank, seed=tcfg.seed) if dist.world > 1 else None
+    )
+    loader = DataLoader(
+        data,
+        batch_size=tcfg.batch_size,
+        shuffle=sampler is None,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=tcfg.num_workers,
+        generator=torch.Generator().manual_seed(tcfg.seed + start),
+    )
     if len(loader) == 0:
-        raise ValueError(f"{name}: {len(data)} windows are fewer than one batch of {tcfg.batch_size} per rank")
+        raise ValueError(
+            f"{name}: {len(data)} windows are fewer than one batch of {tcfg.batch_size} per rank"
+        )
     gen = torch.Generator(device="cpu").manual_seed(tcfg.seed * 1000 + dist.rank + start)
     step, epoch = start, 0
-    bar = tqdm(total=tcfg.steps, initial=start, desc=name, disable=not dist.main, dynamic_ncols=True)
+    bar = tqdm(
+        total=tcfg.steps, initial=start, desc=name, disable=not dist.main, dynamic_ncols=True
+    )
     model.train()
     while step < tcfg.steps:
         if sampler is not None:
@@ -118,7 +149,9 @@ def fit(name: str, module: nn.Module, loss_fn: Callable, data: torch.utils.data.
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss, metrics = loss_fn(model, batch, gen)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"{name}: non-finite loss {float(loss)} at step {step}; metrics {metrics}")
+                raise FloatingPointError(
+                    f"{name}: non-finite loss {float(loss)} at step {step}; metrics {metrics}"
+                )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip)
@@ -158,11 +191,22 @@ def _set_checkpointing(denoiser: VideoDenoiser, tcfg: TrainConfig, device: torch
     denoiser.set_gradient_checkpointing(enabled)
 
 
-def train_autoencoder(autoencoder: VideoAutoencoder, data: PairedVideoDataset, tcfg: TrainConfig, out: str,
-                      dist: Dist, resume: bool, bundle_info: dict, backbone: BackboneConfig, writer=None) -> None:
+def train_autoencoder(
+    autoencoder: VideoAutoencoder,
+    data: PairedVideoDataset,
+    tcfg: TrainConfig,
+    out: str,
+    dist: Dist,
+    resume: bool,
+    bundle_info: dict,
+    backbone: BackboneConfig,
+    writer=None,
+) -> None:
     """Reconstruction (MSE) on both streams, then fit the per-channel latent normalisation."""
     if not hasattr(autoencoder, "reconstruct"):
-        raise ValueError("only the built-in autoencoder is trained here; Wan's VAE is pretrained and frozen")
+        raise ValueError(
+            "only the built-in autoencoder is trained here; Wan's VAE is pretrained and frozen"
+        )
 
     class _AE(nn.Module):  # DDP wants a forward
         def __init__(self, ae):
@@ -180,16 +224,25 @@ def train_autoencoder(autoencoder: VideoAutoencoder, data: PairedVideoDataset, t
         # Random (1 + tf)-frame crops: the first-frame and the group path at a fraction of the cost.
         video = torch.cat([batch["sim"], batch["real"]])
         start = int(torch.randint(0, video.shape[2] - tf, (1,), generator=gen))
-        video = video[:, :, start:start + 1 + tf]
+        video = video[:, :, start : start + 1 + tf]
         loss = nn.functional.mse_loss(model(video), video)
         return loss, {"loss": float(loss.detach())}
 
     def save(path):
-        sample = torch.stack([data[i]["real"] for i in range(min(len(data), 32))] +
-                             [data[i]["sim"] for i in range(min(len(data), 32))]).to(next(autoencoder.parameters()).device)
+        sample = torch.stack(
+            [data[i]["real"] for i in range(min(len(data), 32))]
+            + [data[i]["sim"] for i in range(min(len(data), 32))]
+        ).to(next(autoencoder.parameters()).device)
         autoencoder.fit_normalization(sample)
-        save_bundle(path, ModelBundle(autoencoder, _placeholder_denoiser(backbone), backbone,
-                                      dict(bundle_info, stage="autoencoder")))
+        save_bundle(
+            path,
+            ModelBundle(
+                autoencoder,
+                _placeholder_denoiser(backbone),
+                backbone,
+                dict(bundle_info, stage="autoencoder"),
+            ),
+        )
 
     fit("autoencoder", wrapper, loss_fn, data, tcfg, out, dist, resume, save, writer)
 
@@ -202,7 +255,9 @@ class LatentDataset(torch.utils.data.Dataset):
     """Every window's latents, encoded ONCE by the frozen autoencoder (it never trains after its
     own stage), so teacher and student steps cost only the denoiser."""
 
-    def __init__(self, autoencoder: VideoAutoencoder, data: PairedVideoDataset, batch_size: int = 8):
+    def __init__(
+        self, autoencoder: VideoAutoencoder, data: PairedVideoDataset, batch_size: int = 8
+    ):
         device = next(autoencoder.parameters()).device
         parts: dict[str, list[torch.Tensor]] = {"z_sim": [], "z_real": [], "actions": []}
         with torch.no_grad():
@@ -221,15 +276,25 @@ class LatentDataset(torch.utils.data.Dataset):
         return {k: v[i] for k, v in self.tensors.items()}
 
 
-def train_teacher(bundle: ModelBundle, data: LatentDataset, ocfg: ObjectiveConfig, tcfg: TrainConfig, out: str,
-                  dist: Dist, resume: bool, writer=None) -> None:
+def train_teacher(
+    bundle: ModelBundle,
+    data: LatentDataset,
+    ocfg: ObjectiveConfig,
+    tcfg: TrainConfig,
+    out: str,
+    dist: Dist,
+    resume: bool,
+    writer=None,
+) -> None:
     objective = TeacherObjective(ocfg)
 
     def loss_fn(model, batch, gen):
         return objective(model, batch["z_sim"], batch["actions"], gen)
 
     _set_checkpointing(bundle.denoiser, tcfg, next(bundle.denoiser.parameters()).device)
-    save = lambda path: save_bundle(path, dataclasses.replace(bundle, info=dict(bundle.info, stage="teacher")))  # noqa: E731
+    save = lambda path: save_bundle(
+        path, dataclasses.replace(bundle, info=dict(bundle.info, stage="teacher"))
+    )  # noqa: E731
     fit("teacher", bundle.denoiser, loss_fn, data, tcfg, out, dist, resume, save, writer)
 
 
@@ -242,8 +307,17 @@ def make_student(teacher: VideoDenoiser, variant: Variant) -> VideoDenoiser:
     return student
 
 
-def train_student(teacher_bundle: ModelBundle, data: LatentDataset, ocfg: ObjectiveConfig, tcfg: TrainConfig,
-                  out: str, dist: Dist, resume: bool, writer=None, init: VideoDenoiser | None = None) -> None:
+def train_student(
+    teacher_bundle: ModelBundle,
+    data: LatentDataset,
+    ocfg: ObjectiveConfig,
+    tcfg: TrainConfig,
+    out: str,
+    dist: Dist,
+    resume: bool,
+    writer=None,
+    init: VideoDenoiser | None = None,
+) -> None:
     """`init` (default: the teacher) is the denoiser the student starts from."""
     teacher = teacher_bundle.denoiser
     teacher.requires_grad_(False).eval()
@@ -254,14 +328,35 @@ def train_student(teacher_bundle: ModelBundle, data: LatentDataset, ocfg: Object
     ae = teacher_bundle.autoencoder
 
     def loss_fn(model, batch, gen):
-        return objective(model, teacher if ocfg.variant.motion else None, batch["z_real"], batch["z_sim"],
-                         batch["actions"], gen)
+        return objective(
+            model,
+            teacher if ocfg.variant.motion else None,
+            batch["z_real"],
+            batch["z_sim"],
+            batch["actions"],
+            gen,
+        )
 
     _set_checkpointing(student, tcfg, next(student.parameters()).device)
-    info = dict(teacher_bundle.info, stage="student", variant=ocfg.variant.value,
-                init="teacher" if init is None else "base")
+    info = dict(
+        teacher_bundle.info,
+        stage="student",
+        variant=ocfg.variant.value,
+        init="teacher" if init is None else "base",
+    )
     save = lambda path: save_bundle(path, ModelBundle(ae, student, teacher_bundle.backbone, info))  # noqa: E731
-    fit(f"student_{ocfg.variant.value}", student, loss_fn, data, tcfg, out, dist, resume, save, writer)
+    fit(
+        f"student_{ocfg.variant.value}",
+        student,
+        loss_fn,
+        data,
+        tcfg,
+        out,
+        dist,
+        resume,
+        save,
+        writer,
+    )
 
 
 @dataclasses.dataclass
@@ -270,30 +365,56 @@ class RunConfig:
 
     backbone: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
     objective: ObjectiveConfig = dataclasses.field(default_factory=ObjectiveConfig)
-    autoencoder_train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=1500, lr=1e-3))
-    teacher_train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=2000, lr=5e-4))
-    student_train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(steps=1000, lr=2e-4))
+    autoencoder_train: TrainConfig = dataclasses.field(
+        default_factory=lambda: TrainConfig(steps=1500, lr=1e-3)
+    )
+    teacher_train: TrainConfig = dataclasses.field(
+        default_factory=lambda: TrainConfig(steps=2000, lr=5e-4)
+    )
+    student_train: TrainConfig = dataclasses.field(
+        default_factory=lambda: TrainConfig(steps=1000, lr=2e-4)
+    )
 
     @classmethod
     def from_json(cls, data: dict) -> "RunConfig":
-        kinds = {"backbone": BackboneConfig, "objective": ObjectiveConfig, "autoencoder_train": TrainConfig,
-                 "teacher_train": TrainConfig, "student_train": TrainConfig}
+        kinds = {
+            "backbone": BackboneConfig,
+            "objective": ObjectiveConfig,
+            "autoencoder_train": TrainConfig,
+            "teacher_train": TrainConfig,
+            "student_train": TrainConfig,
+        }
         unknown = set(data) - set(kinds)
         if unknown:
-            raise ValueError(f"run config: unknown sections {sorted(unknown)}; expected {sorted(kinds)}")
+            raise ValueError(
+                f"run config: unknown sections {sorted(unknown)}; expected {sorted(kinds)}"
+            )
         return cls(**{k: from_dict(kinds[k], v) for k, v in data.items()})
 
 
-def run(cfg: RunConfig, data_path: str, out: str, stages: list[str], variants: list[Variant], resume: bool) -> None:
+def run(
+    cfg: RunConfig,
+    data_path: str,
+    out: str,
+    stages: list[str],
+    variants: list[Variant],
+    resume: bool,
+) -> None:
     dist = init_distributed(cfg.teacher_train.device)
     device = resolve_device(cfg.teacher_train.device, dist)
     torch.manual_seed(cfg.teacher_train.seed)
     windows = PairedWindows.load(data_path)
     if windows.actions.shape[2] != cfg.backbone.action_dim:
-        raise ValueError(f"{data_path} has {windows.actions.shape[2]}-D actions, backbone expects {cfg.backbone.action_dim}")
+        raise ValueError(
+            f"{data_path} has {windows.actions.shape[2]}-D actions, backbone expects {cfg.backbone.action_dim}"
+        )
     data = PairedVideoDataset(windows)
-    info = {"num_frames": windows.num_frames, "image_size": list(windows.sim.shape[2:4]),
-            "action_low": windows.action_low.tolist(), "action_high": windows.action_high.tolist()}
+    info = {
+        "num_frames": windows.num_frames,
+        "image_size": list(windows.sim.shape[2:4]),
+        "action_low": windows.action_low.tolist(),
+        "action_high": windows.action_high.tolist(),
+    }
     writer = None
     if dist.main:
         os.makedirs(out, exist_ok=True)
@@ -302,24 +423,41 @@ def run(cfg: RunConfig, data_path: str, out: str, stages: list[str], variants: l
             json.dump(to_dict(cfg), f, indent=2)
     try:
         ae_dir, teacher_dir = os.path.join(out, "autoencoder"), os.path.join(out, "teacher")
-        if "autoencoder" in stages and cfg.backbone.kind == "tiny" and not (resume and _stage_done(ae_dir)):
+        if (
+            "autoencoder" in stages
+            and cfg.backbone.kind == "tiny"
+            and not (resume and _stage_done(ae_dir))
+        ):
             autoencoder, _ = build_backbone(cfg.backbone)
             if resume and os.path.isfile(os.path.join(ae_dir, "train_state.json")):
                 autoencoder = load_bundle(ae_dir).autoencoder.requires_grad_(True)
-            train_autoencoder(autoencoder.to(device), data, cfg.autoencoder_train, ae_dir, dist, resume, info,
-                              cfg.backbone, writer)
+            train_autoencoder(
+                autoencoder.to(device),
+                data,
+                cfg.autoencoder_train,
+                ae_dir,
+                dist,
+                resume,
+                info,
+                cfg.backbone,
+                writer,
+            )
         _barrier(dist)
         if "teacher" in stages and not (resume and _stage_done(teacher_dir)):
             if cfg.backbone.kind == "tiny":
                 base = load_bundle(ae_dir, device)
-                bundle = ModelBundle(base.autoencoder, build_backbone(cfg.backbone)[1].to(device), cfg.backbone, info)
+                bundle = ModelBundle(
+                    base.autoencoder, build_backbone(cfg.backbone)[1].to(device), cfg.backbone, info
+                )
             else:
                 ae, den = build_backbone(cfg.backbone)
                 bundle = ModelBundle(ae.to(device), den.to(device), cfg.backbone, info)
             if resume and os.path.isfile(os.path.join(teacher_dir, "train_state.json")):
                 bundle.denoiser.load_state_dict(load_bundle(teacher_dir).denoiser.state_dict())
             latents = LatentDataset(bundle.autoencoder, data)
-            train_teacher(bundle, latents, cfg.objective, cfg.teacher_train, teacher_dir, dist, resume, writer)
+            train_teacher(
+                bundle, latents, cfg.objective, cfg.teacher_train, teacher_dir, dist, resume, writer
+            )
         _barrier(dist)
         if "student" in stages:
             teacher = load_bundle(teacher_dir, device)
@@ -329,9 +467,14 @@ def run(cfg: RunConfig, data_path: str, out: str, stages: list[str], variants: l
                 if resume and _stage_done(sdir):
                     continue
                 ocfg = dataclasses.replace(cfg.objective, variant=variant)
-                base = build_backbone(cfg.backbone)[1].to(device) \
-                    if variant is Variant.SFT and ocfg.sft_init == "base" else None
-                train_student(teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer, init=base)
+                base = (
+                    build_backbone(cfg.backbone)[1].to(device)
+                    if variant is Variant.SFT and ocfg.sft_init == "base"
+                    else None
+                )
+                train_student(
+                    teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer, init=base
+                )
                 _barrier(dist)
     finally:
         if writer is not None:
@@ -344,20 +487,34 @@ def _barrier(dist: Dist) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="paired-window HDF5 file (paired_data.PairedWindows)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--data", required=True, help="paired-window HDF5 file (paired_data.PairedWindows)"
+    )
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--stage", choices=["all", "autoencoder", "teacher", "student"], default="all")
-    p.add_argument("--variant", action="append", choices=[v.value for v in Variant],
-                   help="student variant(s) to train (repeatable; default: full)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        choices=[v.value for v in Variant],
+        help="student variant(s) to train (repeatable; default: full)",
+    )
     p.add_argument("--config", help="JSON file with RunConfig sections overriding the defaults")
     p.add_argument("--device", help="cpu | cuda | cuda:N (all stages)")
-    p.add_argument("--steps", type=int, nargs=3, metavar=("AE", "TEACHER", "STUDENT"), help="steps per stage")
+    p.add_argument(
+        "--steps", type=int, nargs=3, metavar=("AE", "TEACHER", "STUDENT"), help="steps per stage"
+    )
     p.add_argument("--batch-size", type=int)
     p.add_argument("--backbone", choices=["tiny", "wan"])
     p.add_argument("--wan-dir", help="local Wan2.2-TI2V-5B diffusers folder (backbone wan)")
-    p.add_argument("--resume", action="store_true", help="continue interrupted stages, skip finished ones")
-    p.add_argument("--threads", type=int, help="torch CPU threads (1 is fastest on a busy shared CPU)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue interrupted stages, skip finished ones"
+    )
+    p.add_argument(
+        "--threads", type=int, help="torch CPU threads (1 is fastest on a busy shared CPU)"
+    )
     return p
 
 

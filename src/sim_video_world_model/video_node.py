@@ -14,6 +14,7 @@
 - Parameters `sim_steps`, `real_steps`, `guidance`, `device` are ranged and validated on set; a
   change applies from the next job.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,16 +44,39 @@ from sim_video_world_model.predictor import (
 )
 
 PARAMS = (
-    Param("checkpoint", "", "SimForcing student checkpoint directory (simforcing-train output)", read_only=True),
+    Param(
+        "checkpoint",
+        "",
+        "SimForcing student checkpoint directory (simforcing-train output)",
+        read_only=True,
+    ),
     Param("camera", "side", "camera whose future frames are predicted", read_only=True),
-    Param("image_topic", "", "input image topic; empty: /camera/<camera>/image_raw", read_only=True),
-    Param("plan_topic", "/simdist/plan", "planned action chunks (trajectory_msgs/JointTrajectory)", read_only=True),
-    Param("mask_task", "peg", "MuJoCo task whose calibrated camera renders the robot mask from /joint_states; "
-          "empty: no mask (guidance must be 0)", read_only=True),
+    Param(
+        "image_topic", "", "input image topic; empty: /camera/<camera>/image_raw", read_only=True
+    ),
+    Param(
+        "plan_topic",
+        "/simdist/plan",
+        "planned action chunks (trajectory_msgs/JointTrajectory)",
+        read_only=True,
+    ),
+    Param(
+        "mask_task",
+        "peg",
+        "MuJoCo task whose calibrated camera renders the robot mask from /joint_states; "
+        "empty: no mask (guidance must be 0)",
+        read_only=True,
+    ),
     Param("predict_on_plan", True, "predict for every new plan (else only on ~/predict)"),
     Param("sim_steps", 1, "N_s: sampling steps of the sim-latent stage", 1, 50),
     Param("real_steps", 10, "N_r: sampling steps of the real-video stage", 1, 50),
-    Param("guidance", 0.6, "w: sim guidance weight (0 skips the sim stage, 1 is one pass per step)", 0.0, 1.0),
+    Param(
+        "guidance",
+        0.6,
+        "w: sim guidance weight (0 skips the sim stage, 1 is one pass per step)",
+        0.0,
+        1.0,
+    ),
     Param("device", "cpu", "torch device of the model: cpu, cuda or cuda:N"),
     Param("control_period_s", 0.2, "time between predicted frames (stamps)", 1e-3, 10.0),
 )
@@ -70,7 +94,9 @@ class VideoPredictionNode(Node):
         self.params = NodeParams(self, PARAMS, _check)
         p = self.params
         if not p["checkpoint"]:
-            raise ValueError("video_prediction: parameter 'checkpoint' is empty; give a SimForcing student checkpoint dir")
+            raise ValueError(
+                "video_prediction: parameter 'checkpoint' is empty; give a SimForcing student checkpoint dir"
+            )
         self.camera = p["camera"]
         self.predictor = VideoPredictor(p["checkpoint"], p["device"])
         if p["mask_task"]:
@@ -86,20 +112,30 @@ class VideoPredictionNode(Node):
         topic = p["image_topic"] or f"/camera/{self.camera}/image_raw"
         out = f"/simdist/predicted_video/{self.camera}"
         self.create_subscription(Image, topic, self._on_image, 2, callback_group=group)
-        self.create_subscription(JointTrajectory, p["plan_topic"], self._on_plan, 2, callback_group=group)
-        self.create_subscription(JointState, "/joint_states", self._on_joints, 2, callback_group=group)
+        self.create_subscription(
+            JointTrajectory, p["plan_topic"], self._on_plan, 2, callback_group=group
+        )
+        self.create_subscription(
+            JointState, "/joint_states", self._on_joints, 2, callback_group=group
+        )
         self.create_service(Trigger, "~/predict", self._on_predict, callback_group=group)
         self._pub_frames = self.create_publisher(Image, out, 10)
         self._pub_preview = self.create_publisher(Image, f"{out}/preview", 2)
         self._pub_status = self.create_publisher(String, f"{out}/status", 10)
-        self._worker = threading.Thread(target=self._work, name="video_prediction_worker", daemon=True)
+        self._worker = threading.Thread(
+            target=self._work, name="video_prediction_worker", daemon=True
+        )
         self._worker.start()
-        self.get_logger().info(f"predicting {self.predictor.num_frames - 1} frames of {self.camera!r} from {topic}")
+        self.get_logger().info(
+            f"predicting {self.predictor.num_frames - 1} frames of {self.camera!r} from {topic}"
+        )
 
     def _make_segmenter(self, task: str):
         """Robot mask from the measured joints through the task's calibrated ("real") camera model."""
 
-        calibrated = make_task(task, "real", image_size=self.predictor.image_size, cameras=(self.camera,))
+        calibrated = make_task(
+            task, "real", image_size=self.predictor.image_size, cameras=(self.camera,)
+        )
         return JointStateMaskRenderer(calibrated.backend, self.camera)
 
     # --- inputs ---------------------------------------------------------------------------------
@@ -118,7 +154,9 @@ class VideoPredictionNode(Node):
 
     def _on_plan(self, msg: JointTrajectory) -> None:
         try:
-            plan = self.predictor.check_plan([list(pt.positions) for pt in msg.points] or np.zeros((0, 0)))
+            plan = self.predictor.check_plan(
+                [list(pt.positions) for pt in msg.points] or np.zeros((0, 0))
+            )
         except RequestError as err:
             with self._lock:
                 self._plan_error = str(err)
@@ -148,7 +186,9 @@ class VideoPredictionNode(Node):
                 raise RequestError(f"no image received yet on {topic}")
             if self._plan is None:
                 why = f" (last plan rejected: {self._plan_error})" if self._plan_error else ""
-                raise RequestError(f"no valid plan received yet on {self.params['plan_topic']}{why}")
+                raise RequestError(
+                    f"no valid plan received yet on {self.params['plan_topic']}{why}"
+                )
             self._job_id += 1
             job = (self._job_id, self._image, self._plan, dict(self._joints))
         try:  # newest job wins: drop a queued one the worker has not started
@@ -176,22 +216,38 @@ class VideoPredictionNode(Node):
                     names = self.predictor.segmenter.backend.spec.joint_names
                     missing = [n for n in names if n not in joints]
                     if missing:
-                        raise RequestError(f"no /joint_states for {missing}: the robot mask needs the measured joints")
+                        raise RequestError(
+                            f"no /joint_states for {missing}: the robot mask needs the measured joints"
+                        )
                     joint_pos = np.array([joints[n] for n in names])
-                frames = self.predictor.predict(image, plan, PredictSettings(
-                    p["sim_steps"], p["real_steps"], p["guidance"]), joint_pos)
+                frames = self.predictor.predict(
+                    image,
+                    plan,
+                    PredictSettings(p["sim_steps"], p["real_steps"], p["guidance"]),
+                    joint_pos,
+                )
             except (RequestError, ValueError, RuntimeError) as err:
                 self._status({"job": job_id, "ok": False, "error": str(err)})
                 continue
             period_ns = int(p["control_period_s"] * 1e9)
             frame_id = f"{self.camera}_camera"
             for k, frame in enumerate(frames, start=1):
-                self._pub_frames.publish(ros_msgs.image_to_msg(frame, stamp + k * period_ns, frame_id))
+                self._pub_frames.publish(
+                    ros_msgs.image_to_msg(frame, stamp + k * period_ns, frame_id)
+                )
             strip = np.concatenate([image, *frames], axis=1)
-            self._pub_preview.publish(ros_msgs.image_to_msg(np.ascontiguousarray(strip), stamp, frame_id))
-            self._status({"job": job_id, "ok": True, "frames": len(frames),
-                          "latency_s": round(time.perf_counter() - t0, 4), **{k: p[k] for k in
-                          ("sim_steps", "real_steps", "guidance", "device")}})
+            self._pub_preview.publish(
+                ros_msgs.image_to_msg(np.ascontiguousarray(strip), stamp, frame_id)
+            )
+            self._status(
+                {
+                    "job": job_id,
+                    "ok": True,
+                    "frames": len(frames),
+                    "latency_s": round(time.perf_counter() - t0, 4),
+                    **{k: p[k] for k in ("sim_steps", "real_steps", "guidance", "device")},
+                }
+            )
 
     def _status(self, payload: dict) -> None:
         self._pub_status.publish(String(data=json.dumps(payload)))

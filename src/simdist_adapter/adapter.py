@@ -6,6 +6,7 @@ of sim windows did not rise by more than `max_sim_loss_increase` (a fine-tune on
 on-policy episodes can forget the actions they never tried, which the planner then exploits);
 otherwise the deployed model stays and the round says why.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,52 +42,102 @@ class RoundReport:
         return asdict(self)
 
 
-def gate(candidate_loss: float, deployed_loss: float, sim_candidate: float | None = None,
-         sim_deployed: float | None = None, max_sim_increase: float = 0.5) -> tuple[bool, str]:
+def gate(
+    candidate_loss: float,
+    deployed_loss: float,
+    sim_candidate: float | None = None,
+    sim_deployed: float | None = None,
+    max_sim_increase: float = 0.5,
+) -> tuple[bool, str]:
     """Deploy only a strict, finite improvement of the held-out latent loss that did not raise
     the sim-sample loss by more than `max_sim_increase` (relative; checked when both are given)."""
     if not math.isfinite(candidate_loss):
         return False, f"candidate held-out loss is {candidate_loss}"
     if candidate_loss >= deployed_loss:
-        return False, f"candidate held-out loss {candidate_loss:.5f} does not beat deployed {deployed_loss:.5f}"
+        return (
+            False,
+            f"candidate held-out loss {candidate_loss:.5f} does not beat deployed {deployed_loss:.5f}",
+        )
     real = f"held-out latent loss {deployed_loss:.5f} -> {candidate_loss:.5f}"
     if sim_candidate is None or sim_deployed is None:
         return True, real
     sim = f"sim latent loss {sim_deployed:.5f} -> {sim_candidate:.5f}"
     if not math.isfinite(sim_candidate) or sim_candidate > (1.0 + max_sim_increase) * sim_deployed:
-        return False, (f"{real}, but {sim} (allowed +{max_sim_increase:.0%}): f forgot dynamics "
-                       "the planner may still try")
+        return False, (
+            f"{real}, but {sim} (allowed +{max_sim_increase:.0%}): f forgot dynamics "
+            "the planner may still try"
+        )
     return True, f"{real}; {sim}"
 
 
-def adapt_on_dataset(registry: ModelRegistry, d_real, config: AdaptConfig, progress=None,
-                     episodes: int = 0, transitions: int = 0, bags_skipped: dict | None = None) -> RoundReport:
+def adapt_on_dataset(
+    registry: ModelRegistry,
+    d_real,
+    config: AdaptConfig,
+    progress=None,
+    episodes: int = 0,
+    transitions: int = 0,
+    bags_skipped: dict | None = None,
+) -> RoundReport:
     """Fine-tune f of the deployed model on the D_real shards in `d_real`, gate, deploy."""
     model = registry.load_deployed(config.device)
-    train, heldout = real_windows(d_real, model.config.history, model.config.horizon,
-                                  config.holdout, config.seed)
+    train, heldout = real_windows(
+        d_real, model.config.history, model.config.horizon, config.holdout, config.seed
+    )
     result = finetune_dynamics(model, train, heldout, config, progress)
-    ok, reason = gate(result.heldout_after, result.heldout_before, result.sim_after, result.sim_before,
-                      config.max_sim_loss_increase)
+    ok, reason = gate(
+        result.heldout_after,
+        result.heldout_before,
+        result.sim_after,
+        result.sim_before,
+        config.max_sim_loss_increase,
+    )
     if ok:
-        registry.deploy(result.model, {
-            "heldout_latent_loss": result.heldout_after,
-            "heldout_latent_loss_before": result.heldout_before,
-            "sim_latent_loss": result.sim_after, "sim_latent_loss_before": result.sim_before,
-            "train_loss": result.train_loss, "steps": result.steps,
-            "episodes": episodes, "transitions": transitions, "adapt_config": result.config,
-        })
+        registry.deploy(
+            result.model,
+            {
+                "heldout_latent_loss": result.heldout_after,
+                "heldout_latent_loss_before": result.heldout_before,
+                "sim_latent_loss": result.sim_after,
+                "sim_latent_loss_before": result.sim_before,
+                "train_loss": result.train_loss,
+                "steps": result.steps,
+                "episodes": episodes,
+                "transitions": transitions,
+                "adapt_config": result.config,
+            },
+        )
     log.info("adaptation round: %s", reason)
-    return RoundReport(ok, registry.deployed_version or "", reason, result.heldout_before,
-                       result.heldout_after, result.sim_before, result.sim_after, result.train_loss,
-                       result.steps, result.seconds, episodes, transitions, bags_skipped or {})
+    return RoundReport(
+        ok,
+        registry.deployed_version or "",
+        reason,
+        result.heldout_before,
+        result.heldout_after,
+        result.sim_before,
+        result.sim_after,
+        result.train_loss,
+        result.steps,
+        result.seconds,
+        episodes,
+        transitions,
+        bags_skipped or {},
+    )
 
 
-def adapt_round(registry: ModelRegistry, bags, spec: RobotSpec, workdir, config: AdaptConfig,
-                demos=None, progress=None) -> RoundReport:
+def adapt_round(
+    registry: ModelRegistry,
+    bags,
+    spec: RobotSpec,
+    workdir,
+    config: AdaptConfig,
+    demos=None,
+    progress=None,
+) -> RoundReport:
     """Build D_real from all `bags` (+ demos), then `adapt_on_dataset`."""
 
     d_real = pathlib.Path(workdir) / "d_real"
     built = build_real_dataset(bags, d_real, spec, demos=demos)
-    return adapt_on_dataset(registry, d_real, config, progress, built.episodes, built.transitions,
-                            built.bags_skipped)
+    return adapt_on_dataset(
+        registry, d_real, config, progress, built.episodes, built.transitions, built.bags_skipped
+    )

@@ -7,6 +7,7 @@ planner through its `~/load_model` service (the planner's `checkpoint` parameter
 registry's `deployed` link). `~/rollback` re-deploys the previous version. Progress and results
 go to `/simdist/adapter/status` (std_msgs/String, JSON) and `/diagnostics`.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -35,27 +36,54 @@ from simdist_adapter.registry import ModelRegistry, RegistryError
 STATUS_TOPIC = "/simdist/adapter/status"
 
 PARAMS = (
-    Param("robot", "ur5e", "robot whose observation layout the bags hold (ur5e | go2)", read_only=True),
+    Param(
+        "robot", "ur5e", "robot whose observation layout the bags hold (ur5e | go2)", read_only=True
+    ),
     Param("registry_dir", "models", "model registry: versions/, deployed link, history.json"),
     Param("checkpoint", "", "pretrained checkpoint that seeds an empty registry as v0000"),
     Param("bag_dir", "bags", "where the recorder writes episode bags"),
     Param("work_dir", "adapt_work", "scratch space for D_real and round logs"),
     Param("planner_node", "planner", "name of the planner node whose ~/load_model is called"),
-    Param("adapt_every_episodes", 20, "automatic round after this many new episodes (0 = only on request)", 0, 100000),
+    Param(
+        "adapt_every_episodes",
+        20,
+        "automatic round after this many new episodes (0 = only on request)",
+        0,
+        100000,
+    ),
     Param("batch_size", 32, "Eq. 3 batch size (official 32)", 1, 4096),
     Param("lr", 2e-4, "Adam learning rate of f (official 2e-4)", 1e-7, 1.0),
-    Param("warmup_steps", 2000, "linear warm-up steps (capped at a tenth of the round)", 0, 1000000),
+    Param(
+        "warmup_steps", 2000, "linear warm-up steps (capped at a tenth of the round)", 0, 1000000
+    ),
     Param("epochs", 100, "passes over D_real per round (official 100)", 1, 100000),
     Param("max_steps", 2000, "cap on optimiser steps per round (0 = no cap)", 0, 10000000),
     Param("holdout", 0.05, "fraction of episodes held out for the validation gate", 0.01, 0.5),
     Param("device", "cpu", "torch device of the worker (cpu, cuda, cuda:N)"),
     Param("train_encoder", False, "ablation: also unfreeze the encoder E"),
     Param("train_value", False, "ablation: also unfreeze the value function V"),
-    Param("sim_data", "", "simulation shards (e.g. a sample of the pretraining data): forgetting guard"),
-    Param("sim_replay", 0.0, "fraction of each batch replayed from sim_data (0 = real windows only)", 0.0, 0.9),
-    Param("max_sim_loss_increase", 0.5, "gate: refuse a candidate whose sim latent loss rose by more",
-          0.0, 100.0),
-    Param("poll_period_s", 1.0, "how often new bags and the worker's progress are checked", 0.05, 60.0),
+    Param(
+        "sim_data",
+        "",
+        "simulation shards (e.g. a sample of the pretraining data): forgetting guard",
+    ),
+    Param(
+        "sim_replay",
+        0.0,
+        "fraction of each batch replayed from sim_data (0 = real windows only)",
+        0.0,
+        0.9,
+    ),
+    Param(
+        "max_sim_loss_increase",
+        0.5,
+        "gate: refuse a candidate whose sim latent loss rose by more",
+        0.0,
+        100.0,
+    ),
+    Param(
+        "poll_period_s", 1.0, "how often new bags and the worker's progress are checked", 0.05, 60.0
+    ),
 )
 
 
@@ -71,7 +99,6 @@ def _check(name: str, value, values: dict) -> str | None:
 def run_round(args: dict) -> dict:
     """Worker-process entry: one adaptation round; progress lines go to args['progress_file']."""
 
-
     torch.set_num_threads(1)
     progress_file = pathlib.Path(args["progress_file"])
 
@@ -79,8 +106,14 @@ def run_round(args: dict) -> dict:
         if step == 1 or step == total or step % 20 == 0:
             progress_file.write_text(json.dumps({"step": step, "total": total, "loss": loss}))
 
-    report = adapt_round(ModelRegistry(args["registry_dir"]), args["bags"], robot_spec(args["robot"]),
-                         args["work_dir"], AdaptConfig(**args["config"]), progress=progress)
+    report = adapt_round(
+        ModelRegistry(args["registry_dir"]),
+        args["bags"],
+        robot_spec(args["robot"]),
+        args["work_dir"],
+        AdaptConfig(**args["config"]),
+        progress=progress,
+    )
     return report.to_dict()
 
 
@@ -131,7 +164,10 @@ class AdapterNode(Node):
 
     def _on_rollback(self, request, response):
         if self.future is not None:
-            response.success, response.message = False, "an adaptation round is running; roll back after it"
+            response.success, response.message = (
+                False,
+                "an adaptation round is running; roll back after it",
+            )
             return response
         try:
             version = self.registry.rollback()
@@ -148,39 +184,74 @@ class AdapterNode(Node):
         if self.future is not None:
             return False, f"round {self.round} is still running"
         if not self.registry.history():
-            return False, "registry is empty: set the checkpoint parameter to a pretrained checkpoint"
+            return (
+                False,
+                "registry is empty: set the checkpoint parameter to a pretrained checkpoint",
+            )
         bags = finished_bags(self.params["bag_dir"])
         if len(bags) < 2:
-            return False, f"need at least 2 finished episode bags in {self.params['bag_dir']}, found {len(bags)}"
+            return (
+                False,
+                f"need at least 2 finished episode bags in {self.params['bag_dir']}, found {len(bags)}",
+            )
         self.round += 1
         work = pathlib.Path(self.params["work_dir"]) / f"round{self.round:03d}"
         work.mkdir(parents=True, exist_ok=True)
         p = self.params
-        config = {k: p[k] for k in ("batch_size", "lr", "warmup_steps", "epochs", "holdout", "device",
-                                    "train_encoder", "train_value", "sim_data", "sim_replay",
-                                    "max_sim_loss_increase")}
+        config = {
+            k: p[k]
+            for k in (
+                "batch_size",
+                "lr",
+                "warmup_steps",
+                "epochs",
+                "holdout",
+                "device",
+                "train_encoder",
+                "train_value",
+                "sim_data",
+                "sim_replay",
+                "max_sim_loss_increase",
+            )
+        }
         config["max_steps"] = p["max_steps"] or None
         self.progress_file = work / "progress.json"
-        self.future = self.pool.submit(run_round, {
-            "registry_dir": p["registry_dir"], "bags": bags, "robot": p["robot"], "work_dir": str(work),
-            "config": config, "progress_file": str(self.progress_file)})
+        self.future = self.pool.submit(
+            run_round,
+            {
+                "registry_dir": p["registry_dir"],
+                "bags": bags,
+                "robot": p["robot"],
+                "work_dir": str(work),
+                "config": config,
+                "progress_file": str(self.progress_file),
+            },
+        )
         self.episodes_at_last_round = len(bags)
         self.round_started = time.monotonic()
         self._status("adapting", round=self.round, episodes=len(bags), reason=why)
-        self.diag.set("adaptation", Level.OK, f"round {self.round} running on {len(bags)} episodes ({why})")
+        self.diag.set(
+            "adaptation", Level.OK, f"round {self.round} running on {len(bags)} episodes ({why})"
+        )
         return True, f"round {self.round} started on {len(bags)} episodes"
 
     def _poll(self) -> None:
         self.params.apply()
         if self.future is None:
             every = self.params["adapt_every_episodes"]
-            if every and len(finished_bags(self.params["bag_dir"])) - self.episodes_at_last_round >= every:
+            if (
+                every
+                and len(finished_bags(self.params["bag_dir"])) - self.episodes_at_last_round
+                >= every
+            ):
                 self._start_round(f"{every} new episodes")
             return
         if not self.future.done():
             if self.progress_file.exists():
                 try:
-                    self._status("adapting", round=self.round, **json.loads(self.progress_file.read_text()))
+                    self._status(
+                        "adapting", round=self.round, **json.loads(self.progress_file.read_text())
+                    )
                 except json.JSONDecodeError:
                     pass  # the worker is rewriting it; next poll reads it
             return
@@ -197,25 +268,41 @@ class AdapterNode(Node):
         if report["deployed"]:
             self._request_swap()
         level = Level.OK if report["deployed"] else Level.WARN
-        self.diag.set("adaptation", level, f"round {self.round}: {report['reason']}",
-                      deployed=report["version"])
+        self.diag.set(
+            "adaptation",
+            level,
+            f"round {self.round}: {report['reason']}",
+            deployed=report["version"],
+        )
         self._status("deployed" if report["deployed"] else "refused", **report)
 
     def _request_swap(self) -> None:
         """Point the planner's `checkpoint` at the registry's deployed link, then ask it to reload."""
         if not (self.param_client.service_is_ready() and self.load_client.service_is_ready()):
-            self.diag.set("hot_swap", Level.WARN, f"{self.load_client.srv_name} not available; the planner "
-                          f"loads {self.registry.link} when started with checkpoint:={self.registry.link}")
+            self.diag.set(
+                "hot_swap",
+                Level.WARN,
+                f"{self.load_client.srv_name} not available; the planner "
+                f"loads {self.registry.link} when started with checkpoint:={self.registry.link}",
+            )
             return
-        value = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=str(self.registry.link))
+        value = ParameterValue(
+            type=ParameterType.PARAMETER_STRING, string_value=str(self.registry.link)
+        )
         request = SetParameters.Request(parameters=[Parameter(name="checkpoint", value=value)])
         self.param_client.call_async(request).add_done_callback(self._on_checkpoint_set)
 
     def _on_checkpoint_set(self, future) -> None:
         result = future.result().results[0]
         if not result.successful:
-            self.diag.set("hot_swap", Level.ERROR, f"planner refused checkpoint {self.registry.link}: {result.reason}")
-            self._status("swap_failed", message=result.reason, deployed=self.registry.deployed_version)
+            self.diag.set(
+                "hot_swap",
+                Level.ERROR,
+                f"planner refused checkpoint {self.registry.link}: {result.reason}",
+            )
+            self._status(
+                "swap_failed", message=result.reason, deployed=self.registry.deployed_version
+            )
             return
         self.load_client.call_async(Trigger.Request()).add_done_callback(self._on_swapped)
 
@@ -223,12 +310,16 @@ class AdapterNode(Node):
         result = future.result()
         level = Level.OK if result.success else Level.ERROR
         self.diag.set("hot_swap", level, f"planner load_model: {result.message}")
-        self._status("swapped" if result.success else "swap_failed", message=result.message,
-                     deployed=self.registry.deployed_version)
+        self._status(
+            "swapped" if result.success else "swap_failed",
+            message=result.message,
+            deployed=self.registry.deployed_version,
+        )
 
     def _status(self, state: str, **fields) -> None:
-        self.status_pub.publish(String(data=json.dumps({"state": state, "stamp": time.time(), **fields},
-                                                       default=str)))
+        self.status_pub.publish(
+            String(data=json.dumps({"state": state, "stamp": time.time(), **fields}, default=str))
+        )
 
     def destroy_node(self):
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -10,6 +10,7 @@ channel carries its full message definition, so any MCAP reader (`mcap` + `mcap_
 deserialised or raw. A bag that was never finalised, is truncated or corrupt raises `BagError`
 saying which file and what is wrong.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,7 +66,9 @@ class EpisodeMeta:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown or "task" not in data:
-            raise BagError(f"{where}: unknown keys {unknown} or missing 'task' (keys: {sorted(data)})")
+            raise BagError(
+                f"{where}: unknown keys {unknown} or missing 'task' (keys: {sorted(data)})"
+            )
         if data.get("format_version") != BAG_FORMAT_VERSION:
             raise BagError(
                 f"{where}: format_version {data.get('format_version')!r}, this code reads {BAG_FORMAT_VERSION}"
@@ -98,7 +101,9 @@ class EpisodeBagWriter:
     def __init__(self, path: str | os.PathLike, meta: EpisodeMeta):
         self.path = pathlib.Path(path)
         if self.path.exists():
-            raise BagError(f"bag directory {self.path} already exists; refusing to overwrite an episode")
+            raise BagError(
+                f"bag directory {self.path} already exists; refusing to overwrite an episode"
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.meta = meta
         self._writer = Writer(self.path, version=9, storage_plugin=StoragePlugin.MCAP)
@@ -185,7 +190,9 @@ class EpisodeBag:
         try:
             reader.open()
         except Exception as exc:  # noqa: BLE001 - rosbags raises several types for a bad file
-            raise BagError(f"{self.path}: cannot open the bag, it is truncated or corrupt ({exc})") from None
+            raise BagError(
+                f"{self.path}: cannot open the bag, it is truncated or corrupt ({exc})"
+            ) from None
         return reader
 
     def _read_meta(self) -> EpisodeMeta:
@@ -208,7 +215,9 @@ class EpisodeBag:
         except BagError:
             raise
         except Exception as exc:  # noqa: BLE001 - truncated chunks surface as various errors
-            raise BagError(f"{self.path}: reading messages failed, the bag is truncated or corrupt ({exc})") from None
+            raise BagError(
+                f"{self.path}: reading messages failed, the bag is truncated or corrupt ({exc})"
+            ) from None
 
     def messages(self, topics: list[str] | None = None) -> Iterator[BagMessage]:
         """Messages in time order, deserialised to rosbags message objects."""
@@ -216,7 +225,9 @@ class EpisodeBag:
             try:
                 msg = TYPESTORE.deserialize_cdr(raw.data, raw.msgtype)
             except Exception as exc:  # noqa: BLE001
-                raise BagError(f"{self.path}: a {raw.msgtype} message on {raw.topic} does not decode ({exc})") from None
+                raise BagError(
+                    f"{self.path}: a {raw.msgtype} message on {raw.topic} does not decode ({exc})"
+                ) from None
             yield BagMessage(raw.topic, raw.msgtype, raw.stamp_ns, msg)
 
     def _connections(self, topics):

@@ -14,6 +14,7 @@
 Demo-sized settings (fewer MPPI samples than the official 450, a short pretraining) keep it under
 20 minutes on two CPU cores; `simdist-adapt-experiment` runs the full measurement.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,22 +61,59 @@ def pretrained_checkpoint(out: pathlib.Path, episodes: int, steps: int) -> pathl
         print(f"[demo] using the cached pretrained model {model}", flush=True)
         return model
     data = out / "sim_data"
-    run([str(BIN / "simdist-generate"), "--task", "go2_slope", "--episodes", str(episodes), "--workers", "2",
-         "--max-steps", "400", "--out", str(data), "--no-progress", "--resume"], "simulation data")
-    run([str(BIN / "simdist-pretrain"), "--preset", "go2", "--data", str(data), "--out", str(out / "pretrain"),
-         "--steps", str(steps), "--batch-size", "32", "--no-progress"], "pretraining")
+    run(
+        [
+            str(BIN / "simdist-generate"),
+            "--task",
+            "go2_slope",
+            "--episodes",
+            str(episodes),
+            "--workers",
+            "2",
+            "--max-steps",
+            "400",
+            "--out",
+            str(data),
+            "--no-progress",
+            "--resume",
+        ],
+        "simulation data",
+    )
+    run(
+        [
+            str(BIN / "simdist-pretrain"),
+            "--preset",
+            "go2",
+            "--data",
+            str(data),
+            "--out",
+            str(out / "pretrain"),
+            "--steps",
+            str(steps),
+            "--batch-size",
+            "32",
+            "--no-progress",
+        ],
+        "pretraining",
+    )
     return model
 
 
-def demo_params(out: pathlib.Path, bags: pathlib.Path, episodes: int, overrides: dict) -> pathlib.Path:
+def demo_params(
+    out: pathlib.Path, bags: pathlib.Path, episodes: int, overrides: dict
+) -> pathlib.Path:
     """config/go2_slope.yaml with `overrides` ({node: {parameter: value}}) and the loop's paths."""
 
     params = yaml.safe_load(config_path("go2_slope").read_text())
     for node, values in overrides.items():
         params[node]["ros__parameters"].update(values)
     adapter = params["adapter"]["ros__parameters"]
-    adapter.update(registry_dir=str(out / "registry"), bag_dir=str(bags), work_dir=str(out / "adapt_work"),
-                   adapt_every_episodes=episodes)
+    adapter.update(
+        registry_dir=str(out / "registry"),
+        bag_dir=str(bags),
+        work_dir=str(out / "adapt_work"),
+        adapt_every_episodes=episodes,
+    )
     path = out / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
@@ -86,7 +124,11 @@ class Watcher:
 
     def __init__(self, node):
         self.phase = "zero_shot"
-        self.results: dict[str, list[bool]] = {"zero_shot": [], "during_adaptation": [], "adapted": []}
+        self.results: dict[str, list[bool]] = {
+            "zero_shot": [],
+            "during_adaptation": [],
+            "adapted": [],
+        }
         self.rounds: list[dict] = []
         self.swapped = False
         self.exit_code: int | None = None
@@ -100,36 +142,60 @@ class Watcher:
             if tick["episode"] != self._current:
                 self._current = tick["episode"]
                 self.results[self.phase].append(bool(tick.get("success")))
-                print(f"[demo] episode {tick['episode']} ({self.phase}, seed {tick['seed']}): "
-                      f"{'success' if tick.get('success') else 'failure'}", flush=True)
+                print(
+                    f"[demo] episode {tick['episode']} ({self.phase}, seed {tick['seed']}): "
+                    f"{'success' if tick.get('success') else 'failure'}",
+                    flush=True,
+                )
 
     def _on_status(self, msg) -> None:
         status = json.loads(msg.data)
         state = status["state"]
         if state == "adapting" and self.phase == "zero_shot":
             self.phase = "during_adaptation"
-            print(f"[demo] adaptation round started on {status.get('episodes')} episodes", flush=True)
+            print(
+                f"[demo] adaptation round started on {status.get('episodes')} episodes", flush=True
+            )
         elif state in ("deployed", "refused", "failed"):
             self.rounds.append(status)
             print(f"[demo] adaptation: {status.get('reason', status.get('error'))}", flush=True)
             if state != "deployed" and not self.swapped:
-                self.phase = "zero_shot"  # the pretrained model stays deployed; a later round may pass
+                self.phase = (
+                    "zero_shot"  # the pretrained model stays deployed; a later round may pass
+                )
         elif state == "swapped":
             self.phase = "adapted"
             self.swapped = True
             print(f"[demo] planner hot-swapped to {status.get('deployed')}", flush=True)
 
 
-def run_graph(out: pathlib.Path, checkpoint: pathlib.Path, episodes: int, timeout_s: float,
-              overrides: dict = DEMO_PARAMS, domain: str | None = None) -> Watcher:
+def run_graph(
+    out: pathlib.Path,
+    checkpoint: pathlib.Path,
+    episodes: int,
+    timeout_s: float,
+    overrides: dict = DEMO_PARAMS,
+    domain: str | None = None,
+) -> Watcher:
     """Run the loop until `episodes` adapted episodes finished (or the time limit)."""
 
     bags = out / "bags"
     domain = domain or str(random.Random(os.getpid()).randint(101, 200))
     os.environ["ROS_DOMAIN_ID"] = domain
     params = demo_params(out, bags, episodes, overrides)
-    cmd = [str(BIN / "simdist"), "launch", "go2_slope", "robot:=sim", "variant:=real", f"checkpoint:={checkpoint}",
-           "record:=true", f"bag_dir:={bags}", "adapt:=true", f"domain:={domain}", f"params_file:={params}"]
+    cmd = [
+        str(BIN / "simdist"),
+        "launch",
+        "go2_slope",
+        "robot:=sim",
+        "variant:=real",
+        f"checkpoint:={checkpoint}",
+        "record:=true",
+        f"bag_dir:={bags}",
+        "adapt:=true",
+        f"domain:={domain}",
+        f"params_file:={params}",
+    ]
     print(f"[demo] starting the graph (log: {out / 'graph.log'}): {' '.join(cmd)}", flush=True)
     log = open(out / "graph.log", "w")
     graph = subprocess.Popen(cmd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
@@ -169,7 +235,12 @@ def plot(out: pathlib.Path, watcher: Watcher) -> pathlib.Path:
     for i, (phase, outcomes) in enumerate(watcher.results.items()):
         ax.scatter(range(x, x + len(outcomes)), outcomes, label=phase, color=f"C{i}")
         x += len(outcomes)
-    ax.set(xlabel="episode", ylabel="success", yticks=[0, 1], title="Slippery Slope: zero-shot -> adapted")
+    ax.set(
+        xlabel="episode",
+        ylabel="success",
+        yticks=[0, 1],
+        title="Slippery Slope: zero-shot -> adapted",
+    )
     ax.legend()
     path = out / "demo_episodes.png"
     fig.tight_layout()
@@ -178,11 +249,18 @@ def plot(out: pathlib.Path, watcher: Watcher) -> pathlib.Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="simdist-demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="simdist-demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", default=str(ROOT / "artifacts" / "demo"))
-    p.add_argument("--episodes", type=int, default=4, help="zero-shot episodes, then as many adapted ones")
-    p.add_argument("--sim-episodes", type=int, default=60, help="simulation episodes for pretraining")
+    p.add_argument(
+        "--episodes", type=int, default=4, help="zero-shot episodes, then as many adapted ones"
+    )
+    p.add_argument(
+        "--sim-episodes", type=int, default=60, help="simulation episodes for pretraining"
+    )
     p.add_argument("--pretrain-steps", type=int, default=600)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds the graph may run")
     a = p.parse_args(argv)
@@ -203,13 +281,17 @@ def main(argv=None) -> int:
     print(f"adapted success          {rate(r['adapted'])}")
     for rd in watcher.rounds:
         if "heldout_deployed" in rd:
-            print(f"held-out latent loss     {rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f} "
-                  f"({'deployed ' + rd['version'] if rd['deployed'] else 'refused by the gate'})")
+            print(
+                f"held-out latent loss     {rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f} "
+                f"({'deployed ' + rd['version'] if rd['deployed'] else 'refused by the gate'})"
+            )
     print(f"episode bags             {out / 'bags'}")
     print(f"model registry           {out / 'registry'} (history.json lists every version)")
     print(f"plot                     {plot(out, watcher)}")
     print(f"total time               {time.perf_counter() - start:.0f} s")
-    (out / "demo_results.json").write_text(json.dumps({"results": r, "rounds": watcher.rounds}, indent=1, default=str))
+    (out / "demo_results.json").write_text(
+        json.dumps({"results": r, "rounds": watcher.rounds}, indent=1, default=str)
+    )
     ok = bool(r["zero_shot"]) and bool(watcher.rounds)
     return 0 if ok else 1
 

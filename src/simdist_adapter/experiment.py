@@ -11,6 +11,7 @@ held-out latent loss before/after each round, predicted value over a successful 
 episode, and predicted vs real joint trajectory through a linear latent probe before/after
 fine-tuning, our analogue of the paper's Fig. 8).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,7 +79,9 @@ class Episode:
     distance: float
     steps: int
     error: str
-    episode_return: float = 0.0  # sum of the task's privileged rewards (the UR5e tasks have no distance)
+    episode_return: float = (
+        0.0  # sum of the task's privileged rewards (the UR5e tasks have no distance)
+    )
     rows: list[dict] = field(default_factory=list)  # observation arrays o_0..o_L
     actions: list[np.ndarray] = field(default_factory=list)
     values: list[float] = field(default_factory=list)  # planner's v^_{t+1} per step
@@ -134,7 +137,9 @@ class EpisodeRunner:
 
     def agent(self, checkpoint: str, planner: bool) -> Agent:
         name = "planner" if planner else "policy"
-        return build_agents([name], self.task, self.model(checkpoint), self.device, **self.planner)[name]
+        return build_agents([name], self.task, self.model(checkpoint), self.device, **self.planner)[
+            name
+        ]
 
     def episode(self, checkpoint: str, planner: bool, seed: int, record: bool) -> Episode:
         return run_episode(self.task, self.agent(checkpoint, planner), seed, record)
@@ -162,14 +167,19 @@ class EpisodePool:
         self._pool = None
         if workers > 1:
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=args)
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=args,
+            )
 
     def run(self, checkpoint, planner: bool, seeds, record: bool) -> list[Episode]:
         checkpoint = str(pathlib.Path(checkpoint).resolve())  # a registry link: cache by version
         if self._pool is None:
             return [self._local.episode(checkpoint, planner, s, record) for s in seeds]
-        futures = [self._pool.submit(_worker_episode, checkpoint, planner, s, record) for s in seeds]
+        futures = [
+            self._pool.submit(_worker_episode, checkpoint, planner, s, record) for s in seeds
+        ]
         return [f.result() for f in futures]
 
     def close(self) -> None:
@@ -190,7 +200,9 @@ class Experiment:
         self.spec = probe.spec
         probe.close()
         self.layout = StepLayout.from_spec(self.spec)
-        self.pool = EpisodePool(config.task, overrides, config.device, config.planner, config.workers)
+        self.pool = EpisodePool(
+            config.task, overrides, config.device, config.planner, config.workers
+        )
         self._scores: dict[tuple[str, bool], tuple[dict, list[Episode]]] = {}
         self._t0 = time.perf_counter()
 
@@ -199,12 +211,19 @@ class Experiment:
         (episodes are deterministic per seed, so the methods share the zero-shot figures)."""
         key = (str(pathlib.Path(checkpoint).resolve()), planner)
         if key not in self._scores:
-            eps = self.pool.run(checkpoint, planner, range(EVAL_SEED, EVAL_SEED + self.cfg.eval_episodes), False)
+            eps = self.pool.run(
+                checkpoint, planner, range(EVAL_SEED, EVAL_SEED + self.cfg.eval_episodes), False
+            )
             dist = [e.distance for e in eps if not math.isnan(e.distance)]
-            self._scores[key] = ({"success_rate": float(np.mean([e.success for e in eps])),
-                                  "mean_return": float(np.mean([e.episode_return for e in eps])),
-                                  "mean_distance": float(np.mean(dist)) if dist else None,
-                                  "errors": sum(bool(e.error) for e in eps)}, eps)
+            self._scores[key] = (
+                {
+                    "success_rate": float(np.mean([e.success for e in eps])),
+                    "mean_return": float(np.mean([e.episode_return for e in eps])),
+                    "mean_distance": float(np.mean(dist)) if dist else None,
+                    "errors": sum(bool(e.error) for e in eps),
+                },
+                eps,
+            )
         return self._scores[key]
 
     def run_method(self, name: str) -> dict:
@@ -217,39 +236,75 @@ class Experiment:
         registry = ModelRegistry(root / "registry")
         if not registry.history():
             registry.init_from(cfg.checkpoint)
-        score, eps = self.evaluate(cfg.checkpoint)  # v0000 holds these weights: shared by all methods
+        score, eps = self.evaluate(
+            cfg.checkpoint
+        )  # v0000 holds these weights: shared by all methods
         curve, rounds, collected, transitions = [{"real_episodes": 0, **score}], [], 0, 0
         adapt_cfg = dataclasses.replace(cfg.adapt, device=cfg.device, **overrides)
         shard = root / "d_real" / shard_name(0)
         shard.unlink(missing_ok=True)
         for j in range(cfg.rounds):
-            seeds = range(COLLECT_SEED + collected, COLLECT_SEED + collected + cfg.episodes_per_round)
+            seeds = range(
+                COLLECT_SEED + collected, COLLECT_SEED + collected + cfg.episodes_per_round
+            )
             episodes = self.pool.run(registry.deployed_path(), True, seeds, record=True)
-            with ShardWriter(shard, self.layout, {"task": cfg.task, "config": "{}"}, resume=shard.exists()) as w:
+            with ShardWriter(
+                shard, self.layout, {"task": cfg.task, "config": "{}"}, resume=shard.exists()
+            ) as w:
                 for seed, ep in zip(seeds, episodes):
                     if len(ep.actions) >= 1 and len(ep.rows) >= 2:
-                        w.append(episode_record(ep.rows, ep.actions[: len(ep.rows) - 1], collected, self.layout,
-                                                seed, ep.success, f"{cfg.task} seed {seed}"))
+                        w.append(
+                            episode_record(
+                                ep.rows,
+                                ep.actions[: len(ep.rows) - 1],
+                                collected,
+                                self.layout,
+                                seed,
+                                ep.success,
+                                f"{cfg.task} seed {seed}",
+                            )
+                        )
                         transitions += len(ep.rows) - 1
                     collected += 1
             self._say(name, f"round {j + 1}: {collected} real episodes, adapting f")
             try:
-                report = adapt_on_dataset(registry, root / "d_real", adapt_cfg, episodes=collected,
-                                          transitions=transitions).to_dict()
+                report = adapt_on_dataset(
+                    registry,
+                    root / "d_real",
+                    adapt_cfg,
+                    episodes=collected,
+                    transitions=transitions,
+                ).to_dict()
             except ValueError as exc:  # e.g. too few windows yet: the deployed model stays
-                report = {"deployed": False, "reason": f"round skipped: {exc}", "version": registry.deployed_version,
-                          "heldout_deployed": None, "heldout_candidate": None, "sim_deployed": None,
-                          "sim_candidate": None}
+                report = {
+                    "deployed": False,
+                    "reason": f"round skipped: {exc}",
+                    "version": registry.deployed_version,
+                    "heldout_deployed": None,
+                    "heldout_candidate": None,
+                    "sim_deployed": None,
+                    "sim_candidate": None,
+                }
             score, eps = self.evaluate(registry.deployed_path())
             curve.append({"real_episodes": collected, **score})
             rounds.append(report)
-            self._say(name, f"round {j + 1}: {report['reason']}; success {score['success_rate']:.2f}")
-        return {"curve": curve, "rounds": rounds, "eval_episodes": eps,
-                "registry": str(registry.root), "d_real": str(root / "d_real")}
+            self._say(
+                name, f"round {j + 1}: {report['reason']}; success {score['success_rate']:.2f}"
+            )
+        return {
+            "curve": curve,
+            "rounds": rounds,
+            "eval_episodes": eps,
+            "registry": str(registry.root),
+            "d_real": str(root / "d_real"),
+        }
 
     def run(self) -> dict:
         start = time.perf_counter()
-        results = {"config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)), "methods": {}}
+        results = {
+            "config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)),
+            "methods": {},
+        }
         episodes = {}
         try:
             for name in self.cfg.methods:
@@ -286,8 +341,12 @@ class Experiment:
                 xs = [c["real_episodes"] for c in results["methods"]["simdist"]["curve"]]
                 ys = ys * len(xs)
             ax.plot(xs, ys, marker="o", label=name)
-        ax.set(xlabel="real episodes", ylabel="success rate", title=f"{self.cfg.task}: success vs real data",
-               ylim=(-0.05, 1.05))
+        ax.set(
+            xlabel="real episodes",
+            ylabel="success rate",
+            title=f"{self.cfg.task}: success vs real data",
+            ylim=(-0.05, 1.05),
+        )
         ax.legend()
         files.append(self._save(fig, "success_vs_episodes.png"))
 
@@ -296,10 +355,19 @@ class Experiment:
             for j, rd in enumerate(r["rounds"]):
                 if rd["heldout_candidate"] is None:
                     continue
-                ax.plot([2 * j, 2 * j + 1], [rd["heldout_deployed"], rd["heldout_candidate"]], marker="o",
-                        color=f"C{list(METHODS).index(name)}", label=name if j == 0 else None)
-        ax.set(xlabel="round (before -> after)", ylabel="held-out latent loss", yscale="log",
-               title="held-out latent dynamics loss")
+                ax.plot(
+                    [2 * j, 2 * j + 1],
+                    [rd["heldout_deployed"], rd["heldout_candidate"]],
+                    marker="o",
+                    color=f"C{list(METHODS).index(name)}",
+                    label=name if j == 0 else None,
+                )
+        ax.set(
+            xlabel="round (before -> after)",
+            ylabel="held-out latent loss",
+            yscale="log",
+            title="held-out latent dynamics loss",
+        )
         ax.legend()
         files.append(self._save(fig, "heldout_latent_loss.png"))
 
@@ -311,7 +379,11 @@ class Experiment:
             for e, label in ((ok, "successful"), (bad, "failed")):
                 if e is not None:
                     ax.plot(e.values, label=f"{label} episode")
-            ax.set(xlabel="control step", ylabel="predicted value v^", title="predicted value over time")
+            ax.set(
+                xlabel="control step",
+                ylabel="predicted value v^",
+                title="predicted value over time",
+            )
             ax.legend()
             files.append(self._save(fig, "predicted_value.png"))
         simdist = results["methods"].get("simdist")
@@ -334,20 +406,32 @@ class Experiment:
             offset += term.dim
         joint = offset + min(2, self.spec.action_dim - 1)
         with torch.no_grad():
-            obs = {k: on_device[k] for k in ("proprio", "images", "height_map", "command") if k in batch}
+            obs = {
+                k: on_device[k]
+                for k in ("proprio", "images", "height_map", "command")
+                if k in batch
+            }
             z_all = pre.encode({k: v.flatten(0, 1) for k, v in obs.items()}).cpu().numpy()
             y_all = batch["proprio"].flatten(0, 1)[:, joint].numpy()
-            w = np.linalg.solve(np.c_[z_all, np.ones(len(z_all))].T @ np.c_[z_all, np.ones(len(z_all))]
-                                + 1e-3 * np.eye(z_all.shape[1] + 1), np.c_[z_all, np.ones(len(z_all))].T @ y_all)
-            preds = {name: m.predict_window(on_device)["latents"].cpu()
-                     for name, m in (("pretrained", pre), ("adapted", adapted))}
+            w = np.linalg.solve(
+                np.c_[z_all, np.ones(len(z_all))].T @ np.c_[z_all, np.ones(len(z_all))]
+                + 1e-3 * np.eye(z_all.shape[1] + 1),
+                np.c_[z_all, np.ones(len(z_all))].T @ y_all,
+            )
+            preds = {
+                name: m.predict_window(on_device)["latents"].cpu()
+                for name, m in (("pretrained", pre), ("adapted", adapted))
+            }
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(batch["proprio"][0, h + 1:, joint].numpy(), "k-", label="real")
+        ax.plot(batch["proprio"][0, h + 1 :, joint].numpy(), "k-", label="real")
         for name, lat in preds.items():
             z = lat[0].cpu().numpy()
             ax.plot(np.c_[z, np.ones(len(z))] @ w, "--", marker="o", label=f"predicted ({name})")
-        ax.set(xlabel="step into the future", ylabel=f"joint_pos[{joint - offset}] (proprio[{joint}])",
-               title="predicted vs real joint trajectory (held-out episode)")
+        ax.set(
+            xlabel="step into the future",
+            ylabel=f"joint_pos[{joint - offset}] (proprio[{joint}])",
+            title="predicted vs real joint trajectory (held-out episode)",
+        )
         ax.legend()
         return self._save(fig, "predicted_vs_real_trajectory.png")
 
@@ -362,8 +446,10 @@ class Experiment:
 
 
 def format_table(results: dict) -> str:
-    lines = [f"{'method':18} {'real eps':>8} {'success':>8} {'return':>8} {'distance':>9} "
-             f"{'held-out loss before->after':>30}"]
+    lines = [
+        f"{'method':18} {'real eps':>8} {'success':>8} {'return':>8} {'distance':>9} "
+        f"{'held-out loss before->after':>30}"
+    ]
     for name, r in results["methods"].items():
         for k, c in enumerate(r["curve"]):
             loss = ""
@@ -371,17 +457,31 @@ def format_table(results: dict) -> str:
                 rd = r["rounds"][k - 1]
                 loss = f"{rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f}{'' if rd['deployed'] else ' (refused)'}"
             dist = "-" if c["mean_distance"] is None else f"{c['mean_distance']:.2f}"
-            lines.append(f"{name:18} {c['real_episodes']:8d} {c['success_rate']:8.2f} {c['mean_return']:8.2f} "
-                         f"{dist:>9} {loss:>30}")
+            lines.append(
+                f"{name:18} {c['real_episodes']:8d} {c['success_rate']:8.2f} {c['mean_return']:8.2f} "
+                f"{dist:>9} {loss:>30}"
+            )
     return "\n".join(lines)
 
 
 def parse_args(argv=None) -> ExperimentConfig:
-    p = argparse.ArgumentParser(prog="simdist-adapt-experiment", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="slippery_slope", help="slippery_slope | foam | peg | table_leg")
-    p.add_argument("--region", default=None, choices=("narrow", "wide"), help="UR5e start region (default wide)")
-    p.add_argument("--checkpoint", required=True, help="pretrained world-model checkpoint (simdist-pretrain)")
+    p = argparse.ArgumentParser(
+        prog="simdist-adapt-experiment",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--task", default="slippery_slope", help="slippery_slope | foam | peg | table_leg"
+    )
+    p.add_argument(
+        "--region",
+        default=None,
+        choices=("narrow", "wide"),
+        help="UR5e start region (default wide)",
+    )
+    p.add_argument(
+        "--checkpoint", required=True, help="pretrained world-model checkpoint (simdist-pretrain)"
+    )
     p.add_argument("--out", default="artifacts/adapt_experiment")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--rounds", type=int, default=3)
@@ -391,21 +491,49 @@ def parse_args(argv=None) -> ExperimentConfig:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--workers", type=int, default=1, help="processes running episodes side by side")
     add_planner_arguments(p)
-    p.add_argument("--adapt-steps", type=int, default=2000, help="optimiser steps per adaptation round")
+    p.add_argument(
+        "--adapt-steps", type=int, default=2000, help="optimiser steps per adaptation round"
+    )
     p.add_argument("--adapt-lr", type=float, default=2e-4)
-    p.add_argument("--adapt-warmup", type=int, default=AdaptConfig.warmup_steps, help="linear warm-up steps")
-    p.add_argument("--sim-data", default="", help="simulation shards for the forgetting guard (and replay)")
-    p.add_argument("--sim-replay", type=float, default=0.0, help="fraction of each batch from --sim-data")
-    p.add_argument("--max-sim-loss-increase", type=float, default=AdaptConfig.max_sim_loss_increase,
-                   help="gate: refuse a candidate whose sim latent loss rose by more (relative)")
+    p.add_argument(
+        "--adapt-warmup", type=int, default=AdaptConfig.warmup_steps, help="linear warm-up steps"
+    )
+    p.add_argument(
+        "--sim-data", default="", help="simulation shards for the forgetting guard (and replay)"
+    )
+    p.add_argument(
+        "--sim-replay", type=float, default=0.0, help="fraction of each batch from --sim-data"
+    )
+    p.add_argument(
+        "--max-sim-loss-increase",
+        type=float,
+        default=AdaptConfig.max_sim_loss_increase,
+        help="gate: refuse a candidate whose sim latent loss rose by more (relative)",
+    )
     a = p.parse_args(argv)
     return ExperimentConfig(
-        task=a.task, region=a.region, checkpoint=a.checkpoint, out=a.out, methods=tuple(a.methods.split(",")),
-        rounds=a.rounds, episodes_per_round=a.episodes_per_round, eval_episodes=a.eval_episodes,
-        max_steps=a.max_steps, device=a.device, workers=a.workers, planner=planner_overrides(a),
-        adapt=AdaptConfig(max_steps=a.adapt_steps, lr=a.adapt_lr, warmup_steps=a.adapt_warmup, holdout=0.1,
-                          sim_data=a.sim_data, sim_replay=a.sim_replay,
-                          max_sim_loss_increase=a.max_sim_loss_increase))
+        task=a.task,
+        region=a.region,
+        checkpoint=a.checkpoint,
+        out=a.out,
+        methods=tuple(a.methods.split(",")),
+        rounds=a.rounds,
+        episodes_per_round=a.episodes_per_round,
+        eval_episodes=a.eval_episodes,
+        max_steps=a.max_steps,
+        device=a.device,
+        workers=a.workers,
+        planner=planner_overrides(a),
+        adapt=AdaptConfig(
+            max_steps=a.adapt_steps,
+            lr=a.adapt_lr,
+            warmup_steps=a.adapt_warmup,
+            holdout=0.1,
+            sim_data=a.sim_data,
+            sim_replay=a.sim_replay,
+            max_sim_loss_increase=a.max_sim_loss_increase,
+        ),
+    )
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,7 @@ from the training episodes, the held-out latent loss measured on episodes never 
 Official settings: batch 32, lr 2e-4, 2k warm-up steps, 100 epochs, 95/5 split by episode; the
 step budget here is a parameter because a robot adapts between episodes, not overnight.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,7 +40,9 @@ class AdaptConfig:
     # the rest, and the planner then exploits it. With sim_data, the gate also compares the
     # latent loss on sim windows, and `sim_replay` of every batch can be sim windows.
     sim_data: str = ""
-    sim_replay: float = 0.0  # fraction of each batch from sim_data (0: real windows only, the paper)
+    sim_replay: float = (
+        0.0  # fraction of each batch from sim_data (0: real windows only, the paper)
+    )
     max_sim_loss_increase: float = 0.5  # refuse a candidate whose sim loss rose by more (relative)
     sim_windows: int = 512  # sim windows in the gate's comparison (a fixed, seeded sample)
 
@@ -77,14 +80,18 @@ def real_windows(dataset_dir, history: int, horizon: int, holdout: float, seed: 
     usable = np.unique(windows.episode_index)  # episodes long enough for at least one window
     n = len(usable)
     if n < 2:
-        raise ValueError(f"D_real in {dataset_dir} has {n} episode(s) long enough for a window "
-                         f"(H={history}, T={horizon}); need at least 2 to hold one out")
+        raise ValueError(
+            f"D_real in {dataset_dir} has {n} episode(s) long enough for a window "
+            f"(H={history}, T={horizon}); need at least 2 to hold one out"
+        )
     order = np.random.default_rng(seed).permutation(usable)
     held = order[: min(n - 1, max(1, int(round(holdout * n))))]
     is_held = np.isin(windows.episode_index, held)
     train, heldout = np.nonzero(~is_held)[0], np.nonzero(is_held)[0]
     if len(train) == 0 or len(heldout) == 0:
-        raise ValueError(f"D_real split left {len(train)} training and {len(heldout)} held-out windows")
+        raise ValueError(
+            f"D_real split left {len(train)} training and {len(heldout)} held-out windows"
+        )
     return Subset(windows, train.tolist()), Subset(windows, heldout.tolist())
 
 
@@ -102,8 +109,9 @@ def _sample(windows, n: int, seed: int):
 
 
 @torch.no_grad()
-def latent_loss(model: WorldModel, windows, batch_size: int = 64, device="cpu",
-                max_batches: int | None = None) -> float:
+def latent_loss(
+    model: WorldModel, windows, batch_size: int = 64, device="cpu", max_batches: int | None = None
+) -> float:
     """Mean Eq. 3 loss of `model` (eval mode) over `windows`: the validation gate's figure."""
     was_training = model.training
     model.eval()
@@ -134,8 +142,9 @@ class AdaptResult:
     sim_after: float | None = None
 
 
-def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
-                      progress=None) -> AdaptResult:
+def finetune_dynamics(
+    model: WorldModel, train, heldout, config: AdaptConfig, progress=None
+) -> AdaptResult:
     """Fine-tune a COPY of `model` with Eq. 3; the input model is left untouched.
 
     `progress(step, total_steps, loss)` is called every optimiser step (status topic, bars).
@@ -146,8 +155,12 @@ def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
     before = latent_loss(candidate, heldout, config.batch_size, device, config.eval_batches)
     sim = sim_windows(config, model.config.history, model.config.horizon)
     sim_check = None if sim is None else _sample(sim, config.sim_windows, config.seed)
-    sim_before = None if sim is None else latent_loss(candidate, sim_check, config.batch_size, device)
-    n_sim = min(int(round(config.sim_replay * config.batch_size)), config.batch_size - 1)  # >= 1 real window
+    sim_before = (
+        None if sim is None else latent_loss(candidate, sim_check, config.batch_size, device)
+    )
+    n_sim = min(
+        int(round(config.sim_replay * config.batch_size)), config.batch_size - 1
+    )  # >= 1 real window
     params = freeze_for_adaptation(candidate, config.train_encoder, config.train_value)
     optimiser = torch.optim.Adam(params, lr=config.lr)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
@@ -157,8 +170,14 @@ def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
     warmup = max(1, min(config.warmup_steps, total // 10))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: min(1.0, (s + 1) / warmup))
     gen = torch.Generator().manual_seed(config.seed)
-    loader = DataLoader(train, batch_size=config.batch_size - n_sim, shuffle=True, drop_last=False,
-                        collate_fn=window_batch, generator=gen)
+    loader = DataLoader(
+        train,
+        batch_size=config.batch_size - n_sim,
+        shuffle=True,
+        drop_last=False,
+        collate_fn=window_batch,
+        generator=gen,
+    )
     replay = np.random.default_rng(config.seed + 1)
     start, step, running = time.perf_counter(), 0, float("nan")
     while step < total:
@@ -173,7 +192,9 @@ def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
             loss.backward()
             optimiser.step()
             schedule.step()
-            running = float(loss.detach()) if step == 0 else 0.9 * running + 0.1 * float(loss.detach())
+            running = (
+                float(loss.detach()) if step == 0 else 0.9 * running + 0.1 * float(loss.detach())
+            )
             step += 1
             if progress is not None:
                 progress(step, total, float(loss))
@@ -183,6 +204,17 @@ def finetune_dynamics(model: WorldModel, train, heldout, config: AdaptConfig,
     for p in candidate.parameters():
         p.requires_grad_(True)
     after = latent_loss(candidate, heldout, config.batch_size, device, config.eval_batches)
-    sim_after = None if sim is None else latent_loss(candidate, sim_check, config.batch_size, device)
-    return AdaptResult(candidate, before, after, running, step, time.perf_counter() - start,
-                       asdict(config), sim_before, sim_after)
+    sim_after = (
+        None if sim is None else latent_loss(candidate, sim_check, config.batch_size, device)
+    )
+    return AdaptResult(
+        candidate,
+        before,
+        after,
+        running,
+        step,
+        time.perf_counter() - start,
+        asdict(config),
+        sim_before,
+        sim_after,
+    )

@@ -8,6 +8,7 @@ transitions that really were driven by an action. Segments are stored as episode
 HDF5 shard format as the simulation dataset, so the same reader and windows serve both.
 Eq. 3 needs no rewards or values: those rows are zero and flagged non-expert.
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,8 +62,9 @@ class BuildReport:
 
 
 def _episode_observations(bag: EpisodeBag, spec: RobotSpec) -> dict[int, Observation]:
-    assembler = ObservationAssembler(spec.cameras, spec.height_map_shape is not None, spec,
-                                     max_pending=64)
+    assembler = ObservationAssembler(
+        spec.cameras, spec.height_map_shape is not None, spec, max_pending=64
+    )
     observations: dict[int, Observation] = {}
     topics = [f"{OBS_PREFIX}proprio"] + [f"{OBS_PREFIX}image/{c}" for c in spec.cameras]
     if spec.height_map_shape is not None:
@@ -85,7 +87,9 @@ def _episode_observations(bag: EpisodeBag, spec: RobotSpec) -> dict[int, Observa
     return observations
 
 
-def segments_from_bag(path: str | pathlib.Path, spec: RobotSpec, min_transitions: int = 1) -> list[Segment]:
+def segments_from_bag(
+    path: str | pathlib.Path, spec: RobotSpec, min_transitions: int = 1
+) -> list[Segment]:
     """Split one episode bag into action-driven segments. Raises BagError for unreadable bags."""
     with EpisodeBag(path) as bag:
         meta = bag.meta
@@ -97,7 +101,9 @@ def segments_from_bag(path: str | pathlib.Path, spec: RobotSpec, min_transitions
             msg = deserialize_message(m.data, JointTrajectory)
             commands[stamp_ns(msg.header.stamp)] = command_from_msg(msg, spec)
     if not observations:
-        raise BagError(f"{path}: no complete observation on {OBS_PREFIX}* (was ingestion recorded?)")
+        raise BagError(
+            f"{path}: no complete observation on {OBS_PREFIX}* (was ingestion recorded?)"
+        )
     segments: list[Segment] = []
     current: Segment | None = None
     for stamp in sorted(observations):
@@ -109,8 +115,11 @@ def segments_from_bag(path: str | pathlib.Path, spec: RobotSpec, min_transitions
         cmd = commands.get(stamp)
         if current is not None and arrays is not None:
             current.observations.append(arrays)  # closes the previous transition
-        driven = arrays is not None and cmd is not None and cmd.kind in (
-            CommandKind.EE_DELTA, CommandKind.JOINT_POSITION)
+        driven = (
+            arrays is not None
+            and cmd is not None
+            and cmd.kind in (CommandKind.EE_DELTA, CommandKind.JOINT_POSITION)
+        )
         if driven:
             if current is None:
                 current = Segment(str(path), [arrays], [], bool(meta.success), int(meta.seed or -1))
@@ -125,8 +134,9 @@ def segments_from_bag(path: str | pathlib.Path, spec: RobotSpec, min_transitions
     return [s for s in segments if len(s.actions) >= min_transitions]
 
 
-def build_real_dataset(bags, out_dir: str | pathlib.Path, spec: RobotSpec, demos=None,
-                       min_transitions: int = 1) -> BuildReport:
+def build_real_dataset(
+    bags, out_dir: str | pathlib.Path, spec: RobotSpec, demos=None, min_transitions: int = 1
+) -> BuildReport:
     """Write D_real (one shard) from episode bags (paths or directories) plus optional demos.
 
     A corrupt, truncated or empty bag is skipped with a warning naming it and the reason; all
@@ -135,15 +145,19 @@ def build_real_dataset(bags, out_dir: str | pathlib.Path, spec: RobotSpec, demos
     """
     layout = StepLayout.from_spec(spec)
     paths: list[pathlib.Path] = []
-    for b in ([bags] if isinstance(bags, (str, pathlib.Path)) else bags):
+    for b in [bags] if isinstance(bags, (str, pathlib.Path)) else bags:
         p = pathlib.Path(b)
-        paths.extend(list_episode_bags(p) if p.is_dir() and not (p / "metadata.yaml").exists() else [p])
+        paths.extend(
+            list_episode_bags(p) if p.is_dir() and not (p / "metadata.yaml").exists() else [p]
+        )
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shard = out / shard_name(0)
     shard.unlink(missing_ok=True)
     report = BuildReport()
-    with ShardWriter(shard, layout, {"task": "real", "config": "{}", "source": "episode bags"}) as writer:
+    with ShardWriter(
+        shard, layout, {"task": "real", "config": "{}", "source": "episode bags"}
+    ) as writer:
         next_id = 0
         for p in paths:
             try:
@@ -157,8 +171,17 @@ def build_real_dataset(bags, out_dir: str | pathlib.Path, spec: RobotSpec, demos
                 continue
             report.bags_used.append(str(p))
             for seg in segments:
-                writer.append(episode_record(seg.observations, seg.actions, next_id, layout,
-                                             seg.seed, seg.success, seg.bag))
+                writer.append(
+                    episode_record(
+                        seg.observations,
+                        seg.actions,
+                        next_id,
+                        layout,
+                        seg.seed,
+                        seg.success,
+                        seg.bag,
+                    )
+                )
                 next_id += 1
                 report.episodes += 1
                 report.transitions += len(seg.actions)
@@ -166,17 +189,27 @@ def build_real_dataset(bags, out_dir: str | pathlib.Path, spec: RobotSpec, demos
             source = ShardedDataset(demo)
             # simulation demos may carry the privileged task state; a robot has none to record
             if replace(source.layout, state_terms=()) != layout:
-                raise ValueError(f"demonstrations {demo}: layout {source.layout} != robot layout {layout}")
+                raise ValueError(
+                    f"demonstrations {demo}: layout {source.layout} != robot layout {layout}"
+                )
             for i in range(source.num_episodes):
                 ep = source.episode(i)
                 steps = {k: v for k, v in ep.items() if k not in ("episode", "t", "state")}
                 info = source.episode_info(i)
-                writer.append(EpisodeRecord(
-                    id=next_id, steps=steps, policy=int(info["policy"]), seed=int(info["seed"]),
-                    noise_scale=np.asarray(info["noise_scale"], np.float32),
-                    never_noised=bool(info["never_noised"]), success=bool(info["success"]),
-                    terminated=bool(info["terminated"]), truncated=bool(info["truncated"]),
-                    meta={"source": str(demo)}))
+                writer.append(
+                    EpisodeRecord(
+                        id=next_id,
+                        steps=steps,
+                        policy=int(info["policy"]),
+                        seed=int(info["seed"]),
+                        noise_scale=np.asarray(info["noise_scale"], np.float32),
+                        never_noised=bool(info["never_noised"]),
+                        success=bool(info["success"]),
+                        terminated=bool(info["terminated"]),
+                        truncated=bool(info["truncated"]),
+                        meta={"source": str(demo)},
+                    )
+                )
                 next_id += 1
                 report.demo_episodes += 1
                 report.transitions += int(info["length"]) - 1
@@ -184,4 +217,3 @@ def build_real_dataset(bags, out_dir: str | pathlib.Path, spec: RobotSpec, demos
         shard.unlink(missing_ok=True)
         raise ValueError(f"no usable episode in {len(paths)} bag(s): {report.bags_skipped}")
     return report
-

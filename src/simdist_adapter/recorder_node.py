@@ -11,6 +11,7 @@ tick (DDS discovery under load can take seconds, and the first ticks' actions wo
 unrecorded). The settle covers discovery's other half: our reader matching a writer does not mean
 that writer has matched our reader yet, and a volatile writer does not resend what it sent before.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -47,7 +48,9 @@ PARAMS = (
     Param("bag_dir", "bags", "directory episode bags are written into"),
     Param("task", "", "task name stored in each episode's metadata (the episode topic's wins)"),
     Param("checkpoint", "", "checkpoint the planner ran, stored in the metadata"),
-    Param("split_episodes", True, "one bag per /simdist/episode id (false: one bag for the whole run)"),
+    Param(
+        "split_episodes", True, "one bag per /simdist/episode id (false: one bag for the whole run)"
+    ),
     Param("exclude_topics", ["/rosout", "/parameter_events"], "topics never recorded"),
     Param(
         "expected_topics",
@@ -71,10 +74,22 @@ PARAMS = (
         "expected topics whose publishers must be matched before /simdist/recorder/ready says true",
         read_only=True,
     ),
-    Param("ready_settle_s", 1.0, "after the last ready topic matched, wait this long (wall s) before saying "
-          "ready: the publishers' side of discovery may lag ours", 0.0, 30.0),
+    Param(
+        "ready_settle_s",
+        1.0,
+        "after the last ready topic matched, wait this long (wall s) before saying "
+        "ready: the publishers' side of discovery may lag ours",
+        0.0,
+        30.0,
+    ),
     Param("discovery_period_s", 0.2, "how often new topics are looked for", 0.01, 10.0),
-    Param("grace_s", 1.0, "an ended episode's bag stays open this long (wall s) for late messages", 0.0, 60.0),
+    Param(
+        "grace_s",
+        1.0,
+        "an ended episode's bag stays open this long (wall s) for late messages",
+        0.0,
+        60.0,
+    ),
 )
 EPISODE_TOPIC = "/simdist/episode"
 MAX_HELD = 5000  # messages waiting for their episode; beyond this the oldest are dropped
@@ -124,13 +139,21 @@ class RecorderNode(Node):
         unknown = sorted(set(self._unmatched) - set(self._subscriptions_of))
         if unknown:
             raise ValueError(f"ready_topics {unknown} are not among the recordable expected_topics")
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        latched = QoSProfile(
+            depth=1,
+            reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL,
+        )
         self._pub_ready = self.create_publisher(Bool, RECORDER_READY_TOPIC, latched)
-        steady = Clock(clock_type=ClockType.STEADY_TIME)  # sim time may stand still (lockstep, replay)
+        steady = Clock(
+            clock_type=ClockType.STEADY_TIME
+        )  # sim time may stand still (lockstep, replay)
         self.create_timer(self.params["discovery_period_s"], self._discover, clock=steady)
         self.create_timer(0.1, self._housekeeping, clock=steady)
         if not self.params["split_episodes"]:
-            self._open(EpisodeMeta(task=self.params["task"], checkpoint=self.params["checkpoint"]), start=0)
+            self._open(
+                EpisodeMeta(task=self.params["task"], checkpoint=self.params["checkpoint"]), start=0
+            )
         self.diag.set("recording", Level.OK, "waiting for topics", bag_dir=self.params["bag_dir"])
 
     def _expect_topics(self) -> None:
@@ -140,7 +163,9 @@ class RecorderNode(Node):
                 continue
             topic, _, msgtype = entry.partition(" ")
             if not topic.startswith("/") or not msgtype:
-                raise ValueError(f"expected_topics entry {entry!r} must look like '/topic pkg/msg/Type'")
+                raise ValueError(
+                    f"expected_topics entry {entry!r} must look like '/topic pkg/msg/Type'"
+                )
             self._subscribe(topic, msgtype.strip())
 
     def _discover(self) -> None:
@@ -179,7 +204,9 @@ class RecorderNode(Node):
             self._route(topic, received, data, stamp)
         else:
             self._held.append((topic, received, data, stamp))
-            if len(self._held) > MAX_HELD:  # no episode announced for a long time: keep memory bounded
+            if (
+                len(self._held) > MAX_HELD
+            ):  # no episode announced for a long time: keep memory bounded
                 self._held.pop(0)
                 self._dropped += 1
                 self.diag.set("recording", Level.WARN, f"no /simdist/episode message routes the held messages "
@@ -226,7 +253,9 @@ class RecorderNode(Node):
         meta.steps = max(meta.steps, int(info.get("step", 0)))
         if info.get("terminated") or info.get("truncated"):
             meta.success = bool(info.get("success", False))
-            meta.extra.update(terminated=bool(info.get("terminated")), truncated=bool(info.get("truncated")))
+            meta.extra.update(
+                terminated=bool(info.get("terminated")), truncated=bool(info.get("truncated"))
+            )
             meta.complete = True
         self._episode_stamp = max(self._episode_stamp, stamp)
         held, self._held = self._held, []
@@ -242,7 +271,9 @@ class RecorderNode(Node):
         bag = EpisodeBagWriter(path, meta)
         self._bags.append(bag)
         self._starts[id(bag)] = start
-        self.diag.set("recording", Level.OK, f"recording episode {meta.episode} to {path}", bag=str(path))
+        self.diag.set(
+            "recording", Level.OK, f"recording episode {meta.episode} to {path}", bag=str(path)
+        )
 
     def _housekeeping(self) -> None:
         if self._unmatched is not None:
@@ -253,7 +284,9 @@ class RecorderNode(Node):
 
     def _announce_ready(self) -> None:
         """Publish ready (once), ready_settle_s after every ready topic has matched a publisher."""
-        self._unmatched = [t for t in self._unmatched if self._subscriptions_of[t].get_publisher_count() == 0]
+        self._unmatched = [
+            t for t in self._unmatched if self._subscriptions_of[t].get_publisher_count() == 0
+        ]
         if self._unmatched:
             self.diag.set("ready", Level.OK, f"waiting for publishers on {self._unmatched}")
             return
@@ -262,7 +295,9 @@ class RecorderNode(Node):
             self._matched_at = now
         settle = self.params["ready_settle_s"]
         if now - self._matched_at < settle:
-            self.diag.set("ready", Level.OK, f"every ready topic has its publisher; settling {settle} s")
+            self.diag.set(
+                "ready", Level.OK, f"every ready topic has its publisher; settling {settle} s"
+            )
             return
         self._pub_ready.publish(Bool(data=True))
         self.diag.set("ready", Level.OK, "every ready topic has its publisher")
@@ -276,8 +311,16 @@ class RecorderNode(Node):
             bag.meta.complete = True
         bag.close()
         self.finished.append(bag.path)
-        self.get_logger().info(f"finalised {bag.path} ({bag.message_count} messages, success={bag.meta.success})")
-        self.diag.set("recording", Level.OK, f"finalised {bag.path}", bags=len(self.finished), dropped=self._dropped)
+        self.get_logger().info(
+            f"finalised {bag.path} ({bag.message_count} messages, success={bag.meta.success})"
+        )
+        self.diag.set(
+            "recording",
+            Level.OK,
+            f"finalised {bag.path}",
+            bags=len(self.finished),
+            dropped=self._dropped,
+        )
 
     def shutdown(self) -> None:
         """Route what is still held into the current episode, then finalise every open bag."""

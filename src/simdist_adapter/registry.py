@@ -8,6 +8,7 @@ Layout:
 Deploy = write the checkpoint (atomic), then swap the symlink; rollback = pop the stack and swap
 back. A planner that reloads `<root>/deployed` therefore never sees a half-written model.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,14 +57,18 @@ class ModelRegistry:
         """Start a registry from a pretrained checkpoint (validated by loading it) as v0000."""
         if self.history():
             raise RegistryError(f"{self.root} already holds {len(self.history())} version(s)")
-        return self.deploy(load_checkpoint(checkpoint), {"source": str(checkpoint), **(metrics or {})})
+        return self.deploy(
+            load_checkpoint(checkpoint), {"source": str(checkpoint), **(metrics or {})}
+        )
 
     def deploy(self, model: WorldModel, metrics: dict) -> pathlib.Path:
         """Store `model` as the next version and make it the deployed one."""
         history = self.history()
         version = f"v{len(list(self.versions.glob('v*'))) if self.versions.exists() else 0:04d}"
         path = save_checkpoint(model, self.versions / version, metrics=metrics)
-        history.append({"version": version, "path": str(path), "metrics": metrics, "time": time.time()})
+        history.append(
+            {"version": version, "path": str(path), "metrics": metrics, "time": time.time()}
+        )
         self._point_to(path)
         self._write_history(history)
         return path

@@ -6,6 +6,7 @@ with `use_sim_time` (ingestion, planner) run on the logged timeline: open-loop e
 real data. `topics` / `exclude_topics` choose what is replayed (exclude the planner's own outputs
 when re-running it). The node exits 0 when the bag is done (the launcher then stops the graph).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,14 +40,26 @@ PARAMS = (
         read_only=True,
     ),
     Param("publish_clock", True, "publish /clock with the bag time"),
-    Param("start_delay_s", 1.0, "wall time to wait before the first message (after wait_for_subscribers)", 0.0, 60.0),
+    Param(
+        "start_delay_s",
+        1.0,
+        "wall time to wait before the first message (after wait_for_subscribers)",
+        0.0,
+        60.0,
+    ),
     Param(
         "wait_for_subscribers",
         [""],
         "'<topic>' or '<topic>@<node>': must have a subscriber (that node) before playing, up to wait_timeout_s",
         read_only=True,
     ),
-    Param("wait_timeout_s", 60.0, "longest wait for wait_for_subscribers; then replay fails", 0.0, 600.0),
+    Param(
+        "wait_timeout_s",
+        60.0,
+        "longest wait for wait_for_subscribers; then replay fails",
+        0.0,
+        600.0,
+    ),
 )
 
 
@@ -66,9 +79,13 @@ class ReplayNode(Node):
         wanted = [t for t in self.params["topics"] if t] or list(self.bag.topics)
         unknown = sorted(set(wanted) - set(self.bag.topics))
         if unknown:
-            raise ValueError(f"topics {unknown} are not in {self.bag.path} (it has {sorted(self.bag.topics)})")
+            raise ValueError(
+                f"topics {unknown} are not in {self.bag.path} (it has {sorted(self.bag.topics)})"
+            )
         self.topics = [t for t in wanted if t not in set(self.params["exclude_topics"])]
-        self._pubs = {t: self.create_publisher(message_class(self.bag.topics[t]), t, QOS) for t in self.topics}
+        self._pubs = {
+            t: self.create_publisher(message_class(self.bag.topics[t]), t, QOS) for t in self.topics
+        }
         self._clock_pub = self.create_publisher(Clock, "/clock", QOS)
         self.published = 0
 
@@ -95,23 +112,28 @@ class ReplayNode(Node):
                 last_clock = msg.stamp_ns
             self._pubs[msg.topic].publish(msg.data)
             self.published += 1
-        self.diag.set("replay", Level.OK, f"replayed {self.published} messages from {self.bag.path}")
+        self.diag.set(
+            "replay", Level.OK, f"replayed {self.published} messages from {self.bag.path}"
+        )
         return self.published
-
 
     def _subscribed(self, topic: str, node: str) -> bool:
         names = [info.node_name for info in self.get_subscriptions_info_by_topic(topic)]
         return node in names if node else bool(names)
 
     def _wait_for_subscribers(self, should_stop) -> None:
-        wanted = [entry.partition("@")[::2] for entry in self.params["wait_for_subscribers"] if entry]
+        wanted = [
+            entry.partition("@")[::2] for entry in self.params["wait_for_subscribers"] if entry
+        ]
         deadline = time.monotonic() + self.params["wait_timeout_s"]
         while not should_stop():
             missing = [f"{t}@{n}" if n else t for t, n in wanted if not self._subscribed(t, n)]
             if not missing:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no subscriber on {missing} after {self.params['wait_timeout_s']} s")
+                raise TimeoutError(
+                    f"no subscriber on {missing} after {self.params['wait_timeout_s']} s"
+                )
             rclpy.spin_once(self, timeout_sec=0.05)
 
 

@@ -10,6 +10,7 @@ Heading feedback for long straight runs (the robot drifts about -0.025 rad/s) is
 yaw COMMAND by the task (`Go2TaskConfig.heading_gain`, like the official WalkStraightCommand),
 not inside the policy: the expert, the recorded data and the planner then all see one command.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,7 +62,8 @@ def _expert_obs(obs: Observation) -> np.ndarray:
     if obs.privileged is None or "expert_obs" not in obs.privileged:
         raise ValueError(
             "the Go2 expert needs obs.privileged['expert_obs'] (the 433-dim official observation); "
-            "use a Go2 backend that builds it (MujocoGo2Backend or the hardware backend)")
+            "use a Go2 backend that builds it (MujocoGo2Backend or the hardware backend)"
+        )
     x = np.asarray(obs.privileged["expert_obs"], dtype=np.float32)
     if x.shape != (EXPERT_OBS_DIM,):
         raise ValueError(f"expert_obs has shape {x.shape}, expected ({EXPERT_OBS_DIM},)")
@@ -104,8 +106,10 @@ class TorchScriptGo2Critic:
         self.module = _load(self.path, device)
         out = self.value_batch(np.zeros((1, EXPERT_OBS_DIM), np.float32))
         if out.shape != (1,):
-            raise ValueError(f"{self.path} maps (1, 433) to values of shape {out.shape}, "
-                             "expected one value per row")
+            raise ValueError(
+                f"{self.path} maps (1, 433) to values of shape {out.shape}, "
+                "expected one value per row"
+            )
 
     @torch.no_grad()
     def value_batch(self, expert_obs: np.ndarray) -> np.ndarray:
@@ -116,18 +120,22 @@ class TorchScriptGo2Critic:
         return float(self.value_batch(_expert_obs(obs)[None])[0])
 
 
-def load_go2_ladder(directory: str | os.PathLike | None = None, device: str = "cpu",
-                    iterations: tuple[int, ...] = (EXPERT_ITERATION, *CHECKPOINT_ITERATIONS),
-                    ) -> list[TorchScriptGo2Policy]:
+def load_go2_ladder(
+    directory: str | os.PathLike | None = None,
+    device: str = "cpu",
+    iterations: tuple[int, ...] = (EXPERT_ITERATION, *CHECKPOINT_ITERATIONS),
+) -> list[TorchScriptGo2Policy]:
     """policy_4999 (the expert) then the intermediate checkpoints, best to worst."""
     root = experts_dir(directory) / "policies"
     return [TorchScriptGo2Policy(root / f"policy_{it}.pt", device) for it in iterations]
 
 
-def load_go2_critic(directory: str | os.PathLike | None = None,
-                    device: str = "cpu") -> TorchScriptGo2Critic:
-    return TorchScriptGo2Critic(experts_dir(directory) / "critics" / f"critic_{EXPERT_ITERATION}.pt",
-                                device)
+def load_go2_critic(
+    directory: str | os.PathLike | None = None, device: str = "cpu"
+) -> TorchScriptGo2Critic:
+    return TorchScriptGo2Critic(
+        experts_dir(directory) / "critics" / f"critic_{EXPERT_ITERATION}.pt", device
+    )
 
 
 def expert_ladder(task: Task) -> list[Policy]:

@@ -4,6 +4,7 @@ The exported module maps a flat observation (1, obs_dim) float32 tensor to a (1,
 action. `obs_fn` builds that observation from an Observation, so one loader serves both robots
 (UR5e: e.g. privileged task state; Go2: the 433-dim official observation).
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -20,9 +21,14 @@ class TorchScriptPolicy:
     """A `Policy` wrapping a scripted module; recurrent exports are reset through their
     `reset()` / `reset_memory()` method when they have one."""
 
-    def __init__(self, module: torch.jit.ScriptModule, obs_fn: Callable[[Observation], np.ndarray],
-                 action_dim: int | None = None, device: str | torch.device = "cpu",
-                 name: str = "torchscript"):
+    def __init__(
+        self,
+        module: torch.jit.ScriptModule,
+        obs_fn: Callable[[Observation], np.ndarray],
+        action_dim: int | None = None,
+        device: str | torch.device = "cpu",
+        name: str = "torchscript",
+    ):
         self.module, self.obs_fn, self.action_dim = module, obs_fn, action_dim
         self.device, self.name = torch.device(device), name
 
@@ -44,24 +50,29 @@ class TorchScriptPolicy:
             out = out[0]
         a = out.detach().to("cpu", torch.float32).numpy().reshape(-1)
         if self.action_dim is not None and a.shape != (self.action_dim,):
-            raise ValueError(f"{self.name}: policy returned {a.shape[0]} values, expected "
-                             f"{self.action_dim}")
+            raise ValueError(
+                f"{self.name}: policy returned {a.shape[0]} values, expected {self.action_dim}"
+            )
         if not np.all(np.isfinite(a)):
             raise ValueError(f"{self.name}: policy returned NaN or Inf: {a.tolist()}")
         return a
 
 
-def load_torchscript_policy(path: str | pathlib.Path,
-                            obs_fn: Callable[[Observation], np.ndarray],
-                            action_dim: int | None = None,
-                            device: str | torch.device = "cpu") -> TorchScriptPolicy:
+def load_torchscript_policy(
+    path: str | pathlib.Path,
+    obs_fn: Callable[[Observation], np.ndarray],
+    action_dim: int | None = None,
+    device: str | torch.device = "cpu",
+) -> TorchScriptPolicy:
     """Load a TorchScript policy file; clear errors for a missing, foreign or corrupt file."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"TorchScript policy not found: {path}")
     if not zipfile.is_zipfile(path):
-        raise ValueError(f"{path} is not a TorchScript archive (expected a zip written by "
-                         "torch.jit.save / rsl_rl's exporter)")
+        raise ValueError(
+            f"{path} is not a TorchScript archive (expected a zip written by "
+            "torch.jit.save / rsl_rl's exporter)"
+        )
     try:
         module = torch.jit.load(str(path), map_location=torch.device(device))
     except Exception as e:  # torch raises RuntimeError for most archive defects

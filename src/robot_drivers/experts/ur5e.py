@@ -30,6 +30,7 @@ H > CLOSE_STEPS sees (`ur5e_small_config`). Lifting a peg that is not square yet
 hand at the grasp point: one more still step with the gripper open made the open and the closing
 state alike, and the distilled policy hovered there at a closing command of 0.4.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,9 +47,24 @@ from robot_drivers.tasks.ur5e_tasks import GAMMA, UR5eInsertionTask, make_ur5e_t
 from robot_drivers.ur5e.so3 import mat_to_rotvec, rotvec_to_mat, rotz, tcp_yaw, wrap_angle
 
 TCP_HOME_MAT = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # pointing down
-APPROACH, DESCEND, CLOSE, LIFT, CARRY, LOWER, INSERT, THREAD, TIP, DIP, SLIDE, STRAIGHTEN, PRESS = range(13)
-PHASE_NAMES = ("approach", "descend", "close", "lift", "carry", "lower", "insert", "thread",
-               "tip", "dip", "slide", "straighten", "press")
+APPROACH, DESCEND, CLOSE, LIFT, CARRY, LOWER, INSERT, THREAD, TIP, DIP, SLIDE, STRAIGHTEN, PRESS = (
+    range(13)
+)
+PHASE_NAMES = (
+    "approach",
+    "descend",
+    "close",
+    "lift",
+    "carry",
+    "lower",
+    "insert",
+    "thread",
+    "tip",
+    "dip",
+    "slide",
+    "straighten",
+    "press",
+)
 
 
 @dataclass(frozen=True)
@@ -75,10 +91,18 @@ LADDER = (
     Degradation(hole_error=EXPERT_HOLE_ERROR),
     Degradation("ckpt_slow", gain=0.6, pos_jitter=0.0005),
     Degradation("ckpt_sloppy", gain=0.8, pos_jitter=0.0015, rot_jitter=0.01, align_gate=0.0015),
-    Degradation("ckpt_stale", gain=0.5, pos_jitter=0.002, rot_jitter=0.02, align_gate=0.002,
-                stale_steps=1),
-    Degradation("ckpt_clumsy", gain=0.5, pos_jitter=0.004, rot_jitter=0.04, align_gate=0.004,
-                stale_steps=1, yaw_bias=np.radians(12.0)),
+    Degradation(
+        "ckpt_stale", gain=0.5, pos_jitter=0.002, rot_jitter=0.02, align_gate=0.002, stale_steps=1
+    ),
+    Degradation(
+        "ckpt_clumsy",
+        gain=0.5,
+        pos_jitter=0.004,
+        rot_jitter=0.04,
+        align_gate=0.004,
+        stale_steps=1,
+        yaw_bias=np.radians(12.0),
+    ),
 )
 
 
@@ -137,8 +161,15 @@ class InsertionExpert:
         yaw = np.arctan2(upright[1, 0], upright[0, 0])
         return rotz(-wrap_angle(yaw, np.pi / 2)) @ r_tilt
 
-    def _move(self, p: dict, pos_des: np.ndarray, mat_des: np.ndarray, cap: float,
-              gripper: float, rot_cap: float | None = None) -> np.ndarray:
+    def _move(
+        self,
+        p: dict,
+        pos_des: np.ndarray,
+        mat_des: np.ndarray,
+        cap: float,
+        gripper: float,
+        rot_cap: float | None = None,
+    ) -> np.ndarray:
         dp = pos_des - p["tcp_pos"]
         n = np.linalg.norm(dp)
         if n > cap:
@@ -158,14 +189,21 @@ class InsertionExpert:
     def _leading_corner(self, p: dict) -> np.ndarray:
         """The held peg's bottom corner that leads towards +x+y (the one the tilt lowers)."""
         w = self.cfg.obj.half_width
-        corners = [p["obj_bottom"] + p["obj_mat"] @ np.r_[sx * w, sy * w, 0.0]
-                   for sx in (-1.0, 1.0) for sy in (-1.0, 1.0)]
+        corners = [
+            p["obj_bottom"] + p["obj_mat"] @ np.r_[sx * w, sy * w, 0.0]
+            for sx in (-1.0, 1.0)
+            for sy in (-1.0, 1.0)
+        ]
         return max(corners, key=lambda c: c[0] + c[1] - 10.0 * c[2])
 
-    def _tilted_target(self, p: dict, corner_des: np.ndarray, tilt: float) -> tuple[np.ndarray, np.ndarray]:
+    def _tilted_target(
+        self, p: dict, corner_des: np.ndarray, tilt: float
+    ) -> tuple[np.ndarray, np.ndarray]:
         """TCP pose that puts the leading corner at `corner_des` with the peg, squared to the
         hole, tipped by `tilt` about the horizontal axis that lowers its +x+y corner."""
-        tip = rotvec_to_mat(np.r_[-1.0, 1.0, 0.0] / np.sqrt(2.0) * tilt) @ self._upright_correction(p["obj_mat"])
+        tip = rotvec_to_mat(np.r_[-1.0, 1.0, 0.0] / np.sqrt(2.0) * tilt) @ self._upright_correction(
+            p["obj_mat"]
+        )
         mat = tip @ p["tcp_mat"]
         in_hand = p["tcp_mat"].T @ (self._leading_corner(p) - p["tcp_pos"])
         return corner_des - mat @ in_hand, mat
@@ -179,7 +217,7 @@ class InsertionExpert:
             raise ValueError("the UR5e expert needs obs.privileged (simulation only)")
         self._history.append(obs.privileged)
         p = self._history[max(0, len(self._history) - 1 - self.deg.stale_steps)]
-        self._history = self._history[-(self.deg.stale_steps + 1):]
+        self._history = self._history[-(self.deg.stale_steps + 1) :]
         action = self._phase_action(p)
         self.phase_steps += 1
         d = self.deg
@@ -212,7 +250,9 @@ class InsertionExpert:
                 return self._move(p, target, mat, self.FINE, 0.0)
             self._next(CLOSE)  # close on the step that finds the hand there (see the docstring)
         if self.phase == CLOSE:
-            if self.phase_steps < (self.CLOSE_STEPS_ROUND if self.round_object else self.CLOSE_STEPS):
+            if self.phase_steps < (
+                self.CLOSE_STEPS_ROUND if self.round_object else self.CLOSE_STEPS
+            ):
                 return np.r_[np.zeros(6), 1.0]
             # re-grasped inside the hole: carry on from there
             inside = p["depth"][0] > 0.002 and p["xy_err"][0] < c.success_xy
@@ -221,8 +261,9 @@ class InsertionExpert:
             bottom_des = np.r_[p["obj_bottom"][:2], hole[2] + self.CARRY_HEIGHT]
             if p["obj_bottom"][2] > hole[2] + self.CARRY_HEIGHT - 0.005:
                 self._next(CARRY)
-            return self._move(p, bottom_des - (p["obj_bottom"] - p["tcp_pos"]), p["tcp_mat"],
-                              self.COARSE, 1.0)
+            return self._move(
+                p, bottom_des - (p["obj_bottom"] - p["tcp_pos"]), p["tcp_mat"], self.COARSE, 1.0
+            )
         if self.phase in (CARRY, LOWER):
             height = self.CARRY_HEIGHT if self.phase == CARRY else self.HOVER
             bottom_des = np.r_[hole[:2], hole[2] + height]
@@ -246,8 +287,10 @@ class InsertionExpert:
                 if self.phase_steps < self.STALL_STEPS:  # straight in, correcting xy
                     bottom_des = np.r_[hole[:2], p["obj_bottom"][2] - 0.004]
                 else:  # stalled on the fixture: the hole is not where we think
-                    bottom_des = np.r_[hole[:2] + self._spiral(self.phase_steps - self.STALL_STEPS),
-                                       hole[2] - self.SEARCH_PRESS]
+                    bottom_des = np.r_[
+                        hole[:2] + self._spiral(self.phase_steps - self.STALL_STEPS),
+                        hole[2] - self.SEARCH_PRESS,
+                    ]
                 pos, mat = self._carry_target(p, bottom_des)
                 return self._move(p, pos, mat, self.FINE, 1.0)
             return np.r_[0.0, 0.0, -0.01, 0.0, 0.0, 0.0, 1.0]
@@ -263,8 +306,11 @@ class InsertionExpert:
         aim = hole[:2] + self.AIM
         if self.phase == TIP:  # tipped, the corner 2 cm above its aim
             pos, mat = self._tilted_target(p, np.r_[aim, hole[2] + 0.02], self.TILT)
-            if np.linalg.norm(corner[:2] - aim) < 0.002 and abs(corner[2] - hole[2] - 0.02) < 0.004 \
-                    and abs(p["tilt"][0] - self.TILT) < 0.03:
+            if (
+                np.linalg.norm(corner[:2] - aim) < 0.002
+                and abs(corner[2] - hole[2] - 0.02) < 0.004
+                and abs(p["tilt"][0] - self.TILT) < 0.03
+            ):
                 self._next(DIP)
             return self._move(p, pos, mat, self.COARSE, 1.0)
         if self.phase == DIP:  # corner down into the hole (or onto the fixture, if it misses)
@@ -274,14 +320,17 @@ class InsertionExpert:
             return self._move(p, pos, mat, self.FINE, 1.0)
         if self.phase == SLIDE:  # into the hole's +x+y corner, aiming past it
             inner = self.cfg.fixture.hole_half_width + self.cfg.fixture.clearance
-            pos, mat = self._tilted_target(p, np.r_[hole[:2] + inner + self.SLIDE_PAST, hole[2] - 0.005],
-                                           self.TILT)
+            pos, mat = self._tilted_target(
+                p, np.r_[hole[:2] + inner + self.SLIDE_PAST, hole[2] - 0.005], self.TILT
+            )
             if self.phase_steps + 1 >= self.SLIDE_STEPS:
                 self._next(STRAIGHTEN)
             return self._move(p, pos, mat, 0.005, 1.0)
         if self.phase == STRAIGHTEN:  # upright about the corner, pressing it into the hole's corner
             left = max(0.0, 1.0 - (self.phase_steps + 1) / self.STRAIGHTEN_STEPS)
-            pos, mat = self._tilted_target(p, corner + np.r_[0.002, 0.002, -0.003], self.TILT * left)
+            pos, mat = self._tilted_target(
+                p, corner + np.r_[0.002, 0.002, -0.003], self.TILT * left
+            )
             if self.phase_steps + 1 >= self.STRAIGHTEN_STEPS:
                 self._next(PRESS)
             return self._move(p, pos, mat, 0.005, 1.0, self.TURN_CAP)
@@ -331,8 +380,12 @@ def rollout(task: UR5eInsertionTask, policy, seed: int) -> dict:
         if res.terminated or res.truncated:
             success = res.success
             break
-    return {"states": states, "rewards": np.asarray(rewards), "success": success,
-            "steps": len(rewards)}
+    return {
+        "states": states,
+        "rewards": np.asarray(rewards),
+        "success": success,
+        "steps": len(rewards),
+    }
 
 
 # -- V^e: ridge regression on random Fourier features of the privileged state ---------------
@@ -354,14 +407,27 @@ class ValueFitConfig:
 
 def value_features(priv: dict, cfg) -> np.ndarray:
     """Task-state features V^e reads (all privileged, in metres / radians / flags)."""
-    grasped = float(np.linalg.norm(priv["tcp_pos"] - priv["obj_grasp"]) < 0.015
-                    and priv["gripper_cmd"][0] > 0.5)
+    grasped = float(
+        np.linalg.norm(priv["tcp_pos"] - priv["obj_grasp"]) < 0.015 and priv["gripper_cmd"][0] > 0.5
+    )
     twist = priv["twist"][0] / cfg.thread_turn if cfg.thread_turn > 0 else 0.0
-    return np.concatenate([
-        (priv["tcp_pos"] - priv["obj_grasp"]) * 10.0, (priv["obj_bottom"] - priv["hole"]) * 10.0,
-        [priv["depth"][0] / cfg.success_depth, priv["xy_err"][0] * 100.0, grasped,
-         priv["gripper"][0], priv["gripper_cmd"][0], priv["tilt"][0], twist, priv["seated"][0]],
-        priv["obj_vel"] * 10.0]).astype(np.float64)
+    return np.concatenate(
+        [
+            (priv["tcp_pos"] - priv["obj_grasp"]) * 10.0,
+            (priv["obj_bottom"] - priv["hole"]) * 10.0,
+            [
+                priv["depth"][0] / cfg.success_depth,
+                priv["xy_err"][0] * 100.0,
+                grasped,
+                priv["gripper"][0],
+                priv["gripper_cmd"][0],
+                priv["tilt"][0],
+                twist,
+                priv["seated"][0],
+            ],
+            priv["obj_vel"] * 10.0,
+        ]
+    ).astype(np.float64)
 
 
 def discounted_returns(rewards: np.ndarray, success: bool, gamma: float = GAMMA) -> np.ndarray:
@@ -434,10 +500,14 @@ def fit_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()) -
     x = np.concatenate([e[0] for e in train])
     y = np.concatenate([e[1] for e in train])
     rng = np.random.default_rng(cfg.seed)
-    params = {"x_mean": x.mean(0), "x_std": x.std(0) + 1e-6,
-              "omega": rng.normal(0.0, 1.0 / cfg.bandwidth, (x.shape[1], cfg.features)),
-              "phase": rng.uniform(0.0, 2 * np.pi, cfg.features),
-              "y_mean": np.float64(y.mean()), "y_std": np.float64(y.std() + 1e-6)}
+    params = {
+        "x_mean": x.mean(0),
+        "x_std": x.std(0) + 1e-6,
+        "omega": rng.normal(0.0, 1.0 / cfg.bandwidth, (x.shape[1], cfg.features)),
+        "phase": rng.uniform(0.0, 2 * np.pi, cfg.features),
+        "y_mean": np.float64(y.mean()),
+        "y_std": np.float64(y.std() + 1e-6),
+    }
     value = ExpertValue(task.cfg, params, {})
     phi = value._design(x)
     target = (y - params["y_mean"]) / params["y_std"]
@@ -446,10 +516,14 @@ def fit_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()) -
     xh = np.concatenate([e[0] for e in hold])
     yh = np.concatenate([e[1] for e in hold])
     err = value.predict(xh) - yh
-    value.metrics = {"heldout_rmse": float(np.sqrt(np.mean(err**2))),
-                     "heldout_mae": float(np.mean(np.abs(err))),
-                     "heldout_return_std": float(yh.std()), "heldout_states": int(len(yh)),
-                     "train_states": int(len(y)), "episodes": len(episodes)}
+    value.metrics = {
+        "heldout_rmse": float(np.sqrt(np.mean(err**2))),
+        "heldout_mae": float(np.mean(np.abs(err))),
+        "heldout_return_std": float(yh.std()),
+        "heldout_states": int(len(yh)),
+        "train_states": int(len(y)),
+        "episodes": len(episodes),
+    }
     return value
 
 
@@ -475,6 +549,17 @@ def expert_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()
     return value
 
 
-__all__ = ["Degradation", "ExpertValue", "InsertionExpert", "LADDER", "PHASE_NAMES",
-           "ValueFitConfig", "discounted_returns", "expert_ladder", "expert_value", "fit_value",
-           "rollout", "value_features"]
+__all__ = [
+    "Degradation",
+    "ExpertValue",
+    "InsertionExpert",
+    "LADDER",
+    "PHASE_NAMES",
+    "ValueFitConfig",
+    "discounted_returns",
+    "expert_ladder",
+    "expert_value",
+    "fit_value",
+    "rollout",
+    "value_features",
+]

@@ -4,6 +4,7 @@ Policy actions arrive at 50 Hz; the IsaacLab DC-motor PD (Kp 25, Kd 0.5, 23.5 Nm
 line) is recomputed at every 200 Hz physics step, because the menagerie motors are plain torque
 actuators. All arrays crossing this API are in Unitree joint order (FR, FL, RR, RL).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,8 +56,14 @@ MAX_ABS_ACTION = 100.0  # |a| beyond this (a 25 rad target offset) is garbage, n
 MAX_ABS_COMMAND = (3.0, 3.0, 4.0)  # vx, vy (m/s), wz (rad/s): beyond anything the expert knows
 
 
-def pd_torque(q: np.ndarray, dq: np.ndarray, q_target: np.ndarray, kp: float | np.ndarray,
-              kd: float | np.ndarray, act: ActuationConfig) -> np.ndarray:
+def pd_torque(
+    q: np.ndarray,
+    dq: np.ndarray,
+    q_target: np.ndarray,
+    kp: float | np.ndarray,
+    kd: float | np.ndarray,
+    act: ActuationConfig,
+) -> np.ndarray:
     """IsaacLab DCMotor: PD torque clipped by the torque-speed line and the effort limit."""
     tau = kp * (q_target - q) - kd * dq
     hi = np.clip(act.torque_limit * (1.0 - dq / act.velocity_limit), 0.0, act.torque_limit)
@@ -68,16 +75,22 @@ def go2_spec(config: Go2Config) -> RobotSpec:
     """Static Go2 facts; action bounds are the joint limits expressed as raw actions."""
     # Joint ranges of the menagerie go2.xml (abduction, front / back hip, knee), Unitree order;
     # static so hardware and planner nodes need no model (a test checks them against the MJCF).
-    limits = np.array([[-1.0472, 1.0472], [-1.5708, 3.4907], [-2.7227, -0.83776]] * 2
-                      + [[-1.0472, 1.0472], [-0.5236, 4.5379], [-2.7227, -0.83776]] * 2)
+    limits = np.array(
+        [[-1.0472, 1.0472], [-1.5708, 3.4907], [-2.7227, -0.83776]] * 2
+        + [[-1.0472, 1.0472], [-0.5236, 4.5379], [-2.7227, -0.83776]] * 2
+    )
     scale = config.actuation.action_scale
     low = (limits[:, 0] - DEFAULT_POSE_UNITREE) / scale
     high = (limits[:, 1] - DEFAULT_POSE_UNITREE) / scale
     return RobotSpec(
-        name="go2", action_dim=12, control_rate_hz=1.0 / config.control_dt,
+        name="go2",
+        action_dim=12,
+        control_rate_hz=1.0 / config.control_dt,
         proprio_terms=tuple(ProprioTerm(n, d) for n, d in PROPRIO_TERMS),
-        height_map_shape=(config.scan.nx, config.scan.ny), command_dim=3,
-        action_low=tuple(float(v) for v in low), action_high=tuple(float(v) for v in high),
+        height_map_shape=(config.scan.nx, config.scan.ny),
+        command_dim=3,
+        action_low=tuple(float(v) for v in low),
+        action_high=tuple(float(v) for v in high),
         joint_names=UNITREE_JOINT_NAMES,
     )
 
@@ -104,16 +117,22 @@ class MujocoGo2Backend(RobotBackend):
         self._qadr = np.array([m.jnt_qposadr[m.joint(n).id] for n in MENAGERIE_JOINT_NAMES])
         self._dadr = np.array([m.jnt_dofadr[m.joint(n).id] for n in MENAGERIE_JOINT_NAMES])
         act_joint = [m.actuator_trnid[i, 0] for i in range(m.nu)]
-        self._act_of_joint = np.array([act_joint.index(m.joint(n).id) for n in MENAGERIE_JOINT_NAMES])
+        self._act_of_joint = np.array(
+            [act_joint.index(m.joint(n).id) for n in MENAGERIE_JOINT_NAMES]
+        )
         self._foot_geoms = np.array([m.geom(n).id for n in FOOT_GEOMS])
         self._terrain_geoms = np.flatnonzero(m.geom_group == TERRAIN_GROUP)
         fall_ids = [m.body(n).id for n in FALL_BODIES]
         self._fall_geoms = np.flatnonzero(np.isin(m.geom_bodyid, fall_ids) & (m.geom_contype > 0))
         self._base = m.body("base").id
         self._scanner = HeightScanner(self.config.scan)
-        self._imu = {n: slice(m.sensor_adr[m.sensor(n).id],
-                              m.sensor_adr[m.sensor(n).id] + m.sensor_dim[m.sensor(n).id])
-                     for n in ("imu_quat", "imu_gyro", "imu_acc")}
+        self._imu = {
+            n: slice(
+                m.sensor_adr[m.sensor(n).id],
+                m.sensor_adr[m.sensor(n).id] + m.sensor_dim[m.sensor(n).id],
+            )
+            for n in ("imu_quat", "imu_gyro", "imu_acc")
+        }
         self._renderer: mujoco.Renderer | None = None
         self._default_mj = to_menagerie(DEFAULT_POSE_UNITREE)
         self._command = np.zeros(3)
@@ -142,7 +161,8 @@ class MujocoGo2Backend(RobotBackend):
         self.data.qpos[3:7] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
         mujoco.mj_kinematics(self.model, self.data)
         clearance = min(
-            self.data.geom_xpos[g, 2] - self.model.geom_size[g, 0]
+            self.data.geom_xpos[g, 2]
+            - self.model.geom_size[g, 0]
             - ground_z(self.model, self.data, *self.data.geom_xpos[g, :2], 5.0)
             for g in self._foot_geoms
         )
@@ -172,7 +192,9 @@ class MujocoGo2Backend(RobotBackend):
         """The commanded base velocity (vx, vy, wz) in the base frame."""
         c = np.asarray(command, dtype=np.float64)
         if c.shape != (3,) or not np.all(np.isfinite(c)):
-            raise ValueError(f"go2 velocity command must be 3 finite values (vx, vy, wz), got {c!r}")
+            raise ValueError(
+                f"go2 velocity command must be 3 finite values (vx, vy, wz), got {c!r}"
+            )
         if np.any(np.abs(c) > MAX_ABS_COMMAND):
             raise ValueError(f"go2 velocity command {c.tolist()} exceeds |.| <= {MAX_ABS_COMMAND}")
         self._command = c
@@ -185,9 +207,11 @@ class MujocoGo2Backend(RobotBackend):
             if np.any(np.abs(a) > MAX_ABS_ACTION):
                 raise ValueError(
                     f"go2 action {a.tolist()} has |a| > {MAX_ABS_ACTION}; expected raw policy "
-                    f"actions (target = default + {act.action_scale} * a)")
-            self._drive = _Drive(to_menagerie(DEFAULT_POSE_UNITREE + act.action_scale * a),
-                                 act.kp, act.kd)
+                    f"actions (target = default + {act.action_scale} * a)"
+                )
+            self._drive = _Drive(
+                to_menagerie(DEFAULT_POSE_UNITREE + act.action_scale * a), act.kp, act.kd
+            )
             self._last_action = a.copy()
         elif command.kind == CommandKind.HOLD:
             self._drive = _Drive(self._default_mj.copy(), act.kp, act.kd)
@@ -197,7 +221,8 @@ class MujocoGo2Backend(RobotBackend):
             self._last_action = np.zeros(12)
         else:
             raise ValueError(
-                f"go2 accepts JOINT_POSITION, HOLD or DAMP commands, got {command.kind.name}")
+                f"go2 accepts JOINT_POSITION, HOLD or DAMP commands, got {command.kind.name}"
+            )
 
     def step(self) -> Observation:
         """One 50 Hz control period: `decimation` physics steps, PD recomputed each time."""
@@ -226,8 +251,9 @@ class MujocoGo2Backend(RobotBackend):
         rot = d.xmat[self._base].reshape(3, 3)  # base -> world
         feet_xyz = d.geom_xpos[self._foot_geoms]
         wrench = foot_wrenches(m, d, self._foot_geoms, feet_xyz)
-        clearance = np.array([z - ground_z(m, d, x, y, z + cfg.scan.ray_start)
-                              for x, y, z in feet_xyz])
+        clearance = np.array(
+            [z - ground_z(m, d, x, y, z + cfg.scan.ray_start) for x, y, z in feet_xyz]
+        )
         return Go2State(
             base_lin_vel=rot.T @ d.qvel[:3],
             base_ang_vel=d.qvel[3:6].copy(),
@@ -283,8 +309,9 @@ class MujocoGo2Backend(RobotBackend):
         return Observation(
             stamp=float(d.time),
             proprio=build_proprio(s),
-            height_map=scan_to_grid(height_scan_term(s.scan_heights), self.config.scan.nx,
-                                    self.config.scan.ny).astype(np.float32),
+            height_map=scan_to_grid(
+                height_scan_term(s.scan_heights), self.config.scan.nx, self.config.scan.ny
+            ).astype(np.float32),
             command=s.command.astype(np.float32),
             joint_pos=s.joint_pos.astype(np.float32),
             joint_vel=s.joint_vel.astype(np.float32),
@@ -293,7 +320,10 @@ class MujocoGo2Backend(RobotBackend):
 
     def render(self, height: int = 240, width: int = 320) -> np.ndarray:
         """(H, W, 3) uint8 from a camera tracking the base: an operator view, not a robot sensor."""
-        if self._renderer is None or (self._renderer.height, self._renderer.width) != (height, width):
+        if self._renderer is None or (self._renderer.height, self._renderer.width) != (
+            height,
+            width,
+        ):
             self.close()
             self._renderer = mujoco.Renderer(self.model, height, width)
         cam = mujoco.MjvCamera()
@@ -311,10 +341,19 @@ class MujocoGo2Backend(RobotBackend):
     def faults(self) -> list[Fault]:
         d = self.data
         if not (np.all(np.isfinite(d.qpos)) and np.all(np.isfinite(d.qvel))):
-            return [Fault(FaultLevel.ERROR, "simulation_unstable",
-                          "MuJoCo state is NaN/Inf; reset the backend")]
+            return [
+                Fault(
+                    FaultLevel.ERROR,
+                    "simulation_unstable",
+                    "MuJoCo state is NaN/Inf; reset the backend",
+                )
+            ]
         if self.fallen():
-            return [Fault(FaultLevel.ERROR, "fallen",
-                          f"base tilt {self.tilt():.2f} rad or body-ground contact; send DAMP "
-                          "and reset")]
+            return [
+                Fault(
+                    FaultLevel.ERROR,
+                    "fallen",
+                    f"base tilt {self.tilt():.2f} rad or body-ground contact; send DAMP and reset",
+                )
+            ]
         return []

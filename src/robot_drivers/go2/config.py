@@ -3,6 +3,7 @@
 The numbers follow the official SimDist Go2 task (IsaacLab, `simdist/rl/go2.py`) so that the
 released expert sees the same robot in MuJoCo that it was trained on.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -118,7 +119,9 @@ class Go2Config:
             )
         lo, hi = self.init_joint_scale
         if not 0 < lo <= hi:
-            raise ValueError(f"init_joint_scale must satisfy 0 < lo <= hi, got {self.init_joint_scale}")
+            raise ValueError(
+                f"init_joint_scale must satisfy 0 < lo <= hi, got {self.init_joint_scale}"
+            )
 
     @property
     def control_dt(self) -> float:

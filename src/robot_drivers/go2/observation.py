@@ -4,6 +4,7 @@ Pure functions of a small `Go2State` (no MjData), so the MuJoCo backend and the 
 hardware backend build bit-identical inputs. Term order and scales follow the official
 `simdist/rl/go2.py` policy group (see ../shared/simdist_go2_experts/OBSERVATION.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -71,7 +72,9 @@ class Go2State:
     last_action: np.ndarray  # (12,) the last raw policy output (before the 0.25 scale)
     scan_heights: np.ndarray  # (315,) base_z - hit_z (m), x varying fastest
     step: int  # control steps since reset (0 on the first observation)
-    foot_wrench: np.ndarray = field(default_factory=lambda: np.zeros((4, 6)))  # joint wrench on feet
+    foot_wrench: np.ndarray = field(
+        default_factory=lambda: np.zeros((4, 6))
+    )  # joint wrench on feet
     foot_clearance: np.ndarray = field(default_factory=lambda: np.zeros(4))  # foot z - ground z (m)
     base_mass_delta: float = 0.0  # kg over the nominal mass
     material: tuple[float, float, float] = NOMINAL_MATERIAL
@@ -85,10 +88,20 @@ class Go2State:
     def validate(self) -> None:
         """Raise ValueError naming the first field with a wrong shape or a non-finite value."""
         shapes = {
-            "base_lin_vel": (3,), "base_ang_vel": (3,), "projected_gravity": (3,),
-            "command": (3,), "joint_pos": (12,), "joint_vel": (12,), "last_action": (12,),
-            "scan_heights": (315,), "foot_wrench": (4, 6), "foot_clearance": (4,), "kp": (12,),
-            "kd": (12,), "joint_friction": (12,), "default_pose": (12,),
+            "base_lin_vel": (3,),
+            "base_ang_vel": (3,),
+            "projected_gravity": (3,),
+            "command": (3,),
+            "joint_pos": (12,),
+            "joint_vel": (12,),
+            "last_action": (12,),
+            "scan_heights": (315,),
+            "foot_wrench": (4, 6),
+            "foot_clearance": (4,),
+            "kp": (12,),
+            "kd": (12,),
+            "joint_friction": (12,),
+            "default_pose": (12,),
         }
         for name, shape in shapes.items():
             value = np.asarray(getattr(self, name), dtype=np.float64)
@@ -124,18 +137,22 @@ def build_expert_observation(state: Go2State) -> np.ndarray:
         "height_scan": height_scan_term(state.scan_heights),
         "cos_sin_phase": cos_sin_phase(state.step, state.control_dt, state.gait_period),
         "feet_body_forces": FOOT_FORCE_SCALE * np.asarray(state.foot_wrench).reshape(-1),
-        "feet_height": np.clip(np.asarray(state.foot_clearance) - FOOT_RADIUS,
-                               -FEET_HEIGHT_CLIP, FEET_HEIGHT_CLIP),
+        "feet_height": np.clip(
+            np.asarray(state.foot_clearance) - FOOT_RADIUS, -FEET_HEIGHT_CLIP, FEET_HEIGHT_CLIP
+        ),
         "base_mass": [state.base_mass_delta],
         "material_properties": state.material,
         "joint_stiffness": np.asarray(state.kp) / (GAIN_BAND * NOMINAL_KP)
-        + 1.0 - (1.0 + GAIN_BAND) / GAIN_BAND,
+        + 1.0
+        - (1.0 + GAIN_BAND) / GAIN_BAND,
         "joint_damping": np.asarray(state.kd) / (GAIN_BAND * NOMINAL_KD)
-        + 1.0 - (1.0 + GAIN_BAND) / GAIN_BAND,
+        + 1.0
+        - (1.0 + GAIN_BAND) / GAIN_BAND,
         "joint_friction": np.asarray(state.joint_friction) * 2.0 / MAX_JOINT_FRICTION - 1.0,
     }
-    obs = np.concatenate([np.asarray(parts[name], dtype=np.float64).reshape(-1)
-                          for name, _ in EXPERT_OBS_TERMS])
+    obs = np.concatenate(
+        [np.asarray(parts[name], dtype=np.float64).reshape(-1) for name, _ in EXPERT_OBS_TERMS]
+    )
     assert obs.shape == (EXPERT_OBS_DIM,)
     return obs.astype(np.float32)
 
@@ -143,11 +160,16 @@ def build_expert_observation(state: Go2State) -> np.ndarray:
 def build_proprio(state: Go2State) -> np.ndarray:
     """The planner's 35-dim proprio vector (system_go2.yaml order), float32."""
     state.validate()
-    return np.concatenate([
-        state.base_lin_vel, state.base_ang_vel, state.projected_gravity,
-        np.asarray(state.joint_pos) - state.default_pose, state.joint_vel,
-        cos_sin_phase(state.step, state.control_dt, state.gait_period),
-    ]).astype(np.float32)
+    return np.concatenate(
+        [
+            state.base_lin_vel,
+            state.base_ang_vel,
+            state.projected_gravity,
+            np.asarray(state.joint_pos) - state.default_pose,
+            state.joint_vel,
+            cos_sin_phase(state.step, state.control_dt, state.gait_period),
+        ]
+    ).astype(np.float32)
 
 
 def scan_to_grid(scan_flat: np.ndarray, nx: int = 21, ny: int = 15) -> np.ndarray:

@@ -5,6 +5,7 @@ casts rays against group 0 only) never sees the robot itself. Terrain pieces get
 contact priority than the feet (menagerie foot priority 1), so THEIR friction and softness
 govern foot contacts: that is how the "real" stand-ins change the ground.
 """
+
 from __future__ import annotations
 
 import math
@@ -98,14 +99,32 @@ def menagerie_go2_path() -> str:
         ) from e
 
 
-def _add_box(spec: mujoco.MjSpec, name: str, center, half, euler_y: float, friction: float,
-             solref=MUJOCO_DEFAULT_SOLREF, solimp=MUJOCO_DEFAULT_SOLIMP, rgba=(0.6, 0.6, 0.65, 1)):
+def _add_box(
+    spec: mujoco.MjSpec,
+    name: str,
+    center,
+    half,
+    euler_y: float,
+    friction: float,
+    solref=MUJOCO_DEFAULT_SOLREF,
+    solimp=MUJOCO_DEFAULT_SOLIMP,
+    rgba=(0.6, 0.6, 0.65, 1),
+):
     quat = np.zeros(4)
     mujoco.mju_euler2Quat(quat, np.array([0.0, euler_y, 0.0]), "xyz")
     spec.worldbody.add_geom(
-        name=name, type=mujoco.mjtGeom.mjGEOM_BOX, pos=list(center), size=list(half),
-        quat=list(quat), friction=[friction, 0.02, 0.01], condim=6, priority=TERRAIN_PRIORITY,
-        group=TERRAIN_GROUP, solref=list(solref), solimp=list(solimp), rgba=list(rgba),
+        name=name,
+        type=mujoco.mjtGeom.mjGEOM_BOX,
+        pos=list(center),
+        size=list(half),
+        quat=list(quat),
+        friction=[friction, 0.02, 0.01],
+        condim=6,
+        priority=TERRAIN_PRIORITY,
+        group=TERRAIN_GROUP,
+        solref=list(solref),
+        solimp=list(solimp),
+        rgba=list(rgba),
     )
 
 
@@ -118,21 +137,43 @@ def _add_panels(spec: mujoco.MjSpec, t: TerrainConfig, z0: float) -> None:
         normal = np.array([-math.sin(a), 0.0, math.cos(a)])
         centre = np.array([(x + x1) / 2, 0.0, (z + z1) / 2]) - thick * normal
         # MuJoCo's rotation about +y tilts +x downwards, so an uphill panel uses -a.
-        _add_box(spec, f"slope_panel_{i}", centre, (p.length / 2, t.panel_width / 2, thick), -a,
-                 t.panel_friction, rgba=(0.85, 0.85, 0.9, 1))
+        _add_box(
+            spec,
+            f"slope_panel_{i}",
+            centre,
+            (p.length / 2, t.panel_width / 2, thick),
+            -a,
+            t.panel_friction,
+            rgba=(0.85, 0.85, 0.9, 1),
+        )
         x, z = x1, z1
     if t.panels and t.plateau_length > 0:
         centre = (x + t.plateau_length / 2, 0.0, z - thick)
-        _add_box(spec, "slope_plateau", centre, (t.plateau_length / 2, t.panel_width / 2, thick),
-                 0.0, t.panel_friction, rgba=(0.85, 0.85, 0.9, 1))
+        _add_box(
+            spec,
+            "slope_plateau",
+            centre,
+            (t.plateau_length / 2, t.panel_width / 2, thick),
+            0.0,
+            t.panel_friction,
+            rgba=(0.85, 0.85, 0.9, 1),
+        )
 
 
 def _add_pads(spec: mujoco.MjSpec, t: TerrainConfig) -> None:
     for i, (x0, x1, layers) in enumerate(t.pad_profile()):
         h = layers * t.pad_thickness
-        _add_box(spec, f"foam_pad_{i}", ((x0 + x1) / 2, 0.0, h / 2),
-                 ((x1 - x0) / 2, t.pad_width / 2, h / 2), 0.0, t.pad_friction,
-                 solref=t.pad_solref, solimp=t.pad_solimp, rgba=(0.3, 0.45, 0.8, 1))
+        _add_box(
+            spec,
+            f"foam_pad_{i}",
+            ((x0 + x1) / 2, 0.0, h / 2),
+            ((x1 - x0) / 2, t.pad_width / 2, h / 2),
+            0.0,
+            t.pad_friction,
+            solref=t.pad_solref,
+            solimp=t.pad_solimp,
+            rgba=(0.3, 0.45, 0.8, 1),
+        )
 
 
 def build_go2_spec(config: Go2Config, terrain: TerrainConfig) -> mujoco.MjSpec:
@@ -149,14 +190,22 @@ def build_go2_spec(config: Go2Config, terrain: TerrainConfig) -> mujoco.MjSpec:
     if config.foot_solimp_default:
         for leg in ("FL", "FR", "RL", "RR"):
             spec.geom(leg).solimp = list(MUJOCO_DEFAULT_SOLIMP)
-    for name, kind in (("imu_quat", mujoco.mjtSensor.mjSENS_FRAMEQUAT),
-                       ("imu_gyro", mujoco.mjtSensor.mjSENS_GYRO),
-                       ("imu_acc", mujoco.mjtSensor.mjSENS_ACCELEROMETER)):
+    for name, kind in (
+        ("imu_quat", mujoco.mjtSensor.mjSENS_FRAMEQUAT),
+        ("imu_gyro", mujoco.mjtSensor.mjSENS_GYRO),
+        ("imu_acc", mujoco.mjtSensor.mjSENS_ACCELEROMETER),
+    ):
         spec.add_sensor(name=name, type=kind, objtype=mujoco.mjtObj.mjOBJ_SITE, objname="imu")
-    spec.worldbody.add_light(name="sun", pos=[0, 0, 4], dir=[0, 0, -1], type=mujoco.mjtLightType.mjLIGHT_DIRECTIONAL)
+    spec.worldbody.add_light(
+        name="sun", pos=[0, 0, 4], dir=[0, 0, -1], type=mujoco.mjtLightType.mjLIGHT_DIRECTIONAL
+    )
     spec.worldbody.add_geom(
-        name="floor", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.05],
-        friction=[terrain.floor_friction, 0.02, 0.01], condim=6, group=TERRAIN_GROUP,
+        name="floor",
+        type=mujoco.mjtGeom.mjGEOM_PLANE,
+        size=[0, 0, 0.05],
+        friction=[terrain.floor_friction, 0.02, 0.01],
+        condim=6,
+        group=TERRAIN_GROUP,
         rgba=[0.4, 0.45, 0.4, 1],
     )
     _add_pads(spec, terrain)

@@ -3,6 +3,7 @@
 Rays see terrain geoms only (geom group 0), never the robot, like IsaacLab's ray caster
 pointed at the ground mesh.
 """
+
 from __future__ import annotations
 
 import mujoco
@@ -21,12 +22,14 @@ def yaw_of(quat_wxyz: np.ndarray) -> float:
     return float(np.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z)))
 
 
-def ground_z(model: mujoco.MjModel, data: mujoco.MjData, x: float, y: float,
-             start_z: float) -> float:
+def ground_z(
+    model: mujoco.MjModel, data: mujoco.MjData, x: float, y: float, start_z: float
+) -> float:
     """Terrain height below (x, y); NaN when no terrain lies under that point."""
     geomid = np.zeros(1, dtype=np.int32)
-    dist = mujoco.mj_ray(model, data, np.array([x, y, start_z]), _DOWN, _TERRAIN_ONLY, 1, -1,
-                         geomid)
+    dist = mujoco.mj_ray(
+        model, data, np.array([x, y, start_z]), _DOWN, _TERRAIN_ONLY, 1, -1, geomid
+    )
     return start_z - dist if dist >= 0 else float("nan")
 
 
@@ -47,20 +50,34 @@ class HeightScanner:
         self._geomid = np.zeros(n, dtype=np.int32)
         self._dist = np.zeros(n)
 
-    def scan(self, model: mujoco.MjModel, data: mujoco.MjData, base_pos: np.ndarray,
-             yaw: float) -> np.ndarray:
+    def scan(
+        self, model: mujoco.MjModel, data: mujoco.MjData, base_pos: np.ndarray, yaw: float
+    ) -> np.ndarray:
         c, s = np.cos(yaw), np.sin(yaw)
         offsets = self.grid @ np.array([[c, s], [-s, c]])  # world-frame xy offsets
         origin = np.array([base_pos[0], base_pos[1], base_pos[2] + self.apex])
         vec = np.column_stack([offsets, np.full(len(offsets), -self.apex)])
-        mujoco.mj_multiRay(model, data, origin, vec.ravel(), _TERRAIN_ONLY, 1, -1, self._geomid,
-                           self._dist, None, len(offsets), np.inf)
+        mujoco.mj_multiRay(
+            model,
+            data,
+            origin,
+            vec.ravel(),
+            _TERRAIN_ONLY,
+            1,
+            -1,
+            self._geomid,
+            self._dist,
+            None,
+            len(offsets),
+            np.inf,
+        )
         hit_z = np.where(self._dist >= 0, origin[2] - self._dist * self.apex, np.nan)
         return base_pos[2] - hit_z
 
 
-def foot_wrenches(model: mujoco.MjModel, data: mujoco.MjData, foot_geoms: np.ndarray,
-                  foot_centres: np.ndarray) -> np.ndarray:
+def foot_wrenches(
+    model: mujoco.MjModel, data: mujoco.MjData, foot_geoms: np.ndarray, foot_centres: np.ndarray
+) -> np.ndarray:
     """Per foot: the wrench the leg applies to the foot (= minus the ground's), world frame,
     about the foot centre, as (4, 6) [F, tau]."""
     wrench = np.zeros((len(foot_geoms), 6))
@@ -75,9 +92,11 @@ def foot_wrenches(model: mujoco.MjModel, data: mujoco.MjData, foot_geoms: np.nda
                 on_foot = f_world if con.geom2 == g else -f_world
                 r = con.pos - foot_centres[k]
                 wrench[k, :3] -= on_foot
-                wrench[k, 3:] -= (r[1] * on_foot[2] - r[2] * on_foot[1],  # r x F, inlined:
-                                  r[2] * on_foot[0] - r[0] * on_foot[2],  # np.cross costs
-                                  r[0] * on_foot[1] - r[1] * on_foot[0])  # more than physics
+                wrench[k, 3:] -= (
+                    r[1] * on_foot[2] - r[2] * on_foot[1],  # r x F, inlined:
+                    r[2] * on_foot[0] - r[0] * on_foot[2],  # np.cross costs
+                    r[0] * on_foot[1] - r[1] * on_foot[0],
+                )  # more than physics
     return wrench
 
 

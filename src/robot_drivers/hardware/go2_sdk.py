@@ -8,6 +8,7 @@ without the robot.
 Motor order: the SDK's motor_cmd / motor_state index i = Unitree joint order FR, FL, RR, RL x
 (hip, thigh, calf), i.e. `UNITREE_JOINT_NAMES[i]`; indices 12..19 are unused and kept stopped.
 """
+
 from __future__ import annotations
 
 import struct
@@ -71,7 +72,7 @@ def unitree_crc(packed: bytes) -> int:
     if len(packed) % 4:
         raise ValueError(f"packed message must be whole 32-bit words, got {len(packed)} bytes")
     body = packed[:-4]
-    return crc32_mpeg2(b"".join(body[i:i + 4][::-1] for i in range(0, len(body), 4)))
+    return crc32_mpeg2(b"".join(body[i : i + 4][::-1] for i in range(0, len(body), 4)))
 
 
 @dataclass
@@ -116,8 +117,16 @@ def pack_lowcmd(cmd) -> bytes:
     values = [*cmd.head, cmd.level_flag, cmd.frame_reserve, *cmd.sn, *cmd.version, cmd.bandwidth]
     for m in cmd.motor_cmd:
         values += [m.mode, m.q, m.dq, m.tau, m.kp, m.kd, *m.reserve]
-    values += [cmd.bms_cmd.off, *cmd.bms_cmd.reserve, *cmd.wireless_remote, *cmd.led, *cmd.fan,
-               cmd.gpio, cmd.reserve, cmd.crc]
+    values += [
+        cmd.bms_cmd.off,
+        *cmd.bms_cmd.reserve,
+        *cmd.wireless_remote,
+        *cmd.led,
+        *cmd.fan,
+        cmd.gpio,
+        cmd.reserve,
+        cmd.crc,
+    ]
     return struct.pack(LOWCMD_FORMAT, *values)
 
 
@@ -142,7 +151,14 @@ def import_sdk():
             "cyclonedds 0.10.x, see its README for CYCLONEDDS_HOME). Simulation needs no SDK: use "
             "robot:=sim."
         ) from e
-    return ChannelFactoryInitialize, ChannelPublisher, ChannelSubscriber, unitree_go_msg_dds__LowCmd_, LowCmd_, LowState_
+    return (
+        ChannelFactoryInitialize,
+        ChannelPublisher,
+        ChannelSubscriber,
+        unitree_go_msg_dds__LowCmd_,
+        LowCmd_,
+        LowState_,
+    )
 
 
 @dataclass(frozen=True)
@@ -172,7 +188,9 @@ class Go2SdkBackend(RobotBackend):
     default LowCmd_ on the robot). Feed every rt/lowstate message to `on_lowstate`.
     """
 
-    def __init__(self, write, new_lowcmd=LowCmd, config: Go2SdkConfig | None = None, clock=time.monotonic):
+    def __init__(
+        self, write, new_lowcmd=LowCmd, config: Go2SdkConfig | None = None, clock=time.monotonic
+    ):
         self.config = config or Go2SdkConfig()
         self.spec = go2_spec(self.config.go2)
         self._write, self._new_lowcmd, self._clock = write, new_lowcmd, clock
@@ -208,7 +226,9 @@ class Go2SdkBackend(RobotBackend):
         """Clear the damping latch if nothing is wrong and hold the default stance."""
         errors = [f for f in self.faults() if f.level >= FaultLevel.ERROR]
         if errors:
-            raise RuntimeError(f"go2: cannot leave damping mode: {'; '.join(f.message for f in errors)}")
+            raise RuntimeError(
+                f"go2: cannot leave damping mode: {'; '.join(f.message for f in errors)}"
+            )
         self.damped_reason = None
         self._step = 0
         self.act(Command(CommandKind.HOLD))
@@ -230,7 +250,9 @@ class Go2SdkBackend(RobotBackend):
                 self._target = DEFAULT_POSE_UNITREE.copy()
                 self._last_action = np.zeros(12)
             else:
-                raise ValueError(f"go2 accepts JOINT_POSITION, HOLD or DAMP, got {command.kind.name}")
+                raise ValueError(
+                    f"go2 accepts JOINT_POSITION, HOLD or DAMP, got {command.kind.name}"
+                )
             self._kp, self._kd = act.kp, act.kd
             self._step += 1
 
@@ -250,7 +272,12 @@ class Go2SdkBackend(RobotBackend):
         for i in range(N_MOTORS):
             m = cmd.motor_cmd[i]
             if i < 12:
-                m.mode, m.q, m.dq, m.tau = PMSM_MODE, (POS_STOP if damped else float(target[i])), 0.0, 0.0
+                m.mode, m.q, m.dq, m.tau = (
+                    PMSM_MODE,
+                    (POS_STOP if damped else float(target[i])),
+                    0.0,
+                    0.0,
+                )
                 m.kp, m.kd = float(kp), float(kd)
             else:
                 m.mode, m.q, m.dq, m.tau, m.kp, m.kd = 0, POS_STOP, VEL_STOP, 0.0, 0.0, 0.0
@@ -264,7 +291,9 @@ class Go2SdkBackend(RobotBackend):
         with self._lock:
             s = self._state
         if s is None:
-            raise RuntimeError("go2: no rt/lowstate received yet; is the robot on and the interface right?")
+            raise RuntimeError(
+                "go2: no rt/lowstate received yet; is the robot on and the interface right?"
+            )
         q = np.array([s.motor_state[i].q for i in range(12)], dtype=np.float64)
         dq = np.array([s.motor_state[i].dq for i in range(12)], dtype=np.float64)
         quat = np.asarray(s.imu_state.quaternion, dtype=np.float64)
@@ -272,16 +301,28 @@ class Go2SdkBackend(RobotBackend):
         cfg = self.config.go2
         state = Go2State(
             base_lin_vel=self._base_lin_vel if self._base_lin_vel is not None else np.zeros(3),
-            base_ang_vel=gyro, projected_gravity=quat_to_gravity(quat), command=self._command.copy(),
-            joint_pos=q, joint_vel=dq, last_action=self._last_action.copy(),
-            scan_heights=np.full(cfg.scan.nx * cfg.scan.ny, np.nan), step=self._step,
-            control_dt=cfg.control_dt, gait_period=cfg.gait_period,
+            base_ang_vel=gyro,
+            projected_gravity=quat_to_gravity(quat),
+            command=self._command.copy(),
+            joint_pos=q,
+            joint_vel=dq,
+            last_action=self._last_action.copy(),
+            scan_heights=np.full(cfg.scan.nx * cfg.scan.ny, np.nan),
+            step=self._step,
+            control_dt=cfg.control_dt,
+            gait_period=cfg.gait_period,
         )
         return Observation(
-            stamp=time.time(), proprio=build_proprio(state), command=self._command.astype(np.float32),
-            joint_pos=q.astype(np.float32), joint_vel=dq.astype(np.float32),
-            privileged={"base_quat": quat, "base_ang_vel": gyro,
-                        "accelerometer": np.asarray(s.imu_state.accelerometer, dtype=np.float64)},
+            stamp=time.time(),
+            proprio=build_proprio(state),
+            command=self._command.astype(np.float32),
+            joint_pos=q.astype(np.float32),
+            joint_vel=dq.astype(np.float32),
+            privileged={
+                "base_quat": quat,
+                "base_ang_vel": gyro,
+                "accelerometer": np.asarray(s.imu_state.accelerometer, dtype=np.float64),
+            },
         )
 
     def faults(self) -> list[Fault]:
@@ -290,18 +331,40 @@ class Go2SdkBackend(RobotBackend):
             s, t = self._state, self._state_time
         if t is None or self._clock() - t > self.config.lowstate_timeout_s:
             age = "never received" if t is None else f"last one {self._clock() - t:.3f} s ago"
-            out.append(Fault(FaultLevel.ERROR, "disconnected",
-                             f"no rt/lowstate ({age}); check the network interface and the robot; motors damped"))
+            out.append(
+                Fault(
+                    FaultLevel.ERROR,
+                    "disconnected",
+                    f"no rt/lowstate ({age}); check the network interface and the robot; motors damped",
+                )
+            )
         elif s is not None:
             g = quat_to_gravity(s.imu_state.quaternion)
             tilt = float(np.arccos(np.clip(-g[2], -1.0, 1.0)))
             if tilt > self.config.max_tilt:
-                out.append(Fault(FaultLevel.ERROR, "fallen", f"base tilt {tilt:.2f} rad > {self.config.max_tilt}; motors damped"))
+                out.append(
+                    Fault(
+                        FaultLevel.ERROR,
+                        "fallen",
+                        f"base tilt {tilt:.2f} rad > {self.config.max_tilt}; motors damped",
+                    )
+                )
         if self._base_lin_vel is None:
-            out.append(Fault(FaultLevel.WARN, "no_velocity_estimate",
-                             "base linear velocity unknown (no estimator input); proprio uses zeros"))
+            out.append(
+                Fault(
+                    FaultLevel.WARN,
+                    "no_velocity_estimate",
+                    "base linear velocity unknown (no estimator input); proprio uses zeros",
+                )
+            )
         if self.damped_reason is not None and not any(f.level >= FaultLevel.ERROR for f in out):
-            out.append(Fault(FaultLevel.WARN, "damped", f"damping mode ({self.damped_reason}); call reset to stand"))
+            out.append(
+                Fault(
+                    FaultLevel.WARN,
+                    "damped",
+                    f"damping mode ({self.damped_reason}); call reset to stand",
+                )
+            )
         return out
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ Hardware runs on the wall clock. A timer at `publish_rate_hz` reads the backend 
 (the backend's own stop / damping) and is reported on /diagnostics until `~/reset` clears it;
 a command-rate watchdog sends HOLD when the supervisor falls silent.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,8 +29,21 @@ from robot_drivers.interface import (
 from robot_drivers.node_params import NodeParams, Param
 
 COMMON_PARAMS = (
-    Param("publish_rate_hz", 50.0, "how often robot state is read and published", 1.0, 1000.0, read_only=True),
-    Param("command_timeout_s", 0.5, "no command for this long -> HOLD (the supervisor also watches)", 0.01, 10.0),
+    Param(
+        "publish_rate_hz",
+        50.0,
+        "how often robot state is read and published",
+        1.0,
+        1000.0,
+        read_only=True,
+    ),
+    Param(
+        "command_timeout_s",
+        0.5,
+        "no command for this long -> HOLD (the supervisor also watches)",
+        0.01,
+        10.0,
+    ),
 )
 
 
@@ -38,13 +52,17 @@ class RealtimeDriverNode(Node):
 
     SAFE_KIND = CommandKind.HOLD
 
-    def __init__(self, name: str, params: tuple[Param, ...], backend: RobotBackend | None = None, **kwargs):
+    def __init__(
+        self, name: str, params: tuple[Param, ...], backend: RobotBackend | None = None, **kwargs
+    ):
         super().__init__(name, **kwargs)
         self.params = NodeParams(self, COMMON_PARAMS + params)
         self.diag = Diagnostics(self, hardware_id=name)
         self.backend = backend if backend is not None else self.connect()
         self.spec = self.backend.spec
-        self.latched: str | None = "not reset yet"  # why the safe action is latched (fault, start-up)
+        self.latched: str | None = (
+            "not reset yet"  # why the safe action is latched (fault, start-up)
+        )
         self.last_command_time: float | None = None
         self.watchdog_fired = False
         self.pub_joints = self.create_publisher(JointState, "/joint_states", 10)
@@ -74,7 +92,9 @@ class RealtimeDriverNode(Node):
             self.backend.act(ros_msgs.command_from_msg(msg, self.spec))
             self.diag.set("command", Level.OK, f"applying {msg.header.frame_id}")
         except (ValueError, RuntimeError) as e:
-            self.diag.set("command", Level.ERROR, f"command refused, sending {self.SAFE_KIND.value}: {e}")
+            self.diag.set(
+                "command", Level.ERROR, f"command refused, sending {self.SAFE_KIND.value}: {e}"
+            )
             self.send(self.SAFE_KIND)
 
     def send(self, kind: CommandKind) -> None:
@@ -91,19 +111,31 @@ class RealtimeDriverNode(Node):
         try:
             faults = self.backend.faults()
         except (RuntimeError, OSError) as e:  # the vendor client itself failed: treat as lost link
-            faults = [Fault(FaultLevel.ERROR, "fault_check_failed", f"reading the robot's status failed: {e}")]
+            faults = [
+                Fault(
+                    FaultLevel.ERROR,
+                    "fault_check_failed",
+                    f"reading the robot's status failed: {e}",
+                )
+            ]
         errors = [f for f in faults if f.level >= FaultLevel.ERROR]
         text = "; ".join(f"{f.code}: {f.message}" for f in faults) or "no faults"
         if errors:
             if self.latched is None:
                 self.latched = text
                 self.send(self.SAFE_KIND)
-            self.diag.set("robot", Level.ERROR, f"{text} (safe action latched; ~/reset after fixing)")
+            self.diag.set(
+                "robot", Level.ERROR, f"{text} (safe action latched; ~/reset after fixing)"
+            )
         elif self.latched is None:
             self.diag.set("robot", Level.WARN if faults else Level.OK, text)
         timeout = self.params["command_timeout_s"]
-        if (self.latched is None and self.last_command_time is not None and not self.watchdog_fired
-                and time.monotonic() - self.last_command_time > timeout):
+        if (
+            self.latched is None
+            and self.last_command_time is not None
+            and not self.watchdog_fired
+            and time.monotonic() - self.last_command_time > timeout
+        ):
             self.watchdog_fired = True
             self.diag.set("command", Level.WARN, f"no command for {timeout} s: HOLD")
             self.send(CommandKind.HOLD)
@@ -114,7 +146,9 @@ class RealtimeDriverNode(Node):
             return
         self.diag.set("state", Level.OK, "reading robot state", stale_after_s=2.0)
         t = self.get_clock().now().nanoseconds
-        self.pub_joints.publish(ros_msgs.joint_state_msg(self.spec.joint_names, obs.joint_pos, obs.joint_vel, t))
+        self.pub_joints.publish(
+            ros_msgs.joint_state_msg(self.spec.joint_names, obs.joint_pos, obs.joint_vel, t)
+        )
         self.publish_extra(obs, t)
         self.pub_proprio.publish(ros_msgs.proprio_to_msg(obs, self.spec, t))
 

@@ -3,6 +3,7 @@
 Commands are lines such as `SET POS 255` (answered `ack`) and `GET POS` (answered `POS 123`);
 position 0 is open, 255 closed, as in the MuJoCo gripper's control range.
 """
+
 from __future__ import annotations
 
 import socket

@@ -10,6 +10,7 @@ Frames: ur_rtde reports poses in the controller's base frame, which is the MuJoC
 frame (the menagerie arm's forward kinematics equal the UR5e DH model); `world_yaw` turns it for a
 differently mounted arm, and `tcp_offset` puts the controller's TCP on the sim's pinch point.
 """
+
 from __future__ import annotations
 
 import threading
@@ -45,7 +46,9 @@ class UR5eRtdeConfig:
     # flange -> the sim's TCP (gripper_pinch): 155.8 mm out, turned -90 deg about z (measured on the
     # MuJoCo model; tests/test_drivers.py checks it), so real and sim TCP frames coincide
     tcp_offset: tuple[float, ...] = (0.0, 0.0, 0.1558, 0.0, 0.0, -np.pi / 2)
-    world_yaw: float = 0.0  # rad: world = Rz(world_yaw) * controller base (the sim's world IS the base frame)
+    world_yaw: float = (
+        0.0  # rad: world = Rz(world_yaw) * controller base (the sim's world IS the base frame)
+    )
     speed_scaling_warn: float = 0.99  # below this the speed slider / safety slows the arm
 
     def __post_init__(self) -> None:
@@ -54,10 +57,14 @@ class UR5eRtdeConfig:
         if not 100 <= self.gain <= 2000:
             raise ValueError(f"gain must be in [100, 2000], got {self.gain}")
         if self.servo_rate_hz <= self.controller.control_hz or self.watchdog_min_hz <= 0:
-            raise ValueError("servo_rate_hz must exceed the control rate and watchdog_min_hz be > 0")
+            raise ValueError(
+                "servo_rate_hz must exceed the control rate and watchdog_min_hz be > 0"
+            )
 
 
-def connect_ur5e(host: str, config: UR5eRtdeConfig | None = None, gripper=None) -> "UR5eRtdeBackend":
+def connect_ur5e(
+    host: str, config: UR5eRtdeConfig | None = None, gripper=None
+) -> "UR5eRtdeBackend":
     """Open RTDE receive + control to the arm at `host`; a clear ConnectionError when unreachable."""
     if not host:
         raise ValueError("robot_ip is required (the UR5e controller's address)")
@@ -96,7 +103,14 @@ class UR5eRtdeBackend(RobotBackend):
     """`control` / `receive` are ur_rtde's RTDEControlInterface / RTDEReceiveInterface (or stand-ins
     with the same methods); `gripper` has move(0..255) and position() -> 0..255, or is None."""
 
-    def __init__(self, control, receive, config: UR5eRtdeConfig | None = None, gripper=None, clock=time.monotonic):
+    def __init__(
+        self,
+        control,
+        receive,
+        config: UR5eRtdeConfig | None = None,
+        gripper=None,
+        clock=time.monotonic,
+    ):
         self.config = config or UR5eRtdeConfig()
         self.spec = make_spec(SceneConfig(cameras=()), self.config.controller)
         self.control, self.receive, self.gripper, self._clock = control, receive, gripper, clock
@@ -141,7 +155,9 @@ class UR5eRtdeBackend(RobotBackend):
         validate_command(self.spec, command)
         errors = [f for f in self.faults() if f.level >= FaultLevel.ERROR]
         if errors:
-            raise RuntimeError("ur5e: refusing a command while faulted: " + "; ".join(f.code for f in errors))
+            raise RuntimeError(
+                "ur5e: refusing a command while faulted: " + "; ".join(f.code for f in errors)
+            )
         if command.kind == CommandKind.DAMP:  # the arm has no damping mode: stop servoing
             with self._io:
                 self.control.servoStop()
@@ -152,7 +168,9 @@ class UR5eRtdeBackend(RobotBackend):
                 self._segment = None  # keep the current set-point
             return
         if command.kind != CommandKind.EE_DELTA:
-            raise ValueError(f"ur5e accepts EE_DELTA, HOLD or DAMP commands, got {command.kind.name}")
+            raise ValueError(
+                f"ur5e accepts EE_DELTA, HOLD or DAMP commands, got {command.kind.name}"
+            )
         c = self.config.controller
         v = np.asarray(command.values, dtype=np.float64)
         dp, dr = v[:3], v[3:6]
@@ -182,46 +200,104 @@ class UR5eRtdeBackend(RobotBackend):
         pose = self.to_base(*self._setpoint)
         cfg = self.config
         with self._io:
-            self.control.servoL(pose, 0.0, 0.0, 1.0 / cfg.servo_rate_hz, cfg.lookahead_time, cfg.gain)
+            self.control.servoL(
+                pose, 0.0, 0.0, 1.0 / cfg.servo_rate_hz, cfg.lookahead_time, cfg.gain
+            )
         return pose
 
     def observe(self) -> Observation:
         q = np.asarray(self.receive.getActualQ(), dtype=np.float32)
         qd = np.asarray(self.receive.getActualQd(), dtype=np.float32)
         pos, mat = self.measured_pose()
-        grip = (self.gripper.position() / 255.0) if self.gripper is not None else float(self._gripper_closed)
+        grip = (
+            (self.gripper.position() / 255.0)
+            if self.gripper is not None
+            else float(self._gripper_closed)
+        )
         self.speed_scaling = float(self.receive.getSpeedScalingCombined())
         proprio = np.concatenate([q, qd, pos, mat[:, :2].T.reshape(6), [grip]]).astype(np.float32)
-        return Observation(stamp=time.time(), proprio=proprio, joint_pos=q, joint_vel=qd,
-                           privileged={"tcp_pos": pos, "tcp_mat": mat, "speed_scaling": np.array([self.speed_scaling])})
+        return Observation(
+            stamp=time.time(),
+            proprio=proprio,
+            joint_pos=q,
+            joint_vel=qd,
+            privileged={
+                "tcp_pos": pos,
+                "tcp_mat": mat,
+                "speed_scaling": np.array([self.speed_scaling]),
+            },
+        )
 
     def faults(self) -> list[Fault]:
         r = self.receive
         if not r.isConnected():
-            return [Fault(FaultLevel.ERROR, "disconnected", "RTDE link to the UR5e lost; check the cable, then reset")]
+            return [
+                Fault(
+                    FaultLevel.ERROR,
+                    "disconnected",
+                    "RTDE link to the UR5e lost; check the cable, then reset",
+                )
+            ]
         with self._io:
             control_up = self.control.isConnected()
             running = control_up and self.control.isProgramRunning()
         out = []
         if r.isEmergencyStopped():
-            out.append(Fault(FaultLevel.ERROR, "emergency_stop", "emergency stop pressed: release it, re-enable the arm, then reset"))
+            out.append(
+                Fault(
+                    FaultLevel.ERROR,
+                    "emergency_stop",
+                    "emergency stop pressed: release it, re-enable the arm, then reset",
+                )
+            )
         elif r.isProtectiveStopped():
-            out.append(Fault(FaultLevel.ERROR, "protective_stop", "protective stop (collision or limit): clear it on the pendant, then reset"))
+            out.append(
+                Fault(
+                    FaultLevel.ERROR,
+                    "protective_stop",
+                    "protective stop (collision or limit): clear it on the pendant, then reset",
+                )
+            )
         elif r.getRobotMode() != ROBOT_MODE_RUNNING:
-            out.append(Fault(FaultLevel.ERROR, "not_running", f"robot mode {r.getRobotMode()} (7 = running): power on and release the brakes"))
+            out.append(
+                Fault(
+                    FaultLevel.ERROR,
+                    "not_running",
+                    f"robot mode {r.getRobotMode()} (7 = running): power on and release the brakes",
+                )
+            )
         if not control_up:
-            out.append(Fault(FaultLevel.ERROR, "control_disconnected", "RTDE control interface lost; reset to reconnect"))
+            out.append(
+                Fault(
+                    FaultLevel.ERROR,
+                    "control_disconnected",
+                    "RTDE control interface lost; reset to reconnect",
+                )
+            )
         elif not running:
-            out.append(Fault(FaultLevel.ERROR, "script_stopped", "the ur_rtde control script stopped (watchdog, stop or another program); reset"))
+            out.append(
+                Fault(
+                    FaultLevel.ERROR,
+                    "script_stopped",
+                    "the ur_rtde control script stopped (watchdog, stop or another program); reset",
+                )
+            )
         if self._loop_error:
             out.append(Fault(FaultLevel.ERROR, "servo_loop", self._loop_error))
         if self.speed_scaling < self.config.speed_scaling_warn:
-            out.append(Fault(FaultLevel.WARN, "speed_scaling", f"speed scaling {self.speed_scaling:.2f}: targets are reached late"))
+            out.append(
+                Fault(
+                    FaultLevel.WARN,
+                    "speed_scaling",
+                    f"speed scaling {self.speed_scaling:.2f}: targets are reached late",
+                )
+            )
         return out
 
     # --- the 500 Hz loop ----------------------------------------------------------------------
     def start(self) -> None:
         """Run `servo_step` at servo_rate_hz on ur_rtde's real-time period timer."""
+
         def loop():
             while not self._stop.is_set():
                 t = self.control.initPeriod()  # local timing only: no lock needed
@@ -231,6 +307,7 @@ class UR5eRtdeBackend(RobotBackend):
                     self._loop_error = f"servo loop failed: {e}"
                     self._stopped = True
                 self.control.waitPeriod(t)
+
         self._stop.clear()
         self._thread = threading.Thread(target=loop, name="ur5e_servo", daemon=True)
         self._thread.start()

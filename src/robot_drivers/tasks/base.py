@@ -1,4 +1,5 @@
 """What every simulated task offers the dataset generator, the evaluation and the driver nodes."""
+
 from __future__ import annotations
 
 import abc

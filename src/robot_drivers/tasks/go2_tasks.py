@@ -12,6 +12,7 @@ privileged state, scaled by the control period as IsaacLab's reward manager does
 holds the start heading (the official WalkStraightCommand's yaw feedback) so that long straight
 runs stay straight: wz = wz_cmd + heading_gain * wrap(heading_ref - yaw).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,21 +69,23 @@ class Go2Gap:
 SLIPPERY_SLOPE_GAP = Go2Gap(
     name="slippery_slope",
     description="PTFE sheets on both panels: foot-panel friction 0.8 -> 0.15 (rubber on PTFE; "
-                "1.5x the 0.10 needed to stand on the 5.7 deg panel). Geometry is unchanged, so "
-                "the height scan cannot see the difference.",
+    "1.5x the 0.10 needed to stand on the 5.7 deg panel). Geometry is unchanged, so "
+    "the height scan cannot see the difference.",
     panel_friction=0.15,
 )
 FOAM_GAP = Go2Gap(
     name="foam",
     description="memory foam instead of rigid pads: soft contact (solref time constant 0.04 s, "
-                "damping ratio 1; solimp 0.5 -> 0.95 over 4 cm) lets a standing foot sink about "
-                "2.5 cm below the surface the height scan reports.",
+    "damping ratio 1; solimp 0.5 -> 0.95 over 4 cm) lets a standing foot sink about "
+    "2.5 cm below the surface the height scan reports.",
     pad_solref=(0.04, 1.0),
     pad_solimp=(0.5, 0.95, 0.04, 0.5, 2.0),
 )
 
 SLOPE_COURSE = TerrainConfig(
-    panels=(SlopePanel(1.0, 3.0), SlopePanel(1.2, 5.7)), panels_start_x=0.4, plateau_length=10.0,
+    panels=(SlopePanel(1.0, 3.0), SlopePanel(1.2, 5.7)),
+    panels_start_x=0.4,
+    plateau_length=10.0,
 )
 FOAM_COURSE = TerrainConfig(pads_start_x=(0.5, 1.5), pad_length=1.5, pad_thickness=0.05)
 
@@ -112,9 +115,12 @@ class Go2TaskConfig:
         ):
             raise ValueError(f"command_ranges must be 3 (lo, hi) pairs, got {self.command_ranges}")
         if self.friction_range is not None and (
-            len(self.friction_range) != 2 or not 0 < self.friction_range[0] <= self.friction_range[1]
+            len(self.friction_range) != 2
+            or not 0 < self.friction_range[0] <= self.friction_range[1]
         ):
-            raise ValueError(f"friction_range must be (lo, hi) with 0 < lo <= hi, got {self.friction_range}")
+            raise ValueError(
+                f"friction_range must be (lo, hi) with 0 < lo <= hi, got {self.friction_range}"
+            )
         if self.episode_s <= 0 or self.heading_gain < 0:
             raise ValueError("episode_s must be > 0 and heading_gain >= 0")
 
@@ -152,8 +158,11 @@ class Go2Task(Task):
 
     def _command(self, yaw: float) -> np.ndarray:
         cmd = self._base_command.copy()
-        cmd[2] = np.clip(cmd[2] + self.config.heading_gain * _wrap(self._heading_ref - yaw),
-                         -self.config.max_wz, self.config.max_wz)
+        cmd[2] = np.clip(
+            cmd[2] + self.config.heading_gain * _wrap(self._heading_ref - yaw),
+            -self.config.max_wz,
+            self.config.max_wz,
+        )
         return cmd
 
     def distance(self) -> float:
@@ -205,8 +214,9 @@ class Go2Task(Task):
             "vel_rmse": float(np.sqrt(np.mean(self._vel_err_sq))),
             "command": [float(c) for c in self._base_command],
         }
-        return StepResult(obs, reward, fallen or (success and target is not None), truncated,
-                          success, info)
+        return StepResult(
+            obs, reward, fallen or (success and target is not None), truncated, success, info
+        )
 
 
 @dataclass
@@ -219,8 +229,9 @@ class Rollout:
     values: list[float]  # critic values per step (empty without a critic)
 
 
-def rollout(task: Task, policy: Policy, seed: int, max_steps: int | None = None,
-            value=None) -> Rollout:
+def rollout(
+    task: Task, policy: Policy, seed: int, max_steps: int | None = None, value=None
+) -> Rollout:
     """Run `policy` from `task.reset(seed)` until termination, truncation or `max_steps`."""
     obs = task.reset(seed)
     policy.reset(seed)
@@ -243,15 +254,21 @@ def make_go2_task(name: str, variant: str = "sim", **overrides) -> Go2Task:
     if variant not in ("sim", "real"):
         raise ValueError(f"variant must be 'sim' or 'real', got {variant!r}")
     if variant == "real" and name in ("go2_flat", "go2_slope"):
-        raise ValueError(f"{name} has no 'real' variant; the Go2 hardware stand-ins are "
-                         "'slippery_slope' and 'foam' (variant='real')")
+        raise ValueError(
+            f"{name} has no 'real' variant; the Go2 hardware stand-ins are "
+            "'slippery_slope' and 'foam' (variant='real')"
+        )
     base = {
         "go2_flat": dict(),
         "go2_slope": dict(terrain=SLOPE_COURSE, success_distance=1.82),
-        "slippery_slope": dict(terrain=SLOPE_COURSE, success_distance=1.82,
-                               gap=SLIPPERY_SLOPE_GAP if variant == "real" else None),
-        "foam": dict(terrain=FOAM_COURSE, success_distance=3.0,
-                     gap=FOAM_GAP if variant == "real" else None),
+        "slippery_slope": dict(
+            terrain=SLOPE_COURSE,
+            success_distance=1.82,
+            gap=SLIPPERY_SLOPE_GAP if variant == "real" else None,
+        ),
+        "foam": dict(
+            terrain=FOAM_COURSE, success_distance=3.0, gap=FOAM_GAP if variant == "real" else None
+        ),
     }[name]
     known = {f.name for f in dataclasses.fields(Go2TaskConfig)}
     unknown = sorted(set(overrides) - known)

@@ -9,6 +9,7 @@ within 3 mm of the hole floor) the leg must be turned clockwise seen from above 
 right-hand thread) by `thread_turn` radians in total while staying seated; twist done while not
 seated does not count.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,18 +54,31 @@ class InsertionConfig:
 
 def peg_config(region: str = "wide") -> InsertionConfig:
     return InsertionConfig(
-        name="peg", obj=FreeObject("box", 0.008, 0.035, 0.05, 1.0),
+        name="peg",
+        obj=FreeObject("box", 0.008, 0.035, 0.05, 1.0),
         fixture=HoleFixture(hole_half_width=0.008, clearance=0.001, height=0.04, sides=4),
-        region=region, max_steps=150)
+        region=region,
+        max_steps=150,
+    )
 
 
 def table_leg_config(region: str = "wide") -> InsertionConfig:
     return InsertionConfig(
         name="table_leg",
         obj=FreeObject("cylinder", 0.010, 0.05, 0.08, 1.0, rgba=(0.75, 0.6, 0.35, 1.0)),
-        fixture=HoleFixture(hole_half_width=0.010, clearance=0.001, height=0.03, wall=0.03,
-                            sides=12, rgba=(0.5, 0.35, 0.2, 1.0)),
-        region=region, success_depth=0.027, thread_turn=np.pi, max_steps=200)
+        fixture=HoleFixture(
+            hole_half_width=0.010,
+            clearance=0.001,
+            height=0.03,
+            wall=0.03,
+            sides=12,
+            rgba=(0.5, 0.35, 0.2, 1.0),
+        ),
+        region=region,
+        success_depth=0.027,
+        thread_turn=np.pi,
+        max_steps=200,
+    )
 
 
 @dataclass(frozen=True)
@@ -91,8 +105,13 @@ class RealGap:
 # worse on "real" without becoming hopeless (measured rates: docs/ur5e_sim.md).
 REAL_GAPS = {
     "peg": RealGap(),
-    "table_leg": RealGap(clearance_scale=0.5, pad_friction=0.6, object_mass_scale=1.3,
-                         actuator_gain_scale=0.7, action_latency_s=0.11),
+    "table_leg": RealGap(
+        clearance_scale=0.5,
+        pad_friction=0.6,
+        object_mass_scale=1.3,
+        actuator_gain_scale=0.7,
+        action_latency_s=0.11,
+    ),
 }
 
 
@@ -122,8 +141,8 @@ class InsertionObjects:
         xy = np.asarray(c.region_center) + rng.uniform(-half, half)
         yaw = rng.uniform(-c.yaw_range, c.yaw_range)
         adr = model.joint(f"{OBJECT}_free").qposadr[0]
-        data.qpos[adr:adr + 3] = [xy[0], xy[1], c.obj.half_length + 1e-4]
-        data.qpos[adr + 3:adr + 7] = [np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2)]
+        data.qpos[adr : adr + 3] = [xy[0], xy[1], c.obj.half_length + 1e-4]
+        data.qpos[adr + 3 : adr + 7] = [np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2)]
         self.twist, self._last_yaw, self._last_time = 0.0, None, -1.0
 
     def privileged(self, model, data) -> dict[str, np.ndarray]:
@@ -144,11 +163,17 @@ class InsertionObjects:
             self._last_yaw, self._last_time = yaw, data.time
         grasp = pos + (c.obj.half_length - c.grasp_below_top) * axis
         return {
-            "obj_pos": pos, "obj_mat": mat, "obj_bottom": bottom, "obj_grasp": grasp,
-            "obj_vel": data.cvel[body][3:].copy(), "hole": hole,
-            "depth": np.array([depth]), "xy_err": np.array([xy_err]),
+            "obj_pos": pos,
+            "obj_mat": mat,
+            "obj_bottom": bottom,
+            "obj_grasp": grasp,
+            "obj_vel": data.cvel[body][3:].copy(),
+            "hole": hole,
+            "depth": np.array([depth]),
+            "xy_err": np.array([xy_err]),
             "tilt": np.array([np.arccos(np.clip(axis[2], -1.0, 1.0))]),
-            "twist": np.array([self.twist]), "seated": np.array([float(seated)]),
+            "twist": np.array([self.twist]),
+            "seated": np.array([float(seated)]),
         }
 
 
@@ -161,8 +186,17 @@ def grasp_yaw_error(priv: dict[str, np.ndarray]) -> float:
 
 # The privileged task state (Task.state_terms): where the object is relative to the hand and
 # to the hole, how it sits and whether it is held. Units: m, rad, fractions and flags.
-STATE_TERMS = (("tcp_to_grasp", 3), ("bottom_to_hole", 3), ("grasp_yaw_error", 1), ("tilt", 1),
-               ("depth", 1), ("gripper", 1), ("grasped", 1), ("seated", 1), ("twist", 1))
+STATE_TERMS = (
+    ("tcp_to_grasp", 3),
+    ("bottom_to_hole", 3),
+    ("grasp_yaw_error", 1),
+    ("tilt", 1),
+    ("depth", 1),
+    ("gripper", 1),
+    ("grasped", 1),
+    ("seated", 1),
+    ("twist", 1),
+)
 
 
 STATE_SLICES = term_slices(STATE_TERMS)  # term name -> its columns in the task state
@@ -173,8 +207,14 @@ class UR5eInsertionTask(Task):
 
     state_terms = STATE_TERMS
 
-    def __init__(self, cfg: InsertionConfig, variant: str, backend: MujocoUR5eBackend,
-                 objects: InsertionObjects, gap: RealGap | None):
+    def __init__(
+        self,
+        cfg: InsertionConfig,
+        variant: str,
+        backend: MujocoUR5eBackend,
+        objects: InsertionObjects,
+        gap: RealGap | None,
+    ):
         self.cfg, self.name, self.variant = cfg, cfg.name, variant
         self.backend, self.objects, self.gap = backend, objects, gap
         self.max_steps = cfg.max_steps
@@ -198,13 +238,21 @@ class UR5eInsertionTask(Task):
         fell = bool(obs.privileged["obj_pos"][2] < -0.05)
         diverged = any(f.code == "sim_diverged" for f in self.backend.faults())
         reward = 1.0 if success else self.dense_reward(obs.privileged)
-        return StepResult(obs, reward, terminated=success or fell or diverged,
-                          truncated=self._t >= self.max_steps and not success, success=success,
-                          info={"step": self._t, "depth": float(obs.privileged["depth"][0]),
-                                "twist": float(obs.privileged["twist"][0]),
-                                "xy_err": float(obs.privileged["xy_err"][0]),
-                                "tilt": float(obs.privileged["tilt"][0]),
-                                "held": self.grasped(obs.privileged)})
+        return StepResult(
+            obs,
+            reward,
+            terminated=success or fell or diverged,
+            truncated=self._t >= self.max_steps and not success,
+            success=success,
+            info={
+                "step": self._t,
+                "depth": float(obs.privileged["depth"][0]),
+                "twist": float(obs.privileged["twist"][0]),
+                "xy_err": float(obs.privileged["xy_err"][0]),
+                "tilt": float(obs.privileged["tilt"][0]),
+                "held": self.grasped(obs.privileged),
+            },
+        )
 
     def is_success(self, priv: dict[str, np.ndarray]) -> bool:
         c = self.cfg
@@ -218,10 +266,21 @@ class UR5eInsertionTask(Task):
         c = self.cfg
         yaw = 0.0 if c.obj.shape == "cylinder" else grasp_yaw_error(p)
         twist = p["twist"][0] / c.thread_turn if c.thread_turn > 0 else 0.0
-        return np.concatenate([
-            p["obj_grasp"] - p["tcp_pos"], p["obj_bottom"] - p["hole"],
-            [yaw, p["tilt"][0], p["depth"][0], p["gripper"][0], float(self.grasped(p)),
-             p["seated"][0], twist]]).astype(np.float32)
+        return np.concatenate(
+            [
+                p["obj_grasp"] - p["tcp_pos"],
+                p["obj_bottom"] - p["hole"],
+                [
+                    yaw,
+                    p["tilt"][0],
+                    p["depth"][0],
+                    p["gripper"][0],
+                    float(self.grasped(p)),
+                    p["seated"][0],
+                    twist,
+                ],
+            ]
+        ).astype(np.float32)
 
     def grasped(self, priv: dict[str, np.ndarray]) -> bool:
         near = np.linalg.norm(priv["tcp_pos"] - priv["obj_grasp"]) < 0.015
@@ -234,8 +293,11 @@ class UR5eInsertionTask(Task):
         held = float(self.grasped(priv))
         lateral = np.linalg.norm(priv["obj_bottom"][:2] - priv["hole"][:2])
         align = 1.0 - np.tanh(20.0 * lateral)
-        insert = float(np.clip(priv["depth"][0] / c.success_depth, 0.0, 1.0)) \
-            if priv["xy_err"][0] < c.success_xy else 0.0
+        insert = (
+            float(np.clip(priv["depth"][0] / c.success_depth, 0.0, 1.0))
+            if priv["xy_err"][0] < c.success_xy
+            else 0.0
+        )
         terms = [reach, held, held * align, insert]
         if c.thread_turn > 0:
             terms.append(float(np.clip(priv["twist"][0] / c.thread_turn, 0.0, 1.0)))
@@ -243,10 +305,14 @@ class UR5eInsertionTask(Task):
 
 
 def _real(cfg: InsertionConfig, gap: RealGap) -> InsertionConfig:
-    fx = dataclasses.replace(cfg.fixture, clearance=cfg.fixture.clearance * gap.clearance_scale,
-                             friction=gap.fixture_friction)
-    obj = dataclasses.replace(cfg.obj, friction=gap.object_friction,
-                              mass=cfg.obj.mass * gap.object_mass_scale)
+    fx = dataclasses.replace(
+        cfg.fixture,
+        clearance=cfg.fixture.clearance * gap.clearance_scale,
+        friction=gap.fixture_friction,
+    )
+    obj = dataclasses.replace(
+        cfg.obj, friction=gap.object_friction, mass=cfg.obj.mass * gap.object_mass_scale
+    )
     return dataclasses.replace(cfg, fixture=fx, obj=obj)
 
 
@@ -268,8 +334,9 @@ def make_ur5e_task(name: str, variant: str = "sim", **overrides) -> UR5eInsertio
     if "max_steps" in overrides:
         cfg = dataclasses.replace(cfg, max_steps=int(overrides["max_steps"]))
     if "clearance" in overrides:
-        cfg = dataclasses.replace(cfg, fixture=dataclasses.replace(
-            cfg.fixture, clearance=float(overrides["clearance"])))
+        cfg = dataclasses.replace(
+            cfg, fixture=dataclasses.replace(cfg.fixture, clearance=float(overrides["clearance"]))
+        )
     gap = overrides.get("gap")
     if gap is not None and variant != "real":
         raise ValueError("the `gap` override applies to variant='real' only")
@@ -279,12 +346,21 @@ def make_ur5e_task(name: str, variant: str = "sim", **overrides) -> UR5eInsertio
     scene_kw = {k: overrides[k] for k in ("image_size", "cameras") if k in overrides}
     ctrl_kw = {"ik_hz": overrides["ik_hz"]} if "ik_hz" in overrides else {}
     if gap is not None:
-        scene_kw.update(pad_friction=gap.pad_friction, appearance=Appearance(
-            table_rgba=gap.table_rgba, table_checker=gap.table_checker, light_pos=gap.light_pos,
-            light_diffuse=gap.light_diffuse, headlight=gap.headlight,
-            camera_offset=gap.camera_offset, fovy_offset=gap.fovy_offset))
-        ctrl_kw.update(actuator_gain_scale=gap.actuator_gain_scale,
-                       action_latency_s=gap.action_latency_s)
+        scene_kw.update(
+            pad_friction=gap.pad_friction,
+            appearance=Appearance(
+                table_rgba=gap.table_rgba,
+                table_checker=gap.table_checker,
+                light_pos=gap.light_pos,
+                light_diffuse=gap.light_diffuse,
+                headlight=gap.headlight,
+                camera_offset=gap.camera_offset,
+                fovy_offset=gap.fovy_offset,
+            ),
+        )
+        ctrl_kw.update(
+            actuator_gain_scale=gap.actuator_gain_scale, action_latency_s=gap.action_latency_s
+        )
     if "cameras" in scene_kw:
         scene_kw["cameras"] = tuple(scene_kw["cameras"])
     if "image_size" in scene_kw:
@@ -321,9 +397,15 @@ def step_phases(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     phases = {"closing": _closing_phase(rows["action"])}
     state = rows.get("state")
     if state is not None and state.shape[1:] == (STATE_SLICES["twist"].stop,):
-        b2h, held = state[:, STATE_SLICES["bottom_to_hole"]], state[:, STATE_SLICES["grasped"]][:, 0]
-        phases["at_hole"] = ((held > 0.5) & (np.linalg.norm(b2h[:, :2], axis=1) < AT_HOLE_XY)
-                             & (b2h[:, 2] < AT_HOLE_Z))
+        b2h, held = (
+            state[:, STATE_SLICES["bottom_to_hole"]],
+            state[:, STATE_SLICES["grasped"]][:, 0],
+        )
+        phases["at_hole"] = (
+            (held > 0.5)
+            & (np.linalg.norm(b2h[:, :2], axis=1) < AT_HOLE_XY)
+            & (b2h[:, 2] < AT_HOLE_Z)
+        )
     return phases
 
 

@@ -3,6 +3,7 @@
 Rendering is headless: MUJOCO_GL defaults to `egl` here (set it to `osmesa` before the first
 `import mujoco` to use OSMesa instead).
 """
+
 import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -18,5 +19,15 @@ from robot_drivers.ur5e.config import (  # noqa: E402
     SceneConfig,
 )
 
-__all__ = ["Appearance", "CAMERA_NAMES", "CameraPose", "ControllerConfig", "HOME_QPOS",
-           "MujocoUR5eBackend", "PROPRIO_TERMS", "SceneConfig", "SceneObjects", "make_spec"]
+__all__ = [
+    "Appearance",
+    "CAMERA_NAMES",
+    "CameraPose",
+    "ControllerConfig",
+    "HOME_QPOS",
+    "MujocoUR5eBackend",
+    "PROPRIO_TERMS",
+    "SceneConfig",
+    "SceneObjects",
+    "make_spec",
+]

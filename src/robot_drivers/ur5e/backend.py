@@ -1,4 +1,5 @@
 """MuJoCo UR5e + Robotiq 2F-85 behind the common RobotBackend interface (lockstep, 5 Hz)."""
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -39,8 +40,9 @@ class SceneObjects(Protocol):
 
     def build(self, spec: mujoco.MjSpec) -> None: ...
 
-    def reset(self, model: mujoco.MjModel, data: mujoco.MjData, rng: np.random.Generator
-              ) -> None: ...
+    def reset(
+        self, model: mujoco.MjModel, data: mujoco.MjData, rng: np.random.Generator
+    ) -> None: ...
 
     def privileged(self, model: mujoco.MjModel, data: mujoco.MjData) -> dict[str, np.ndarray]: ...
 
@@ -49,11 +51,16 @@ def make_spec(scene: SceneConfig, controller: ControllerConfig) -> RobotSpec:
     """The RobotSpec of a UR5e backend with these settings."""
     c = controller
     return RobotSpec(
-        name="ur5e", action_dim=7, control_rate_hz=c.control_hz, proprio_terms=PROPRIO_TERMS,
-        cameras=tuple(scene.cameras), image_shape=tuple(scene.image_size),
+        name="ur5e",
+        action_dim=7,
+        control_rate_hz=c.control_hz,
+        proprio_terms=PROPRIO_TERMS,
+        cameras=tuple(scene.cameras),
+        image_shape=tuple(scene.image_size),
         action_low=(-c.max_step_pos,) * 3 + (-c.max_step_rot,) * 3 + (0.0,),
         action_high=(c.max_step_pos,) * 3 + (c.max_step_rot,) * 3 + (1.0,),
-        joint_names=ARM_JOINTS)
+        joint_names=ARM_JOINTS,
+    )
 
 
 class MujocoUR5eBackend(RobotBackend):
@@ -61,8 +68,12 @@ class MujocoUR5eBackend(RobotBackend):
     pose (rotation vector applied on the left; per-step norms clipped to the spec limits),
     gripper > 0.5 closes. HOLD / DAMP keep the current pose. `step()` runs one 0.2 s period."""
 
-    def __init__(self, scene: SceneConfig | None = None, controller: ControllerConfig | None = None,
-                 objects: SceneObjects | None = None):
+    def __init__(
+        self,
+        scene: SceneConfig | None = None,
+        controller: ControllerConfig | None = None,
+        objects: SceneObjects | None = None,
+    ):
         self.scene_cfg = scene or SceneConfig()
         self.ctrl_cfg = controller or ControllerConfig()
         self.objects = objects
@@ -72,8 +83,11 @@ class MujocoUR5eBackend(RobotBackend):
         self.data = mujoco.MjData(self.model)
         self.controller = CartesianController(self.model, self.ctrl_cfg)
         self.spec = make_spec(self.scene_cfg, self.ctrl_cfg)
-        self.rig = CameraRig(self.model, self.spec.cameras, self.scene_cfg.image_size) \
-            if self.spec.cameras else None
+        self.rig = (
+            CameraRig(self.model, self.spec.cameras, self.scene_cfg.image_size)
+            if self.spec.cameras
+            else None
+        )
         self._mask_rig: CameraRig | None = None
         self.n_substeps = round(1.0 / (self.ctrl_cfg.control_hz * self.model.opt.timestep))
         self.latency_steps = round(self.ctrl_cfg.action_latency_s / self.model.opt.timestep)
@@ -149,13 +163,23 @@ class MujocoUR5eBackend(RobotBackend):
         pos, mat = ctl.tcp_pose(d)
         grip = np.clip(d.qpos[self._grip_q] / self._grip_range, 0.0, 1.0)
         proprio = np.concatenate([q, qd, pos, mat[:, :2].T.reshape(6), [grip]]).astype(np.float32)
-        privileged = {"tcp_pos": pos, "tcp_mat": mat, "gripper": np.array([grip]),
-                      "gripper_cmd": np.array([float(ctl.gripper_closed)])}
+        privileged = {
+            "tcp_pos": pos,
+            "tcp_mat": mat,
+            "gripper": np.array([grip]),
+            "gripper_cmd": np.array([float(ctl.gripper_closed)]),
+        }
         if self.objects is not None:
             privileged.update(self.objects.privileged(self.model, d))
         images = self.rig.render(d) if self.rig is not None else {}
-        return Observation(stamp=float(d.time), proprio=proprio, images=images, joint_pos=q,
-                           joint_vel=qd, privileged=privileged)
+        return Observation(
+            stamp=float(d.time),
+            proprio=proprio,
+            images=images,
+            joint_pos=q,
+            joint_vel=qd,
+            privileged=privileged,
+        )
 
     def faults(self) -> list[Fault]:
         return list(self._faults)
@@ -175,16 +199,31 @@ class MujocoUR5eBackend(RobotBackend):
     def tracking_error(self) -> tuple[float, float]:
         """(m, rad) between the TCP and the active target."""
         pos, mat = self.controller.tcp_pose(self.data)
-        return (float(np.linalg.norm(self.controller.target_pos - pos)),
-                float(np.linalg.norm(rot_error(self.controller.target_mat, mat))))
+        return (
+            float(np.linalg.norm(self.controller.target_pos - pos)),
+            float(np.linalg.norm(rot_error(self.controller.target_mat, mat))),
+        )
 
     def _check_faults(self) -> None:
         d = self.data
         if not (np.all(np.isfinite(d.qpos)) and np.all(np.isfinite(d.qvel))):
-            self._faults = [Fault(FaultLevel.ERROR, "sim_diverged",
-                                  "simulation state is not finite; reset() the backend")]
+            self._faults = [
+                Fault(
+                    FaultLevel.ERROR,
+                    "sim_diverged",
+                    "simulation state is not finite; reset() the backend",
+                )
+            ]
             return
         err, _ = self.tracking_error()
-        self._faults = [Fault(FaultLevel.WARN, "tracking_error",
-                              f"TCP is {err * 1000:.1f} mm from its target (contact or limits)")
-                        ] if err > TRACKING_WARN_M else []
+        self._faults = (
+            [
+                Fault(
+                    FaultLevel.WARN,
+                    "tracking_error",
+                    f"TCP is {err * 1000:.1f} mm from its target (contact or limits)",
+                )
+            ]
+            if err > TRACKING_WARN_M
+            else []
+        )

@@ -3,6 +3,7 @@
 Defaults are the measured values of `shared/UR5E_PEG_NOTES.md`; the "real" task variants derive
 changed copies with `dataclasses.replace`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,8 +34,13 @@ def default_cameras() -> dict[str, CameraPose]:
     (docs/experiments/peg_wide.md, session 23)."""
     return {
         # in gripper_base's frame: +z points along the fingers, the fingers close along y.
-        "wrist": CameraPose((0.05, 0.03, 0.15), (0.0, 0.0, 0.205), up=(0.0, 0.0, -1.0), fovy=40.0,
-                            body="gripper_base"),
+        "wrist": CameraPose(
+            (0.05, 0.03, 0.15),
+            (0.0, 0.0, 0.205),
+            up=(0.0, 0.0, -1.0),
+            fovy=40.0,
+            body="gripper_base",
+        ),
         "overhead": CameraPose((0.05, 0.5, 1.1), (0.05, 0.5, 0.0), up=(0.0, 1.0, 0.0)),
         "side": CameraPose((0.05, 1.3, 0.35), (0.05, 0.5, 0.15)),
     }
@@ -82,8 +88,9 @@ class SceneConfig:
         if self.render_samples not in (0, 2, 4, 8, 16):
             raise ValueError(f"render_samples must be 0, 2, 4, 8 or 16, got {self.render_samples}")
         if self.render_mesh_faces != 0 and self.render_mesh_faces < 4:
-            raise ValueError(f"render_mesh_faces must be 0 (full meshes) or >= 4, got "
-                             f"{self.render_mesh_faces}")
+            raise ValueError(
+                f"render_mesh_faces must be 0 (full meshes) or >= 4, got {self.render_mesh_faces}"
+            )
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,7 @@ class ControllerConfig:
         period = 1.0 / self.control_hz
         if not 0.0 <= self.action_latency_s < period:
             raise ValueError(
-                f"action_latency_s must be in [0, {period}), got {self.action_latency_s}")
+                f"action_latency_s must be in [0, {period}), got {self.action_latency_s}"
+            )
         if self.kp <= 0 or self.ik_hz <= 0:
             raise ValueError("kp and ik_hz must be positive")

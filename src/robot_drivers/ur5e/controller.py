@@ -4,6 +4,7 @@ The IK integrates a commanded joint vector q_cmd (a reference trajectory, as the
 does); the menagerie position servos track it. `ctrl = q_cmd + (kv/kp) qdot_cmd` is a velocity
 feed-forward that cancels the servos' built-in damping, without which they lag ~0.2 s x speed.
 """
+
 from __future__ import annotations
 
 import mujoco

@@ -7,6 +7,7 @@ with them and ~2 ms without, while at that resolution a 1,000-triangle mesh look
 collision meshes, masses and inertias exactly as they were, so the setting changes pixels only,
 never physics.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,12 +25,12 @@ LOD_VERSION = 1  # bump when _simplify changes: cache entries are keyed by it
 
 
 def _is_visual_mesh_geom(geom: mujoco.MjsGeom) -> bool:
-    return (geom.type == mujoco.mjtGeom.mjGEOM_MESH and geom.contype == 0
-            and geom.conaffinity == 0)
+    return geom.type == mujoco.mjtGeom.mjGEOM_MESH and geom.contype == 0 and geom.conaffinity == 0
 
 
-def _simplify(v: np.ndarray, f: np.ndarray, max_faces: int, tolerance: float
-              ) -> tuple[np.ndarray, np.ndarray]:
+def _simplify(
+    v: np.ndarray, f: np.ndarray, max_faces: int, tolerance: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Quadric decimation to at most `max_faces` triangles, doubling the budget until the mesh's
     bounding box moves by less than `tolerance` (m); the welded input when nothing qualifies."""
 
@@ -48,8 +49,9 @@ def _simplify(v: np.ndarray, f: np.ndarray, max_faces: int, tolerance: float
     return v, f
 
 
-def _simplified(v: np.ndarray, f: np.ndarray, max_faces: int, tolerance: float
-                ) -> tuple[np.ndarray, np.ndarray]:
+def _simplified(
+    v: np.ndarray, f: np.ndarray, max_faces: int, tolerance: float
+) -> tuple[np.ndarray, np.ndarray]:
     """`_simplify`, cached on disk: the arm's meshes take ~5 s to decimate, once per machine."""
     h = hashlib.sha256(repr((LOD_VERSION, max_faces, tolerance)).encode())
     h.update(v.tobytes())
@@ -66,8 +68,9 @@ def _simplified(v: np.ndarray, f: np.ndarray, max_faces: int, tolerance: float
     return pts, tri
 
 
-def decimate_visual_meshes(spec: mujoco.MjSpec, max_faces: int, tolerance: float = 2e-3
-                           ) -> dict[str, int]:
+def decimate_visual_meshes(
+    spec: mujoco.MjSpec, max_faces: int, tolerance: float = 2e-3
+) -> dict[str, int]:
     """Give every visual-only mesh geom with more than `max_faces` triangles a decimated copy
     (`<mesh>_render`); `tolerance` (2 mm) is under a pixel of every 64 x 64 camera. Bodies get
     their compiled inertial properties as explicit ones first, so the new meshes cannot change
@@ -92,10 +95,17 @@ def decimate_visual_meshes(spec: mujoco.MjSpec, max_faces: int, tolerance: float
             mid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_MESH, name)
             nf = int(model.mesh_facenum[mid])
             if nf > max_faces:
-                va, nv, fa = model.mesh_vertadr[mid], model.mesh_vertnum[mid], model.mesh_faceadr[mid]
-                pts, tri = _simplified(model.mesh_vert[va:va + nv].astype(np.float64),
-                                       model.mesh_face[fa:fa + nf].astype(np.int32), max_faces,
-                                       tolerance)
+                va, nv, fa = (
+                    model.mesh_vertadr[mid],
+                    model.mesh_vertnum[mid],
+                    model.mesh_faceadr[mid],
+                )
+                pts, tri = _simplified(
+                    model.mesh_vert[va : va + nv].astype(np.float64),
+                    model.mesh_face[fa : fa + nf].astype(np.int32),
+                    max_faces,
+                    tolerance,
+                )
             if nf <= max_faces or len(tri) >= nf:
                 full.add(name)
                 continue
@@ -103,9 +113,12 @@ def decimate_visual_meshes(spec: mujoco.MjSpec, max_faces: int, tolerance: float
             rot = np.zeros(9)
             mujoco.mju_quat2Mat(rot, model.mesh_quat[mid])
             pts = pts @ rot.reshape(3, 3).T + model.mesh_pos[mid]
-            spec.add_mesh(name=name + RENDER_SUFFIX, uservert=pts.ravel().tolist(),
-                          userface=tri.ravel().tolist(),
-                          inertia=mujoco.mjtMeshInertia.mjMESH_INERTIA_SHELL)
+            spec.add_mesh(
+                name=name + RENDER_SUFFIX,
+                uservert=pts.ravel().tolist(),
+                userface=tri.ravel().tolist(),
+                inertia=mujoco.mjtMeshInertia.mjMESH_INERTIA_SHELL,
+            )
             kept[name] = len(tri)
         geom.meshname = name + RENDER_SUFFIX
     return kept

@@ -4,6 +4,7 @@ MuJoCo's default soft contacts let a box peg enter a zero-clearance hole (about 
 penetration acts as a chamfer). These stiff parameters keep penetration <= 0.1 mm, so clearance
 means something and a misaligned peg jams.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,10 +41,12 @@ def add_hole_fixture(spec: mujoco.MjSpec, fx: HoleFixture, name: str = "fixture"
     if fx.sides == 4:
         # two long walls in x, two short ones in y: a square hole of half width `inner`
         outer = inner + fx.wall
-        walls = [((0.0, inner + fx.wall / 2), (outer, fx.wall / 2)),
-                 ((0.0, -inner - fx.wall / 2), (outer, fx.wall / 2)),
-                 ((inner + fx.wall / 2, 0.0), (fx.wall / 2, inner)),
-                 ((-inner - fx.wall / 2, 0.0), (fx.wall / 2, inner))]
+        walls = [
+            ((0.0, inner + fx.wall / 2), (outer, fx.wall / 2)),
+            ((0.0, -inner - fx.wall / 2), (outer, fx.wall / 2)),
+            ((inner + fx.wall / 2, 0.0), (fx.wall / 2, inner)),
+            ((-inner - fx.wall / 2, 0.0), (fx.wall / 2, inner)),
+        ]
         for i, ((x, y), (hx, hy)) in enumerate(walls):
             _wall(body, f"{name}_wall{i}", [x, y, fx.height / 2], [hx, hy, fx.height / 2], 0.0, fx)
     else:
@@ -52,15 +55,29 @@ def add_hole_fixture(spec: mujoco.MjSpec, fx: HoleFixture, name: str = "fixture"
         for i in range(fx.sides):
             a = 2 * np.pi * i / fx.sides
             r = inner + fx.wall / 2
-            _wall(body, f"{name}_wall{i}", [r * np.cos(a), r * np.sin(a), fx.height / 2],
-                  [fx.wall / 2, half_side, fx.height / 2], a, fx)
+            _wall(
+                body,
+                f"{name}_wall{i}",
+                [r * np.cos(a), r * np.sin(a), fx.height / 2],
+                [fx.wall / 2, half_side, fx.height / 2],
+                a,
+                fx,
+            )
 
 
 def _wall(body, name, pos, size, yaw, fx: HoleFixture) -> None:
-    body.add_geom(name=name, type=mujoco.mjtGeom.mjGEOM_BOX, pos=pos, size=size,
-                  quat=[np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)], rgba=list(fx.rgba),
-                  friction=[fx.friction, 0.005, 0.0001], condim=4,
-                  solref=list(STIFF_SOLREF), solimp=list(STIFF_SOLIMP))
+    body.add_geom(
+        name=name,
+        type=mujoco.mjtGeom.mjGEOM_BOX,
+        pos=pos,
+        size=size,
+        quat=[np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)],
+        rgba=list(fx.rgba),
+        friction=[fx.friction, 0.005, 0.0001],
+        condim=4,
+        solref=list(STIFF_SOLREF),
+        solimp=list(STIFF_SOLIMP),
+    )
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,14 @@ def add_free_object(spec: mujoco.MjSpec, obj: FreeObject, name: str) -> None:
         kind, size = mujoco.mjtGeom.mjGEOM_BOX, [obj.half_width, obj.half_width, obj.half_length]
     else:
         kind, size = mujoco.mjtGeom.mjGEOM_CYLINDER, [obj.half_width, obj.half_length, 0]
-    body.add_geom(name=f"{name}_geom", type=kind, size=size, mass=obj.mass,
-                  rgba=list(obj.rgba), friction=[obj.friction, 0.005, 0.0001], condim=4,
-                  solref=list(STIFF_SOLREF), solimp=list(STIFF_SOLIMP))
+    body.add_geom(
+        name=f"{name}_geom",
+        type=kind,
+        size=size,
+        mass=obj.mass,
+        rgba=list(obj.rgba),
+        friction=[obj.friction, 0.005, 0.0001],
+        condim=4,
+        solref=list(STIFF_SOLREF),
+        solimp=list(STIFF_SOLIMP),
+    )

@@ -3,6 +3,7 @@
 The GL backend comes from MUJOCO_GL: `egl` (Mesa software EGL here, a GPU's EGL elsewhere) or
 `osmesa`. It must be set before mujoco is first imported.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,9 @@ class CameraRig:
         self.model, self.cameras, self.size = model, tuple(cameras), size
         self._renderer: mujoco.Renderer | None = None
         robot_bodies = set(robot_body_ids(model).tolist())
-        self.robot_geoms = np.array([g for g in range(model.ngeom)
-                                     if model.geom_bodyid[g] in robot_bodies], int)
+        self.robot_geoms = np.array(
+            [g for g in range(model.ngeom) if model.geom_bodyid[g] in robot_bodies], int
+        )
 
     def _get(self) -> mujoco.Renderer:
         if self._renderer is None:

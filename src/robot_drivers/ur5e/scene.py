@@ -3,6 +3,7 @@
 Models are resolved through `mujoco_menagerie` (offline: MENAGERIE_ROOT points at a local copy).
 Task objects are added by a callback so every task shares one arm, one controller and one rig.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -18,8 +19,14 @@ ARM_ROBOT, ARM_ENTRY = "universal_robots_ur5e", "ur5e"
 GRIPPER_ROBOT, GRIPPER_ENTRY = "robotiq_2f85", "2f85"
 GRIPPER_PREFIX = "gripper_"
 TCP_SITE = "gripper_pinch"  # gripper_base + (0, 0, 0.145), between the pads
-ARM_JOINTS = ("shoulder_pan_joint", "shoulder_lift_joint", "elbow_joint",
-              "wrist_1_joint", "wrist_2_joint", "wrist_3_joint")
+ARM_JOINTS = (
+    "shoulder_pan_joint",
+    "shoulder_lift_joint",
+    "elbow_joint",
+    "wrist_1_joint",
+    "wrist_2_joint",
+    "wrist_3_joint",
+)
 
 
 def _menagerie_spec(robot: str, entry: str) -> mujoco.MjSpec:
@@ -51,30 +58,51 @@ def _add_camera(spec: mujoco.MjSpec, name: str, pose: CameraPose, cfg: SceneConf
     body = spec.worldbody if world else spec.body(GRIPPER_PREFIX + "base")
     if body is None:
         raise ValueError(f"camera {name!r}: no body {pose.body!r}")
-    body.add_camera(name=name, pos=pos, xyaxes=look_at_xyaxes(pos, pose.target, pose.up),
-                    fovy=pose.fovy + cfg.appearance.fovy_offset)
+    body.add_camera(
+        name=name,
+        pos=pos,
+        xyaxes=look_at_xyaxes(pos, pose.target, pose.up),
+        fovy=pose.fovy + cfg.appearance.fovy_offset,
+    )
 
 
 def _add_table(spec: mujoco.MjSpec, cfg: SceneConfig) -> None:
     app = cfg.appearance
     if app.table_checker:
-        spec.add_texture(name="table_tex", type=mujoco.mjtTexture.mjTEXTURE_2D,
-                         builtin=mujoco.mjtBuiltin.mjBUILTIN_CHECKER, width=256, height=256,
-                         rgb1=app.table_rgba[:3], rgb2=[0.9 * c for c in app.table_rgba[:3][::-1]])
+        spec.add_texture(
+            name="table_tex",
+            type=mujoco.mjtTexture.mjTEXTURE_2D,
+            builtin=mujoco.mjtBuiltin.mjBUILTIN_CHECKER,
+            width=256,
+            height=256,
+            rgb1=app.table_rgba[:3],
+            rgb2=[0.9 * c for c in app.table_rgba[:3][::-1]],
+        )
         mat = spec.add_material(name="table_mat", texrepeat=[8, 8])
         mat.textures[mujoco.mjtTextureRole.mjTEXROLE_RGB] = "table_tex"
     else:
         spec.add_material(name="table_mat", rgba=list(app.table_rgba))
-    spec.worldbody.add_geom(name="table", type=mujoco.mjtGeom.mjGEOM_BOX, size=[0.6, 0.5, 0.02],
-                            pos=[0.05, 0.45, -0.02], material="table_mat")
-    spec.worldbody.add_light(name="top_light", pos=list(app.light_pos), dir=[0, 0, -1],
-                             diffuse=list(app.light_diffuse), castshadow=False)
+    spec.worldbody.add_geom(
+        name="table",
+        type=mujoco.mjtGeom.mjGEOM_BOX,
+        size=[0.6, 0.5, 0.02],
+        pos=[0.05, 0.45, -0.02],
+        material="table_mat",
+    )
+    spec.worldbody.add_light(
+        name="top_light",
+        pos=list(app.light_pos),
+        dir=[0, 0, -1],
+        diffuse=list(app.light_diffuse),
+        castshadow=False,
+    )
     spec.visual.headlight.ambient = [app.headlight] * 3
     spec.visual.headlight.diffuse = [0.2] * 3
 
 
-def compose(cfg: SceneConfig, add_objects: Callable[[mujoco.MjSpec], None] | None = None
-            ) -> mujoco.MjSpec:
+def compose(
+    cfg: SceneConfig, add_objects: Callable[[mujoco.MjSpec], None] | None = None
+) -> mujoco.MjSpec:
     """The full scene spec: arm with gripper at the flange, gravcomp, solver options, render-only
     mesh detail, table, cameras, then the task's objects."""
     arm = _menagerie_spec(ARM_ROBOT, ARM_ENTRY)

@@ -1,4 +1,5 @@
 """Rotation helpers (rotation vectors <-> matrices) on top of MuJoCo's quaternion routines."""
+
 from __future__ import annotations
 
 import mujoco

@@ -1,4 +1,5 @@
 """Backbones behind one interface: `build_backbone(cfg) -> (autoencoder, denoiser)`."""
+
 from __future__ import annotations
 
 from sim_video_world_model.backbones.base import (
@@ -14,8 +15,16 @@ from sim_video_world_model.config import BackboneConfig
 
 def build_backbone(cfg: BackboneConfig) -> tuple[VideoAutoencoder, VideoDenoiser]:
     if cfg.kind == "tiny":
-        return TinyVideoAutoencoder(cfg.tiny), TinyVideoDiT(cfg.tiny, cfg.action_dim, cfg.max_actions)
+        return TinyVideoAutoencoder(cfg.tiny), TinyVideoDiT(
+            cfg.tiny, cfg.action_dim, cfg.max_actions
+        )
     return build_wan(cfg)
 
 
-__all__ = ["ActionEncoder", "SimConditioning", "VideoAutoencoder", "VideoDenoiser", "build_backbone"]
+__all__ = [
+    "ActionEncoder",
+    "SimConditioning",
+    "VideoAutoencoder",
+    "VideoDenoiser",
+    "build_backbone",
+]

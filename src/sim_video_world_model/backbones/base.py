@@ -5,6 +5,7 @@ flow velocity of video latents given the flow timestep, the action sequence (thr
 branch whose tokens every block cross-attends to) and, once `add_sim_conditioning()` was called,
 an optional sim latent injected after each block's cross-attention, gated per sample.
 """
+
 from __future__ import annotations
 
 import abc
@@ -43,7 +44,9 @@ class VideoAutoencoder(nn.Module, abc.ABC):
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """Standard sin/cos embedding of (any-shaped) float positions -> (..., dim)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=positions.device) / max(1, half))
+    freqs = torch.exp(
+        -math.log(10000.0) * torch.arange(half, device=positions.device) / max(1, half)
+    )
     angles = positions.float().unsqueeze(-1) * freqs
     emb = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
     return nn.functional.pad(emb, (0, dim - emb.shape[-1]))
@@ -52,22 +55,35 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
 class ActionEncoder(nn.Module):
     """The action branch: one token per transition, a small bidirectional transformer over them."""
 
-    def __init__(self, action_dim: int, hidden: int, out_dim: int, layers: int, heads: int, max_actions: int):
+    def __init__(
+        self, action_dim: int, hidden: int, out_dim: int, layers: int, heads: int, max_actions: int
+    ):
         super().__init__()
         self.action_dim = action_dim
         self.max_actions = max_actions
         self.inp = nn.Linear(action_dim, hidden)
         self.register_buffer("pos", sinusoid(torch.arange(max_actions), hidden), persistent=False)
-        layer = nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, dropout=0.0, batch_first=True,
-                                           norm_first=True, activation="gelu")
+        layer = nn.TransformerEncoderLayer(
+            hidden,
+            heads,
+            4 * hidden,
+            dropout=0.0,
+            batch_first=True,
+            norm_first=True,
+            activation="gelu",
+        )
         self.body = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.out = nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, out_dim))
 
     def forward(self, actions: torch.Tensor) -> torch.Tensor:
         if actions.ndim != 3 or actions.shape[-1] != self.action_dim:
-            raise ValueError(f"actions must be (B, T, {self.action_dim}), got {tuple(actions.shape)}")
+            raise ValueError(
+                f"actions must be (B, T, {self.action_dim}), got {tuple(actions.shape)}"
+            )
         if actions.shape[1] > self.max_actions:
-            raise ValueError(f"{actions.shape[1]} actions exceed the branch's max_actions {self.max_actions}")
+            raise ValueError(
+                f"{actions.shape[1]} actions exceed the branch's max_actions {self.max_actions}"
+            )
         x = self.inp(actions) + self.pos[: actions.shape[1]].to(actions.dtype)
         return self.out(self.body(x))
 
@@ -79,10 +95,13 @@ class SimConditioning(nn.Module):
     multiplied by the per-sample gate g (shared by all blocks).
     """
 
-    def __init__(self, num_blocks: int, latent_channels: int, hidden: int, patch_size: tuple[int, int, int]):
+    def __init__(
+        self, num_blocks: int, latent_channels: int, hidden: int, patch_size: tuple[int, int, int]
+    ):
         super().__init__()
         self.projections = nn.ModuleList(
-            nn.Conv3d(latent_channels, hidden, kernel_size=patch_size, stride=patch_size) for _ in range(num_blocks)
+            nn.Conv3d(latent_channels, hidden, kernel_size=patch_size, stride=patch_size)
+            for _ in range(num_blocks)
         )
         for conv in self.projections:
             nn.init.zeros_(conv.weight)
@@ -112,21 +131,35 @@ class VideoDenoiser(nn.Module, abc.ABC):
     @abc.abstractmethod
     def set_gradient_checkpointing(self, enabled: bool) -> None: ...
 
-    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, actions: torch.Tensor,
-                sim_latent: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        latents: torch.Tensor,
+        timestep: torch.Tensor,
+        actions: torch.Tensor,
+        sim_latent: torch.Tensor | None = None,
+        gate: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """latents (B, C, L, h, w); timestep (B,) = 1000 sigma; actions (B, T, A); gate (B,) in {0, 1}."""
         if latents.ndim != 5 or latents.shape[1] != self.latent_channels:
-            raise ValueError(f"latents must be (B, {self.latent_channels}, L, h, w), got {tuple(latents.shape)}")
+            raise ValueError(
+                f"latents must be (B, {self.latent_channels}, L, h, w), got {tuple(latents.shape)}"
+            )
         batch = latents.shape[0]
         if timestep.shape != (batch,):
             raise ValueError(f"timestep must be ({batch},), got {tuple(timestep.shape)}")
         if actions.ndim != 3 or actions.shape[0] != batch or actions.shape[-1] != self.action_dim:
-            raise ValueError(f"actions must be ({batch}, T, {self.action_dim}), got {tuple(actions.shape)}")
+            raise ValueError(
+                f"actions must be ({batch}, T, {self.action_dim}), got {tuple(actions.shape)}"
+            )
         if sim_latent is not None:
             if self.sim_conditioning is None:
-                raise ValueError("sim_latent given but this denoiser has no sim conditioning; call add_sim_conditioning()")
+                raise ValueError(
+                    "sim_latent given but this denoiser has no sim conditioning; call add_sim_conditioning()"
+                )
             if sim_latent.shape != latents.shape:
-                raise ValueError(f"sim_latent shape {tuple(sim_latent.shape)} != latents shape {tuple(latents.shape)}")
+                raise ValueError(
+                    f"sim_latent shape {tuple(sim_latent.shape)} != latents shape {tuple(latents.shape)}"
+                )
             if gate is None:
                 gate = torch.ones(batch, device=latents.device)
             if gate.shape != (batch,):

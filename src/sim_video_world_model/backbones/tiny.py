@@ -5,6 +5,7 @@ layout: latent frame 0 encodes frame 0 alone, latent frame k the 4 frames 4k-3..
 DiT blocks: adaLN self-attention -> cross-attention to the action tokens -> [sim conditioning
 add] -> adaLN FFN, on (1, 2, 2) patches of the latent video.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,13 +34,32 @@ class TinyVideoAutoencoder(VideoAutoencoder):
         downs = int(math.log2(cfg.spatial_factor))
         # Strided from the first layer and transposed to 3 channels at the last: nothing runs with
         # c channels at full resolution, which keeps the autoencoder cheap on a CPU.
-        enc = [nn.Conv2d(3, c, 4, stride=2, padding=1), nn.SiLU(), nn.Conv2d(c, c, 3, padding=1), nn.SiLU()]
+        enc = [
+            nn.Conv2d(3, c, 4, stride=2, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(c, c, 3, padding=1),
+            nn.SiLU(),
+        ]
         for _ in range(downs - 1):
-            enc += [nn.Conv2d(c, c, 4, stride=2, padding=1), nn.SiLU(), nn.Conv2d(c, c, 3, padding=1), nn.SiLU()]
+            enc += [
+                nn.Conv2d(c, c, 4, stride=2, padding=1),
+                nn.SiLU(),
+                nn.Conv2d(c, c, 3, padding=1),
+                nn.SiLU(),
+            ]
         dec = []
         for _ in range(downs - 1):
-            dec += [nn.Conv2d(c, c, 3, padding=1), nn.SiLU(), nn.ConvTranspose2d(c, c, 4, stride=2, padding=1), nn.SiLU()]
-        dec += [nn.Conv2d(c, c, 3, padding=1), nn.SiLU(), nn.ConvTranspose2d(c, 3, 4, stride=2, padding=1)]
+            dec += [
+                nn.Conv2d(c, c, 3, padding=1),
+                nn.SiLU(),
+                nn.ConvTranspose2d(c, c, 4, stride=2, padding=1),
+                nn.SiLU(),
+            ]
+        dec += [
+            nn.Conv2d(c, c, 3, padding=1),
+            nn.SiLU(),
+            nn.ConvTranspose2d(c, 3, 4, stride=2, padding=1),
+        ]
         self.frame_encoder = nn.Sequential(*enc)
         self.frame_decoder = nn.Sequential(*dec)
         tf = cfg.temporal_factor
@@ -57,7 +77,7 @@ class TinyVideoAutoencoder(VideoAutoencoder):
         out = [first]
         tf = self.temporal_factor
         for k in range(1, 1 + (t - 1) // tf):
-            group = feats[:, 1 + (k - 1) * tf: 1 + k * tf]  # (B, tf, c, h, w)
+            group = feats[:, 1 + (k - 1) * tf : 1 + k * tf]  # (B, tf, c, h, w)
             out.append(self.group_in(group.flatten(1, 2)))
         return torch.stack(out, dim=2)  # (B, z, L, h', w')
 
@@ -86,7 +106,9 @@ class TinyVideoAutoencoder(VideoAutoencoder):
 
     def _stats(self, like):
         shape = (1, -1, 1, 1, 1)
-        return self.latent_mean.view(shape).to(like.dtype), self.latent_std.view(shape).to(like.dtype)
+        return self.latent_mean.view(shape).to(like.dtype), self.latent_std.view(shape).to(
+            like.dtype
+        )
 
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         self.check_video(video)
@@ -105,11 +127,14 @@ class _Block(nn.Module):
         self.norm1 = nn.LayerNorm(hidden, elementwise_affine=False)
         self.attn1 = nn.MultiheadAttention(hidden, heads, batch_first=True)
         self.norm2 = nn.LayerNorm(hidden)
-        self.attn2 = nn.MultiheadAttention(hidden, heads, kdim=action_dim_tokens, vdim=action_dim_tokens,
-                                           batch_first=True)
+        self.attn2 = nn.MultiheadAttention(
+            hidden, heads, kdim=action_dim_tokens, vdim=action_dim_tokens, batch_first=True
+        )
         self.norm3 = nn.LayerNorm(hidden, elementwise_affine=False)
-        self.ffn = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(approximate="tanh"), nn.Linear(ffn, hidden))
-        self.modulation = nn.Parameter(torch.randn(1, 1, 6, hidden) / hidden ** 0.5)
+        self.ffn = nn.Sequential(
+            nn.Linear(hidden, ffn), nn.GELU(approximate="tanh"), nn.Linear(ffn, hidden)
+        )
+        self.modulation = nn.Parameter(torch.randn(1, 1, 6, hidden) / hidden**0.5)
 
     def forward(self, x, actions, tmod, sim_tokens):
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation + tmod).unbind(2)
@@ -130,14 +155,24 @@ class TinyVideoDiT(VideoDenoiser):
         self.latent_channels = cfg.latent_channels
         self.patch_size = cfg.patch_size
         d = cfg.hidden
-        self.patch_embedding = nn.Conv3d(cfg.latent_channels, d, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.patch_embedding = nn.Conv3d(
+            cfg.latent_channels, d, kernel_size=cfg.patch_size, stride=cfg.patch_size
+        )
         self.time_embedding = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
-        self.action_branch = ActionEncoder(action_dim, cfg.action_hidden, cfg.action_hidden, cfg.action_layers,
-                                           cfg.action_heads, max_actions)
-        self.blocks = nn.ModuleList(_Block(d, cfg.heads, cfg.ffn, cfg.action_hidden) for _ in range(cfg.layers))
+        self.action_branch = ActionEncoder(
+            action_dim,
+            cfg.action_hidden,
+            cfg.action_hidden,
+            cfg.action_layers,
+            cfg.action_heads,
+            max_actions,
+        )
+        self.blocks = nn.ModuleList(
+            _Block(d, cfg.heads, cfg.ffn, cfg.action_hidden) for _ in range(cfg.layers)
+        )
         self.norm_out = nn.LayerNorm(d, elementwise_affine=False)
-        self.out_modulation = nn.Parameter(torch.randn(1, 1, 2, d) / d ** 0.5)
+        self.out_modulation = nn.Parameter(torch.randn(1, 1, 2, d) / d**0.5)
         self.proj_out = nn.Linear(d, cfg.latent_channels * math.prod(cfg.patch_size))
         nn.init.zeros_(self.proj_out.weight)
         nn.init.zeros_(self.proj_out.bias)
@@ -147,8 +182,9 @@ class TinyVideoDiT(VideoDenoiser):
     def add_sim_conditioning(self) -> None:
         if self.sim_conditioning is None:
             ref = self.proj_out.weight
-            self.sim_conditioning = SimConditioning(len(self.blocks), self.latent_channels, self.cfg.hidden,
-                                                    self.patch_size).to(ref.device, ref.dtype)
+            self.sim_conditioning = SimConditioning(
+                len(self.blocks), self.latent_channels, self.cfg.hidden, self.patch_size
+            ).to(ref.device, ref.dtype)
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         self.gradient_checkpointing = bool(enabled)
@@ -157,13 +193,19 @@ class TinyVideoDiT(VideoDenoiser):
         b, c, f, h, w = latents.shape
         pt, ph, pw = self.patch_size
         if f % pt or h % ph or w % pw:
-            raise ValueError(f"latent grid {(f, h, w)} must be divisible by the patch size {self.patch_size}")
+            raise ValueError(
+                f"latent grid {(f, h, w)} must be divisible by the patch size {self.patch_size}"
+            )
         nf, nh, nw = f // pt, h // ph, w // pw
         d = self.cfg.hidden
         x = self.patch_embedding(latents).flatten(2).transpose(1, 2)  # (B, N, D)
-        grid = torch.stack(torch.meshgrid(torch.arange(nf), torch.arange(nh), torch.arange(nw), indexing="ij"), -1)
+        grid = torch.stack(
+            torch.meshgrid(torch.arange(nf), torch.arange(nh), torch.arange(nw), indexing="ij"), -1
+        )
         grid = grid.reshape(-1, 3).to(latents.device)
-        pos = sum(sinusoid(grid[:, i] * (1 + 7 * i), d) for i in range(3))  # distinct frequencies per axis
+        pos = sum(
+            sinusoid(grid[:, i] * (1 + 7 * i), d) for i in range(3)
+        )  # distinct frequencies per axis
         x = x + pos.to(x.dtype)
         frame_t = self.frame_timesteps(timestep, f)[:, ::pt]  # (B, nf)
         temb = self.time_embedding(sinusoid(frame_t, d).to(x.dtype))  # (B, nf, D)

@@ -5,6 +5,7 @@ cross-attend to; the first latent frame is the clean observation (per-token time
 TI2V's convention). Sim conditioning is a forward hook on each block's `attn2` (cross-attention)
 that adds the gated projection to its output, i.e. before the block's FFN.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,8 +42,12 @@ class WanVideoAutoencoder(VideoAutoencoder):
         self.latent_channels = int(cfg.z_dim)
         self.temporal_factor = int(cfg.scale_factor_temporal)
         self.spatial_factor = int(cfg.scale_factor_spatial)
-        self.register_buffer("latent_mean", torch.tensor(cfg.latents_mean, dtype=torch.float32), persistent=False)
-        self.register_buffer("latent_std", torch.tensor(cfg.latents_std, dtype=torch.float32), persistent=False)
+        self.register_buffer(
+            "latent_mean", torch.tensor(cfg.latents_mean, dtype=torch.float32), persistent=False
+        )
+        self.register_buffer(
+            "latent_std", torch.tensor(cfg.latents_std, dtype=torch.float32), persistent=False
+        )
 
     def _stats(self, like):
         shape = (1, -1, 1, 1, 1)
@@ -60,8 +65,15 @@ class WanVideoAutoencoder(VideoAutoencoder):
 
 
 class WanVideoDenoiser(VideoDenoiser):
-    def __init__(self, transformer, action_dim: int, max_actions: int, action_hidden: int, action_layers: int,
-                 action_heads: int):
+    def __init__(
+        self,
+        transformer,
+        action_dim: int,
+        max_actions: int,
+        action_hidden: int,
+        action_layers: int,
+        action_heads: int,
+    ):
         super().__init__()
         self.transformer = transformer
         cfg = transformer.config
@@ -69,8 +81,9 @@ class WanVideoDenoiser(VideoDenoiser):
         self.latent_channels = int(cfg.in_channels)
         self.patch_size = tuple(cfg.patch_size)
         self.hidden = int(cfg.num_attention_heads * cfg.attention_head_dim)
-        self.action_branch = ActionEncoder(action_dim, action_hidden, int(cfg.text_dim), action_layers,
-                                           action_heads, max_actions)
+        self.action_branch = ActionEncoder(
+            action_dim, action_hidden, int(cfg.text_dim), action_layers, action_heads, max_actions
+        )
         self.sim_conditioning = None
         self._sim_state: tuple[torch.Tensor, torch.Tensor] | None = None
         self._hooks = []
@@ -79,10 +92,13 @@ class WanVideoDenoiser(VideoDenoiser):
         if self.sim_conditioning is not None:
             return
         ref = self.transformer.proj_out.weight
-        self.sim_conditioning = SimConditioning(len(self.transformer.blocks), self.latent_channels, self.hidden,
-                                                self.patch_size).to(ref.device, ref.dtype)
+        self.sim_conditioning = SimConditioning(
+            len(self.transformer.blocks), self.latent_channels, self.hidden, self.patch_size
+        ).to(ref.device, ref.dtype)
         for j, block in enumerate(self.transformer.blocks):
-            self._hooks.append(block.attn2.register_forward_hook(functools.partial(self._after_cross_attention, j)))
+            self._hooks.append(
+                block.attn2.register_forward_hook(functools.partial(self._after_cross_attention, j))
+            )
 
     def _after_cross_attention(self, index, module, args, output):
         """Block j's attn2 output + g * P_j(sim latent): the residual then carries it into the FFN."""
@@ -107,8 +123,12 @@ class WanVideoDenoiser(VideoDenoiser):
         context = self.action_branch(actions.to(self.action_branch.inp.weight.dtype)).to(dtype)
         # Kept until the next call: gradient checkpointing re-runs the hook during backward.
         self._sim_state = None if sim_latent is None else (sim_latent, gate)
-        out = self.transformer(hidden_states=latents.to(dtype), timestep=token_t, encoder_hidden_states=context,
-                               return_dict=False)[0]
+        out = self.transformer(
+            hidden_states=latents.to(dtype),
+            timestep=token_t,
+            encoder_hidden_states=context,
+            return_dict=False,
+        )[0]
         return out.to(latents.dtype)
 
 
@@ -121,13 +141,22 @@ def build_wan(cfg: BackboneConfig) -> tuple[WanVideoAutoencoder, WanVideoDenoise
     if wcfg.transformer_config is not None:
         transformer = WanTransformer3DModel(**wcfg.transformer_config)
     else:
-        transformer = WanTransformer3DModel.from_pretrained(_require_dir(wcfg.model_dir, "transformer"),
-                                                            torch_dtype=dtype)
+        transformer = WanTransformer3DModel.from_pretrained(
+            _require_dir(wcfg.model_dir, "transformer"), torch_dtype=dtype
+        )
     if wcfg.vae_config is not None:
         vae = AutoencoderKLWan(**wcfg.vae_config)
     else:
-        vae = AutoencoderKLWan.from_pretrained(_require_dir(wcfg.model_dir, "vae"), torch_dtype=dtype)
+        vae = AutoencoderKLWan.from_pretrained(
+            _require_dir(wcfg.model_dir, "vae"), torch_dtype=dtype
+        )
     vae.requires_grad_(False).eval()
-    denoiser = WanVideoDenoiser(transformer, cfg.action_dim, cfg.max_actions, wcfg.action_hidden,
-                                wcfg.action_layers, wcfg.action_heads).to(transformer.dtype)
+    denoiser = WanVideoDenoiser(
+        transformer,
+        cfg.action_dim,
+        cfg.max_actions,
+        wcfg.action_hidden,
+        wcfg.action_layers,
+        wcfg.action_heads,
+    ).to(transformer.dtype)
     return WanVideoAutoencoder(vae), denoiser

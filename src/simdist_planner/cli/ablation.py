@@ -16,10 +16,15 @@ from simdist_planner.evaluation.ablation import run_ablation
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="simdist-ablation", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="simdist-ablation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--small", action="store_true", help="the ~15-minute small setting")
-    p.add_argument("--workdir", default=None, help="where datasets, checkpoints and results.json go")
+    p.add_argument(
+        "--workdir", default=None, help="where datasets, checkpoints and results.json go"
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)

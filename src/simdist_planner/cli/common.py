@@ -9,30 +9,70 @@ from simdist_planner.planning.planner import (
 )
 
 # CLI flag -> PlannerConfig field; shared by simdist-eval and simdist-adapt-experiment.
-PLANNER_FLAGS = {"samples": "num_samples", "iterations": "iterations", "elites": "num_elites",
-                 "temperature": "temperature", "mixture_coef": "mixture_coef", "policy_noise": "policy_noise_std",
-                 "init_std": "init_std", "warm_start": "warm_start", "policy_prior": "policy_prior"}
+PLANNER_FLAGS = {
+    "samples": "num_samples",
+    "iterations": "iterations",
+    "elites": "num_elites",
+    "temperature": "temperature",
+    "mixture_coef": "mixture_coef",
+    "policy_noise": "policy_noise_std",
+    "init_std": "init_std",
+    "warm_start": "warm_start",
+    "policy_prior": "policy_prior",
+}
 
 
 def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     """The planner's settings as flags (each defaults to the robot's PlannerConfig)."""
-    p.add_argument("--samples", type=int, default=None, help="planner Gaussian samples (default: official)")
-    p.add_argument("--iterations", type=int, default=None, help="planner iterations (default: official)")
+    p.add_argument(
+        "--samples", type=int, default=None, help="planner Gaussian samples (default: official)"
+    )
+    p.add_argument(
+        "--iterations", type=int, default=None, help="planner iterations (default: official)"
+    )
     p.add_argument("--elites", type=int, default=None, help="planner elites (default: official)")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="planner elite temperature (default: the robot's, docs/planner.md)")
-    p.add_argument("--mixture-coef", type=float, default=None,
-                   help="planner base-policy candidates per Gaussian sample (default: official 0.05)")
-    p.add_argument("--policy-noise", type=float, default=None,
-                   help="std of the noise on the base-policy candidates (default: the robot's)")
-    p.add_argument("--init-std", type=float, default=None,
-                   help="std of the Gaussian candidates at the start of each step (default: the robot's)")
-    p.add_argument("--warm-start", choices=WARM_STARTS, default=None,
-                   help="where each step's planner mean starts: the shifted previous mean or pi's chunk")
-    p.add_argument("--policy-prior", type=float, default=None,
-                   help="planner ranking cost of a candidate's squared distance from pi's chunk (default 0, official)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="planner elite temperature (default: the robot's, docs/planner.md)",
+    )
+    p.add_argument(
+        "--mixture-coef",
+        type=float,
+        default=None,
+        help="planner base-policy candidates per Gaussian sample (default: official 0.05)",
+    )
+    p.add_argument(
+        "--policy-noise",
+        type=float,
+        default=None,
+        help="std of the noise on the base-policy candidates (default: the robot's)",
+    )
+    p.add_argument(
+        "--init-std",
+        type=float,
+        default=None,
+        help="std of the Gaussian candidates at the start of each step (default: the robot's)",
+    )
+    p.add_argument(
+        "--warm-start",
+        choices=WARM_STARTS,
+        default=None,
+        help="where each step's planner mean starts: the shifted previous mean or pi's chunk",
+    )
+    p.add_argument(
+        "--policy-prior",
+        type=float,
+        default=None,
+        help="planner ranking cost of a candidate's squared distance from pi's chunk (default 0, official)",
+    )
 
 
 def planner_overrides(args) -> dict:
     """The PlannerConfig overrides the user set (flags left at None keep the robot's value)."""
-    return {field: getattr(args, arg) for arg, field in PLANNER_FLAGS.items() if getattr(args, arg) is not None}
+    return {
+        field: getattr(args, arg)
+        for arg, field in PLANNER_FLAGS.items()
+        if getattr(args, arg) is not None
+    }

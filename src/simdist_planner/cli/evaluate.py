@@ -26,21 +26,43 @@ from simdist_planner.model.checkpoint import load_checkpoint
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="simdist-eval", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="peg", help="peg | table_leg | go2_flat | go2_slope (default peg)")
-    p.add_argument("--variant", default="sim", choices=("sim", "real"),
-                   help="the task's simulation or its hardware stand-in (e.g. slippery_slope real)")
-    p.add_argument("--region", default=None, choices=("narrow", "wide"), help="UR5e start region (default wide)")
+    p = argparse.ArgumentParser(
+        prog="simdist-eval",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--task", default="peg", help="peg | table_leg | go2_flat | go2_slope (default peg)"
+    )
+    p.add_argument(
+        "--variant",
+        default="sim",
+        choices=("sim", "real"),
+        help="the task's simulation or its hardware stand-in (e.g. slippery_slope real)",
+    )
+    p.add_argument(
+        "--region",
+        default=None,
+        choices=("narrow", "wide"),
+        help="UR5e start region (default wide)",
+    )
     p.add_argument("--checkpoint", default=None, help="world-model checkpoint directory")
-    p.add_argument("--agents", default=None, help=f"comma list from {AGENTS} (default: all possible)")
+    p.add_argument(
+        "--agents", default=None, help=f"comma list from {AGENTS} (default: all possible)"
+    )
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--seed", type=int, default=0, help="first episode seed")
-    p.add_argument("--max-steps", type=int, default=None, help="episode length in steps (default: the task's)")
+    p.add_argument(
+        "--max-steps", type=int, default=None, help="episode length in steps (default: the task's)"
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_planner_arguments(p)
-    p.add_argument("--episodes-out", type=pathlib.Path, default=None,
-                   help="append one JSON line per episode (stats and the task's last-step report)")
+    p.add_argument(
+        "--episodes-out",
+        type=pathlib.Path,
+        default=None,
+        help="append one JSON line per episode (stats and the task's last-step report)",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -50,18 +72,29 @@ def main(argv=None) -> int:
     model = None
     if args.checkpoint is not None:
         model = load_checkpoint(args.checkpoint, device=args.device)
-    names = args.agents.split(",") if args.agents else (AGENTS if model is not None else ("expert",))
+    names = (
+        args.agents.split(",") if args.agents else (AGENTS if model is not None else ("expert",))
+    )
     if args.max_steps is not None and args.max_steps < 1:
         raise SystemExit(f"simdist-eval: --max-steps must be >= 1, got {args.max_steps}")
-    task = make_task(args.task, args.variant, **task_overrides(args.task, args.region, args.max_steps, model))
+    task = make_task(
+        args.task, args.variant, **task_overrides(args.task, args.region, args.max_steps, model)
+    )
     try:
         agents = build_agents(names, task, model, args.device, **planner_overrides(args))
-        summaries = evaluate(task, agents, args.episodes, args.seed, not args.no_progress, args.episodes_out)
+        summaries = evaluate(
+            task, agents, args.episodes, args.seed, not args.no_progress, args.episodes_out
+        )
     finally:
         task.close()
     region = f" ({args.region or 'wide'})" if args.task in UR5E_TASKS else ""
-    print(format_table(summaries, f"{args.task}{region} {args.variant}: {args.episodes} episodes per agent, "
-                                  f"seeds {args.seed}..{args.seed + args.episodes - 1}"))
+    print(
+        format_table(
+            summaries,
+            f"{args.task}{region} {args.variant}: {args.episodes} episodes per agent, "
+            f"seeds {args.seed}..{args.seed + args.episodes - 1}",
+        )
+    )
     return 0
 
 

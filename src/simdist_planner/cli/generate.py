@@ -56,7 +56,9 @@ def build_config(args: argparse.Namespace) -> GenerateConfig:
         expert_prob=args.expert_prob,
         expert_only=args.expert_only,
         max_steps=args.max_steps,
-        learner=None if not args.learner else LearnerConfig(
+        learner=None
+        if not args.learner
+        else LearnerConfig(
             checkpoint=str(pathlib.Path(args.learner).resolve()),
             learner_steps=tuple(args.learner_steps),
             expert_steps=tuple(args.expert_steps),
@@ -80,9 +82,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--expert-prob", type=float, default=0.5)
     p.add_argument("--expert-only", action="store_true", help="clean expert episodes only")
     p.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode")
-    p.add_argument("--learner", default="", metavar="CKPT",
-                   help="world-model checkpoint whose pi drives, the expert taking over in "
-                        "stretches (DAgger-style data for pi's own mistakes)")
+    p.add_argument(
+        "--learner",
+        default="",
+        metavar="CKPT",
+        help="world-model checkpoint whose pi drives, the expert taking over in "
+        "stretches (DAgger-style data for pi's own mistakes)",
+    )
     p.add_argument("--learner-steps", type=int, nargs=2, default=(3, 12), metavar=("LO", "HI"))
     p.add_argument("--expert-steps", type=int, nargs=2, default=(5, 10), metavar=("LO", "HI"))
     p.add_argument("--device", default="cpu", help="torch device of the learner")

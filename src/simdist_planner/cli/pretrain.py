@@ -37,39 +37,76 @@ from simdist_planner.training.loop import pretrain
 
 
 def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
-    parser = argparse.ArgumentParser(prog="simdist-pretrain", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(PRETRAIN_PRESETS), help="small CPU defaults per robot")
-    parser.add_argument("--out", required=True, help="run directory (resumed when it holds a train state)")
+    parser = argparse.ArgumentParser(
+        prog="simdist-pretrain",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--preset", choices=sorted(PRETRAIN_PRESETS), help="small CPU defaults per robot"
+    )
+    parser.add_argument(
+        "--out", required=True, help="run directory (resumed when it holds a train state)"
+    )
     parser.add_argument("--data", nargs="*", default=None, help="shard files or directories")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-progress", action="store_true")
     fields = PretrainConfig.__dataclass_fields__
     for name in fields:
-        if name in ("data", "model_overrides", "phase_weights", "encoder_near_field", "state_near_field",
-                    "checkpoint_selection"):
+        if name in (
+            "data",
+            "model_overrides",
+            "phase_weights",
+            "encoder_near_field",
+            "state_near_field",
+            "checkpoint_selection",
+        ):
             continue
         flag = "--" + name.replace("_", "-")
         ftype = fields[name].type
         if ftype in ("bool", bool):
-            parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
-                                metavar="true|false")
+            parser.add_argument(
+                flag,
+                type=lambda s: s.lower() in ("1", "true", "yes"),
+                default=None,
+                metavar="true|false",
+            )
         elif str(ftype) == "tuple[str, ...]":
             parser.add_argument(flag, nargs="*", default=None)
         else:
             conv = {"int": int, "float": float, "str": str}[str(ftype)]
             parser.add_argument(flag, type=conv, default=None)
-    parser.add_argument("--model-overrides", type=json.loads, default=None,
-                        help='JSON merged into the model config, e.g. \'{"head_kind": "mlp"}\'')
-    parser.add_argument("--phase-weights", type=json.loads, default=None,
-                        help='JSON {phase: weight} of the task\'s step phases, e.g. \'{"closing": 10}\'')
-    parser.add_argument("--encoder-near-field", type=json.loads, default=None,
-                        help='JSON {state term: scale} for the encoder stage, e.g. \'{"bottom_to_hole": 0.005}\'')
-    parser.add_argument("--state-near-field", type=json.loads, default=None,
-                        help="JSON {state term: scale} for the state loss on z, as --encoder-near-field")
-    parser.add_argument("--checkpoint-selection", type=json.loads, default=argparse.SUPPRESS,
-                        help='JSON CheckpointSelection fields over the preset\'s, e.g. \'{"task": "peg", '
-                             '"region": "wide", "workers": 2}\'; null = the last step is the model')
+    parser.add_argument(
+        "--model-overrides",
+        type=json.loads,
+        default=None,
+        help='JSON merged into the model config, e.g. \'{"head_kind": "mlp"}\'',
+    )
+    parser.add_argument(
+        "--phase-weights",
+        type=json.loads,
+        default=None,
+        help="JSON {phase: weight} of the task's step phases, e.g. '{\"closing\": 10}'",
+    )
+    parser.add_argument(
+        "--encoder-near-field",
+        type=json.loads,
+        default=None,
+        help="JSON {state term: scale} for the encoder stage, e.g. '{\"bottom_to_hole\": 0.005}'",
+    )
+    parser.add_argument(
+        "--state-near-field",
+        type=json.loads,
+        default=None,
+        help="JSON {state term: scale} for the state loss on z, as --encoder-near-field",
+    )
+    parser.add_argument(
+        "--checkpoint-selection",
+        type=json.loads,
+        default=argparse.SUPPRESS,
+        help='JSON CheckpointSelection fields over the preset\'s, e.g. \'{"task": "peg", '
+        '"region": "wide", "workers": 2}\'; null = the last step is the model',
+    )
     args = parser.parse_args(argv)
     values = dict(PRETRAIN_PRESETS[args.preset]) if args.preset else {}
     for name in fields:
@@ -79,8 +116,15 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
     try:
         if "checkpoint_selection" in vars(args):  # null clears the preset's; an object amends it
             given, base = args.checkpoint_selection, values.get("checkpoint_selection")
-            values["checkpoint_selection"] = None if given is None else (
-                dataclasses.replace(base, **given) if base is not None else CheckpointSelection(**given))
+            values["checkpoint_selection"] = (
+                None
+                if given is None
+                else (
+                    dataclasses.replace(base, **given)
+                    if base is not None
+                    else CheckpointSelection(**given)
+                )
+            )
         return PretrainConfig(**values), args
     except (TypeError, ValueError) as err:
         parser.error(str(err))
@@ -89,14 +133,21 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
 def main(argv=None) -> None:
     cfg, args = parse_args(argv)
     selection = cfg.checkpoint_selection
-    final = pretrain(cfg, args.out, device=args.device, progress=not args.no_progress,
-                     check_model=None if selection is None else lambda m: check_fits(selection, m))
+    final = pretrain(
+        cfg,
+        args.out,
+        device=args.device,
+        progress=not args.no_progress,
+        check_model=None if selection is None else lambda m: check_fits(selection, m),
+    )
     if int(os.environ.get("RANK", "0")) == 0:
         metrics = json.loads((final / "metrics.json").read_text())
         if selection is not None and not metrics["stopped_at_time_limit"]:
             select_checkpoint(args.out, selection, args.device)
-        print(f"pretrain: wrote {final} (step {metrics['step']}, loss {metrics.get('loss/total', float('nan')):.4f}, "
-              f"{metrics['seconds_this_run']:.0f} s this run)")
+        print(
+            f"pretrain: wrote {final} (step {metrics['step']}, loss {metrics.get('loss/total', float('nan')):.4f}, "
+            f"{metrics['seconds_this_run']:.0f} s this run)"
+        )
     if dist.is_initialized():
         dist.destroy_process_group()
 

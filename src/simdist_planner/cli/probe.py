@@ -46,16 +46,25 @@ from simdist_planner.model.checkpoint import load_checkpoint
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="simdist-probe", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="simdist-probe",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--task", required=True, help="a simulation task, e.g. slippery_slope")
     p.add_argument("--variant", default="sim", choices=("sim", "real"))
     p.add_argument("--region", default=None, choices=("narrow", "wide"), help="UR5e start region")
-    p.add_argument("--checkpoint", action="append", required=True,
-                   help="[NAME=]PATH, repeatable; the first one's pi drives 'policy' and seeds the candidates")
+    p.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        help="[NAME=]PATH, repeatable; the first one's pi drives 'policy' and seeds the candidates",
+    )
     p.add_argument("--driver", default="expert", choices=DRIVERS)
     p.add_argument("--seeds", default="0", help="comma list of episode seeds")
-    p.add_argument("--max-steps", type=int, default=None, help="episode length in steps (default: the task's)")
+    p.add_argument(
+        "--max-steps", type=int, default=None, help="episode length in steps (default: the task's)"
+    )
     p.add_argument("--every", type=int, default=ProbeConfig.every)
     p.add_argument("--start", type=int, default=ProbeConfig.start)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -75,19 +84,32 @@ def main(argv=None) -> int:
     task = make_task(args.task, args.variant, **overrides)
     twin = None if copyable(task) else make_task(args.task, args.variant, **overrides)
     try:
-        probe = ChunkProbe(task, models, ProbeConfig(args.driver, args.every, args.start), args.device, twin)
+        probe = ChunkProbe(
+            task, models, ProbeConfig(args.driver, args.every, args.start), args.device, twin
+        )
         points = [p for seed in seeds for p in probe.run(seed, args.max_steps)]
     finally:
         task.close()
         if twin is not None:
             twin.close()
     summaries = [summarize(name, points) for name in models]
-    print(format_table(summaries, f"{args.task} {args.variant}: {len(points)} states along the {args.driver}'s "
-                                  f"rollouts, seeds {args.seeds}; {len(points[0].truth) if points else 0} "
-                                  f"candidates each (expert, pi, noised pi)"))
+    print(
+        format_table(
+            summaries,
+            f"{args.task} {args.variant}: {len(points)} states along the {args.driver}'s "
+            f"rollouts, seeds {args.seeds}; {len(points[0].truth) if points else 0} "
+            f"candidates each (expert, pi, noised pi)",
+        )
+    )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"summaries": [asdict(s) for s in summaries], "points": [asdict(p) for p in points]}, f)
+            json.dump(
+                {
+                    "summaries": [asdict(s) for s in summaries],
+                    "points": [asdict(p) for p in points],
+                },
+                f,
+            )
     return 0
 
 

@@ -32,8 +32,11 @@ from simdist_planner.model.checkpoint import load_checkpoint
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="simdist-readout", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="simdist-readout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--checkpoint", required=True, help="world-model checkpoint directory")
     p.add_argument("--data", nargs="+", required=True, help="shards it was not trained on")
     p.add_argument("--windows", type=int, default=512)
@@ -45,11 +48,20 @@ def main(argv=None) -> int:
     data = ShardedDataset(args.data)
     if model.state_head is not None:
         rows = state_readout(model, data, args.windows, args.seed)
-        print(format_readout(rows, f"task state read from z ({args.checkpoint}), raw units, "
-                                   f"up to {args.windows} held-out windows"))
-    print(format_policy_readout(policy_readout(model, data, args.windows, args.seed),
-                                f"pi's first action against the clean expert's ({args.checkpoint}), "
-                                f"RMS, raw units, up to {args.windows} held-out windows"))
+        print(
+            format_readout(
+                rows,
+                f"task state read from z ({args.checkpoint}), raw units, "
+                f"up to {args.windows} held-out windows",
+            )
+        )
+    print(
+        format_policy_readout(
+            policy_readout(model, data, args.windows, args.seed),
+            f"pi's first action against the clean expert's ({args.checkpoint}), "
+            f"RMS, raw units, up to {args.windows} held-out windows",
+        )
+    )
     return 0
 
 

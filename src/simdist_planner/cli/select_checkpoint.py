@@ -26,14 +26,22 @@ from simdist_planner.training.config import CheckpointSelection
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="simdist-select-checkpoint", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="simdist-select-checkpoint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--run", required=True, help="a pretraining run directory (with checkpoints/)")
     p.add_argument("--task", required=True, help="simulation task, e.g. peg, go2_slope")
     p.add_argument("--region", default="", help="UR5e tasks: narrow or wide")
     p.add_argument("--variant", default="sim", choices=("sim", "real"))
     p.add_argument("--episodes", type=int, default=20, help="per checkpoint")
-    p.add_argument("--seed", type=int, default=1000, help="first episode seed (keep apart from evaluation seeds)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=1000,
+        help="first episode seed (keep apart from evaluation seeds)",
+    )
     p.add_argument("--max-steps", type=int, default=0, help="0 = the task's episode length")
     p.add_argument("--workers", type=int, default=1, help="processes, one checkpoint each")
     p.add_argument("--device", default="cpu")
@@ -43,9 +51,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        selection = CheckpointSelection(task=args.task, region=args.region, variant=args.variant,
-                                        episodes=args.episodes, seed=args.seed, max_steps=args.max_steps,
-                                        workers=args.workers)
+        selection = CheckpointSelection(
+            task=args.task,
+            region=args.region,
+            variant=args.variant,
+            episodes=args.episodes,
+            seed=args.seed,
+            max_steps=args.max_steps,
+            workers=args.workers,
+        )
     except ValueError as err:
         raise SystemExit(f"simdist-select-checkpoint: {err}")
     select_checkpoint(args.run, selection, args.device)

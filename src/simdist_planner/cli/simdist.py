@@ -19,10 +19,14 @@ from simdist_planner.ros.launcher import launch, parse_launch_args
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="simdist", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_launch = sub.add_parser("launch", help="start a graph: simdist launch peg robot:=sim checkpoint:=DIR")
+    p_launch = sub.add_parser(
+        "launch", help="start a graph: simdist launch peg robot:=sim checkpoint:=DIR"
+    )
     p_launch.add_argument("graph", choices=sorted(desc.GRAPHS))
     p_launch.add_argument("args", nargs="*", help="launch arguments name:=value")
-    p_launch.add_argument("--dry-run", action="store_true", help="print the node command lines and exit")
+    p_launch.add_argument(
+        "--dry-run", action="store_true", help="print the node command lines and exit"
+    )
     p_args = sub.add_parser("args", help="list a graph's launch arguments")
     p_args.add_argument("graph", choices=sorted(desc.GRAPHS))
     ns = parser.parse_args(argv)

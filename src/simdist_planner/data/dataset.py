@@ -10,6 +10,7 @@ The last row holds the final observation and its value; its action is zero, rewa
 An episode is complete once its row in /episodes exists (written after its steps), which is
 what makes resuming exact: anything past the last complete episode is truncated.
 """
+
 from __future__ import annotations
 
 import json
@@ -160,12 +161,21 @@ class EpisodeRecord:
 
 
 # ------------------------------------------------------------------------------------- writer
-def episode_record(observations: list[dict], actions: list[np.ndarray], episode_id: int,
-                   layout: StepLayout, seed: int = -1, success: bool = False, source: str = "") -> EpisodeRecord:
+def episode_record(
+    observations: list[dict],
+    actions: list[np.ndarray],
+    episode_id: int,
+    layout: StepLayout,
+    seed: int = -1,
+    success: bool = False,
+    source: str = "",
+) -> EpisodeRecord:
     """L + 1 observation arrays and L executed actions as a dataset episode (no rewards/values)."""
     rows = len(observations)
     if len(actions) != rows - 1 or rows < 2:
-        raise ValueError(f"an episode needs L >= 1 actions and L + 1 observations, got {len(actions)} / {rows}")
+        raise ValueError(
+            f"an episode needs L >= 1 actions and L + 1 observations, got {len(actions)} / {rows}"
+        )
     steps = {
         "proprio": np.stack([o["proprio"] for o in observations]),
         "action": np.concatenate([np.stack(actions), np.zeros((1, layout.action_dim), np.float32)]),
@@ -181,9 +191,16 @@ def episode_record(observations: list[dict], actions: list[np.ndarray], episode_
     if layout.command_dim:
         steps["command"] = np.stack([o["command"] for o in observations])
     return EpisodeRecord(
-        id=episode_id, steps=steps, policy=-1, seed=seed,
-        noise_scale=np.zeros(layout.action_dim, np.float32), never_noised=True,
-        success=success, terminated=success, truncated=not success, meta={"source": source},
+        id=episode_id,
+        steps=steps,
+        policy=-1,
+        seed=seed,
+        noise_scale=np.zeros(layout.action_dim, np.float32),
+        never_noised=True,
+        success=success,
+        terminated=success,
+        truncated=not success,
+        meta={"source": source},
     )
 
 
@@ -257,7 +274,11 @@ class ShardWriter:
         eps = f.create_group("episodes", track_order=False)
         for name, dtype in _EPISODE_FIELDS.items():
             eps.create_dataset(
-                name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(_ROWS_PER_CHUNK,),
+                name,
+                shape=(0,),
+                maxshape=(None,),
+                dtype=dtype,
+                chunks=(_ROWS_PER_CHUNK,),
                 track_times=False,
             )
         eps.create_dataset(
@@ -269,8 +290,12 @@ class ShardWriter:
             track_times=False,
         )
         eps.create_dataset(
-            "meta", shape=(0,), maxshape=(None,), dtype=h5py.string_dtype(),
-            chunks=(_ROWS_PER_CHUNK,), track_times=False,
+            "meta",
+            shape=(0,),
+            maxshape=(None,),
+            dtype=h5py.string_dtype(),
+            chunks=(_ROWS_PER_CHUNK,),
+            track_times=False,
         )
 
     def _check_resumable(self, attrs, mutable_attrs) -> None:
@@ -467,7 +492,9 @@ class _Shard:
         eps = f["episodes"]
         missing = (set(_EPISODE_FIELDS) | {"noise_scale", "meta"}) - set(eps)
         if missing:
-            raise DatasetError(f"{path}: missing datasets {sorted('/episodes/' + n for n in missing)}")
+            raise DatasetError(
+                f"{path}: missing datasets {sorted('/episodes/' + n for n in missing)}"
+            )
         n = min(eps[k].shape[0] for k in eps)
         self.episodes = {k: eps[k][:n] for k in list(_EPISODE_FIELDS) + ["noise_scale"]}
         rows = int(self.episodes["start"][-1] + self.episodes["length"][-1]) if n else 0
@@ -555,7 +582,9 @@ class ShardedDataset:
         if preload not in PRELOAD_MODES:
             raise ValueError(f"preload must be one of {PRELOAD_MODES}, got {preload!r}")
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}")
+            raise ValueError(
+                f"need 0 <= rank < world_size, got rank={rank} world_size={world_size}"
+            )
         self.shards = [_Shard(p, preload) for p in shard_paths(paths_or_dir)]
         self.layout = self.shards[0].layout
         for s in self.shards[1:]:
@@ -570,11 +599,14 @@ class ShardedDataset:
         run_of = [runs.setdefault(str(s.attrs.get("config", "")), len(runs)) for s in self.shards]
         noise = {json.dumps(self._obs_noise_of(s.attrs), sort_keys=True) for s in self.shards}
         if len(noise) > 1:
-            raise DatasetError(f"the runs combined here use different observation noise: {sorted(noise)}")
+            raise DatasetError(
+                f"the runs combined here use different observation noise: {sorted(noise)}"
+            )
         # (shard, local episode index) for every episode, ordered by (run, id)
         refs = [(si, li) for si, s in enumerate(self.shards) for li in range(len(s.episodes["id"]))]
-        keys = np.array([(run_of[si], self.shards[si].episodes["id"][li]) for si, li in refs],
-                        np.int64).reshape(-1, 2)
+        keys = np.array(
+            [(run_of[si], self.shards[si].episodes["id"][li]) for si, li in refs], np.int64
+        ).reshape(-1, 2)
         if len(np.unique(keys, axis=0)) != len(keys):
             raise DatasetError(
                 "episode ids repeat across shards of one generation run (the same shard named "
@@ -586,7 +618,9 @@ class ShardedDataset:
             order = np.array([k for k in order if self._all_clean_expert(*refs[k])], np.int64)
         order = order[: int(round(fraction * len(order)))]
         if max_steps is not None:
-            lengths = np.array([self.shards[refs[k][0]].episodes["length"][refs[k][1]] for k in order])
+            lengths = np.array(
+                [self.shards[refs[k][0]].episodes["length"][refs[k][1]] for k in order]
+            )
             keep = int(np.searchsorted(np.cumsum(lengths), max_steps)) + 1
             if keep > len(order):
                 raise ValueError(
@@ -632,8 +666,10 @@ class ShardedDataset:
         """
         per_term = self._obs_noise_of(self.attrs)
         proprio = np.concatenate(
-            [np.full(dim, float(per_term.get(name, 0.0)), np.float32)
-             for name, dim in self.layout.proprio_terms]
+            [
+                np.full(dim, float(per_term.get(name, 0.0)), np.float32)
+                for name, dim in self.layout.proprio_terms
+            ]
         )
         return {"proprio": proprio, "height_map": float(per_term.get("height_map", 0.0))}
 
@@ -773,7 +809,11 @@ def window_phases(windows: WindowDataset) -> dict[str, np.ndarray]:
     data = windows.dataset
     task = str(data.attrs.get("task", ""))
     names = ("action", "state") if data.layout.state_terms else ("action",)
-    per_episode = [step_phases(task, data.read(i, 0, int(data.lengths[i]), names=names))
-                   for i in range(data.num_episodes)]
-    row = np.concatenate([[0], np.cumsum(data.lengths)[:-1]])[windows.episode_index] + windows.t_index
+    per_episode = [
+        step_phases(task, data.read(i, 0, int(data.lengths[i]), names=names))
+        for i in range(data.num_episodes)
+    ]
+    row = (
+        np.concatenate([[0], np.cumsum(data.lengths)[:-1]])[windows.episode_index] + windows.t_index
+    )
     return {phase: np.concatenate([p[phase] for p in per_episode])[row] for phase in per_episode[0]}

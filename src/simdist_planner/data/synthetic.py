@@ -4,6 +4,7 @@ Used by the tests (causality, overfitting, DDP / resume checks) and by `simdist-
 --synthetic` to smoke-run the pipeline without a generated dataset. The system is fixed by
 `system_seed`, so separate calls sample windows of the same dynamics.
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,9 +12,15 @@ import torch
 from simdist_planner.model.config import WorldModelConfig
 
 
-def synthetic_windows(config: WorldModelConfig, batch: int, seed: int = 0, system_seed: int = 0,
-                      history: int | None = None, horizon: int | None = None,
-                      corrupt_prob: float = 0.3) -> dict[str, torch.Tensor]:
+def synthetic_windows(
+    config: WorldModelConfig,
+    batch: int,
+    seed: int = 0,
+    system_seed: int = 0,
+    history: int | None = None,
+    horizon: int | None = None,
+    corrupt_prob: float = 0.3,
+) -> dict[str, torch.Tensor]:
     """`batch` windows of H + T + 1 observations; actions are a linear expert's, corrupted
     (flag 0, large noise) with probability `corrupt_prob` per step."""
     h = config.history if history is None else history
@@ -37,15 +44,17 @@ def synthetic_windows(config: WorldModelConfig, batch: int, seed: int = 0, syste
         actions.append(a)
         expert.append(clean)
     states_t = torch.stack(states, 1)  # (B, n, P)
-    rewards_all = -(states_t ** 2).mean(-1)
+    rewards_all = -(states_t**2).mean(-1)
     if c_dim:
-        rewards_all = rewards_all + (states_t[..., :min(p, c_dim)] * command[:, None, :min(p, c_dim)]).sum(-1)
+        rewards_all = rewards_all + (
+            states_t[..., : min(p, c_dim)] * command[:, None, : min(p, c_dim)]
+        ).sum(-1)
     window = {
         "proprio": states_t,
         "actions": torch.stack(actions, 1),
-        "rewards": rewards_all[:, h:h + t],
-        "values": 3.0 * rewards_all[:, h + 1:h + t + 1],
-        "expert": torch.stack(expert, 1)[:, h:h + t],
+        "rewards": rewards_all[:, h : h + t],
+        "values": 3.0 * rewards_all[:, h + 1 : h + t + 1],
+        "expert": torch.stack(expert, 1)[:, h : h + t],
     }
     if c_dim:
         window["command"] = command[:, None, :].expand(batch, n, c_dim).contiguous()
@@ -59,5 +68,7 @@ def synthetic_windows(config: WorldModelConfig, batch: int, seed: int = 0, syste
     if config.image is not None:
         ch, hh, ww = 3, config.image.height, config.image.width
         W = torch.randn(config.num_cameras * ch * hh * ww, p, generator=sysg)
-        window["images"] = torch.sigmoid(states_t @ W.T).reshape(batch, n, config.num_cameras, ch, hh, ww)
+        window["images"] = torch.sigmoid(states_t @ W.T).reshape(
+            batch, n, config.num_cameras, ch, hh, ww
+        )
     return window

@@ -14,6 +14,7 @@ volume by `ShardedDataset(max_steps=...)`), then evaluate the SimDist planner on
 Every stage writes under --workdir and is skipped when its output exists, so an interrupted run
 resumes where it stopped; results.json holds every figure measured so far.
 """
+
 from __future__ import annotations
 
 import json
@@ -101,7 +102,9 @@ def _ur5e(task: str) -> bool:
 
 
 # ------------------------------------------------------------------------------- data
-def generate_data(task: str, scale: AblationScale, workdir: pathlib.Path, workers: int = 1) -> tuple[pathlib.Path, pathlib.Path]:
+def generate_data(
+    task: str, scale: AblationScale, workdir: pathlib.Path, workers: int = 1
+) -> tuple[pathlib.Path, pathlib.Path]:
     """The mixed dataset and an expert-only dataset holding at least as many rows."""
     overrides = {"image_size": scale.image_size, "region": "wide"} if _ur5e(task) else {}
     probe = make_task(task, **overrides)
@@ -110,9 +113,15 @@ def generate_data(task: str, scale: AblationScale, workdir: pathlib.Path, worker
     mixed, expert = workdir / "data" / task / "mixed", workdir / "data" / task / "expert"
 
     def run(out, episodes, expert_only, resume):
-        cfg = datagen.GenerateConfig(task=task, robot=robot, episodes=episodes, seed=0,
-                                     expert_only=expert_only, max_steps=scale.max_steps[task],
-                                     task_overrides=overrides)
+        cfg = datagen.GenerateConfig(
+            task=task,
+            robot=robot,
+            episodes=episodes,
+            seed=0,
+            expert_only=expert_only,
+            max_steps=scale.max_steps[task],
+            task_overrides=overrides,
+        )
         datagen.generate(cfg, out, workers=min(workers, episodes), resume=resume, progress=True)
 
     if not _complete(mixed):
@@ -137,8 +146,9 @@ def _mark_complete(path: pathlib.Path) -> None:
     (path / "COMPLETE").write_text("")
 
 
-def pretrain_config(row: AblationRow, task: str, mixed: pathlib.Path, expert: pathlib.Path,
-                    scale: AblationScale):
+def pretrain_config(
+    row: AblationRow, task: str, mixed: pathlib.Path, expert: pathlib.Path, scale: AblationScale
+):
     """The row's pretraining run: the robot's small preset, this row's data and model changes."""
 
     overrides = dict(scale.model)
@@ -147,25 +157,42 @@ def pretrain_config(row: AblationRow, task: str, mixed: pathlib.Path, expert: pa
     if row.reconstruction > 0:
         overrides["loss"] = {"reconstruction": row.reconstruction}
     if row.expert_only:  # clean expert episodes, cut to the mixed dataset's volume
-        data = dict(data=(str(expert),), expert_only=True, max_data_steps=ShardedDataset(mixed).num_steps)
+        data = dict(
+            data=(str(expert),), expert_only=True, max_data_steps=ShardedDataset(mixed).num_steps
+        )
     else:
         data = dict(data=(str(mixed),), fraction=row.fraction)
     preset = PRETRAIN_PRESETS["ur5e_peg" if _ur5e(task) else "go2"]
     # one checkpoint, the last step's: the rows compare recipes, not checkpoint selections
-    return PretrainConfig(**{**preset, "steps": scale.train_steps, "batch_size": scale.batch_size,
-                             "warmup_steps": max(1, scale.train_steps // 20),
-                             "checkpoint_every": scale.train_steps, "checkpoint_selection": None,
-                             "model_overrides": overrides, **data})
+    return PretrainConfig(
+        **{
+            **preset,
+            "steps": scale.train_steps,
+            "batch_size": scale.batch_size,
+            "warmup_steps": max(1, scale.train_steps // 20),
+            "checkpoint_every": scale.train_steps,
+            "checkpoint_selection": None,
+            "model_overrides": overrides,
+            **data,
+        }
+    )
 
 
 def selected_dataset(cfg) -> ShardedDataset:
     """The episodes a PretrainConfig trains on (what pretrain's window source selects)."""
-    return ShardedDataset(list(cfg.data), fraction=cfg.fraction, expert_only=cfg.expert_only,
-                          max_steps=cfg.max_data_steps or None, selection_seed=cfg.selection_seed)
+    return ShardedDataset(
+        list(cfg.data),
+        fraction=cfg.fraction,
+        expert_only=cfg.expert_only,
+        max_steps=cfg.max_data_steps or None,
+        selection_seed=cfg.selection_seed,
+    )
 
 
 # ------------------------------------------------------------------------------- evaluation
-def evaluate_checkpoint(task: str, checkpoint: pathlib.Path, scale: AblationScale, device: str) -> float:
+def evaluate_checkpoint(
+    task: str, checkpoint: pathlib.Path, scale: AblationScale, device: str
+) -> float:
     """The planner's Table I figure on `task`: success rate (UR5e) or mean episode reward (Go2)."""
     model = load_checkpoint(checkpoint, device=device)
     overrides = task_overrides(task, max_steps=scale.max_steps[task], model=model)
@@ -178,10 +205,14 @@ def evaluate_checkpoint(task: str, checkpoint: pathlib.Path, scale: AblationScal
     return summary.success_rate if _ur5e(task) else summary.mean_return
 
 
-def format_ablation_table(results: dict[str, dict[str, float]], tasks: tuple[str, ...], title: str) -> str:
+def format_ablation_table(
+    results: dict[str, dict[str, float]], tasks: tuple[str, ...], title: str
+) -> str:
     """Rows of Table I; each cell 'ours (paper)'; '-' where a task was not run."""
     width = 20
-    header = f"{'row':20}" + "".join(f"{COLUMN_TITLES[c] + ' ours (paper)':>{width + 4}}" for c in COLUMNS)
+    header = f"{'row':20}" + "".join(
+        f"{COLUMN_TITLES[c] + ' ours (paper)':>{width + 4}}" for c in COLUMNS
+    )
     lines = [title, header, "-" * len(header)]
     for row in ROWS:
         cells = []
@@ -224,13 +255,19 @@ def run_ablation(small: bool, workdir=None, device: str = "cpu", progress: bool 
             run_dir = workdir / "pretrain" / task / _slug(row.name)
             checkpoint = run_dir / "model"
             if not (checkpoint / "config.json").is_file():
-                pretrain(pretrain_config(row, task, mixed, expert, scale), run_dir, device, progress)
-            results.setdefault(row.name, {})[task] = evaluate_checkpoint(task, checkpoint, scale, device)
+                pretrain(
+                    pretrain_config(row, task, mixed, expert, scale), run_dir, device, progress
+                )
+            results.setdefault(row.name, {})[task] = evaluate_checkpoint(
+                task, checkpoint, scale, device
+            )
             _save_results(results_path, results)
     minutes = (time.perf_counter() - start) / 60
-    title = (f"Table I ablation ({scale.name}: {scale.eval_episodes} planner episodes per cell, "
-             f"{scale.train_steps} training steps per model, this run {minutes:.1f} min; "
-             f"UR5e: success rate, quadruped: mean episode reward; paper in parentheses)")
+    title = (
+        f"Table I ablation ({scale.name}: {scale.eval_episodes} planner episodes per cell, "
+        f"{scale.train_steps} training steps per model, this run {minutes:.1f} min; "
+        f"UR5e: success rate, quadruped: mean episode reward; paper in parentheses)"
+    )
     print(format_ablation_table(results, scale.tasks, title))
     print(f"results: {results_path}  settings: {json.dumps(asdict(scale))}")
     return 0

@@ -77,7 +77,9 @@ def check_model_fits(model, spec: RobotSpec) -> None:
         if mine != theirs
     ]
     if mismatch:
-        raise ValueError(f"model ({cfg.robot}) does not fit robot {spec.name}: " + "; ".join(mismatch))
+        raise ValueError(
+            f"model ({cfg.robot}) does not fit robot {spec.name}: " + "; ".join(mismatch)
+        )
 
 
 def policy_chunk(model, inputs, proprio, actions) -> np.ndarray:
@@ -85,13 +87,22 @@ def policy_chunk(model, inputs, proprio, actions) -> np.ndarray:
     with torch.no_grad():
         z = model.encode(inputs)
         history = model.encode_history(proprio, actions)
-        chunk = model.policy(z, history, inputs.get("command"), inputs["proprio"])[0].float().cpu().numpy()
+        chunk = (
+            model.policy(z, history, inputs.get("command"), inputs["proprio"])[0]
+            .float()
+            .cpu()
+            .numpy()
+        )
     if not np.all(np.isfinite(chunk)):
-        raise PlannerError(f"base policy produced a non-finite action chunk (first action {chunk[0].tolist()})")
+        raise PlannerError(
+            f"base policy produced a non-finite action chunk (first action {chunk[0].tolist()})"
+        )
     return chunk
 
 
-def build_agents(names, task: Task, model=None, device="cpu", **planner_overrides) -> dict[str, Policy]:
+def build_agents(
+    names, task: Task, model=None, device="cpu", **planner_overrides
+) -> dict[str, Policy]:
     """Agents by name; `policy` and `planner` need a world model."""
     agents: dict[str, Policy] = {}
     for name in names:
@@ -104,7 +115,9 @@ def build_agents(names, task: Task, model=None, device="cpu", **planner_override
             raise ValueError(f"agent {name!r} needs a world model: pass --checkpoint")
         planner = None
         if name == "planner":
-            config = planner_config_for(task.spec, horizon=model.config.horizon, **planner_overrides)
+            config = planner_config_for(
+                task.spec, horizon=model.config.horizon, **planner_overrides
+            )
             planner = MPPIPlanner(model, config, device)
         agents[name] = Agent(model, task.spec, planner, device)
     return agents

@@ -14,6 +14,7 @@ every checkpoint go to RUN/selection.json; RUN/model is rewritten with the chose
 last step's stay in RUN/checkpoints and RUN/train_state). A checkpoint that does not load is
 reported and skipped.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,8 +48,13 @@ class SelectionError(RuntimeError):
 def task_for(selection: CheckpointSelection, model=None):
     """The selection's task, rendering at the model's image size."""
 
-    return make_task(selection.task, selection.variant, **task_overrides(
-        selection.task, selection.region or None, selection.max_steps or None, model))
+    return make_task(
+        selection.task,
+        selection.variant,
+        **task_overrides(
+            selection.task, selection.region or None, selection.max_steps or None, model
+        ),
+    )
 
 
 def check_fits(selection: CheckpointSelection, model) -> None:
@@ -83,9 +89,16 @@ def score_checkpoint(path, selection: CheckpointSelection, device: str = "cpu") 
         (summary,) = evaluate(task, agents, selection.episodes, selection.seed, progress=False)
     finally:
         task.close()
-    return {**row, "error": None, "success_rate": summary.success_rate, "mean_return": summary.mean_return,
-            "mean_distance": summary.mean_distance, "episodes": summary.episodes, "errors": summary.errors,
-            "seconds": time.perf_counter() - start}
+    return {
+        **row,
+        "error": None,
+        "success_rate": summary.success_rate,
+        "mean_return": summary.mean_return,
+        "mean_distance": summary.mean_distance,
+        "episodes": summary.episodes,
+        "errors": summary.errors,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def _score_in_worker(job: tuple) -> dict:
@@ -97,8 +110,10 @@ def best_of(rows: list[dict]) -> dict:
     """The best scored row: success rate, then mean return, then the later step."""
     scored = [r for r in rows if r["error"] is None]
     if not scored:
-        raise SelectionError("no checkpoint could be scored: " + "; ".join(
-            f"{r['checkpoint']}: {r['error']}" for r in rows))
+        raise SelectionError(
+            "no checkpoint could be scored: "
+            + "; ".join(f"{r['checkpoint']}: {r['error']}" for r in rows)
+        )
     return max(scored, key=lambda r: (r["success_rate"], r["mean_return"], r["step"]))
 
 
@@ -110,15 +125,20 @@ def select_checkpoint(run, selection: CheckpointSelection, device: str = "cpu", 
     if not paths:
         raise SelectionError(f"{run / 'checkpoints'} holds no step-* checkpoints to select from")
     jobs = [(p, selection, device) for p in paths]
-    log(f"checkpoint selection: pi of {len(paths)} checkpoints on {selection.task} ({selection.variant}), "
-        f"seeds {selection.seed}..{selection.seed + selection.episodes - 1}, {selection.workers} worker(s)")
+    log(
+        f"checkpoint selection: pi of {len(paths)} checkpoints on {selection.task} ({selection.variant}), "
+        f"seeds {selection.seed}..{selection.seed + selection.episodes - 1}, {selection.workers} worker(s)"
+    )
     rows = []
     with contextlib.ExitStack() as stack:
         if selection.workers == 1:
             scores = (score_checkpoint(*job) for job in jobs)
         else:
-            pool = stack.enter_context(ProcessPoolExecutor(min(selection.workers, len(jobs)),
-                                                           mp_context=mp.get_context("spawn")))
+            pool = stack.enter_context(
+                ProcessPoolExecutor(
+                    min(selection.workers, len(jobs)), mp_context=mp.get_context("spawn")
+                )
+            )
             scores = pool.map(_score_in_worker, jobs)
         for row in scores:
             rows.append(row)
@@ -126,20 +146,36 @@ def select_checkpoint(run, selection: CheckpointSelection, device: str = "cpu", 
     best = best_of(rows)
     model = load_checkpoint(best["checkpoint"], device="cpu")
     previous = read_metrics(run / "model") if (run / "model").is_dir() else {}
-    report = {"selection": dataclasses.asdict(selection), "checkpoints": rows, "selected_step": best["step"],
-              "selected": best["checkpoint"]}
-    save_checkpoint(model, run / "model", metrics={**previous, **read_metrics(best["checkpoint"]),
-                                                   "selected_step": best["step"], "selection": SELECTION_FILE})
+    report = {
+        "selection": dataclasses.asdict(selection),
+        "checkpoints": rows,
+        "selected_step": best["step"],
+        "selected": best["checkpoint"],
+    }
+    save_checkpoint(
+        model,
+        run / "model",
+        metrics={
+            **previous,
+            **read_metrics(best["checkpoint"]),
+            "selected_step": best["step"],
+            "selection": SELECTION_FILE,
+        },
+    )
     tmp = run / f".{SELECTION_FILE}.tmp"
     tmp.write_text(json.dumps(report, indent=1, default=float))
     tmp.replace(run / SELECTION_FILE)
-    log(f"checkpoint selection: step {best['step']} is {run / 'model'} "
-        f"(success {best['success_rate']:.2f}, return {best['mean_return']:.2f})")
+    log(
+        f"checkpoint selection: step {best['step']} is {run / 'model'} "
+        f"(success {best['success_rate']:.2f}, return {best['mean_return']:.2f})"
+    )
     return report
 
 
 def _describe(row: dict) -> str:
     if row["error"] is not None:
         return f"  step {row['step']}: skipped, {row['error']}"
-    return (f"  step {row['step']}: success {row['success_rate']:.2f}, return {row['mean_return']:.2f} "
-            f"({row['episodes']} episodes, {row['seconds']:.0f} s)")
+    return (
+        f"  step {row['step']}: success {row['success_rate']:.2f}, return {row['mean_return']:.2f} "
+        f"({row['episodes']} episodes, {row['seconds']:.0f} s)"
+    )

@@ -20,6 +20,7 @@ Every episode has its own random stream seeded by (seed, episode id), so its con
 depend on the number of workers or on interruptions; worker k of W writes the episodes with
 id % W == k to `shard-{k:05d}.h5`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,7 +60,9 @@ class NoiseConfig:
         if len(self.sigma_min) != len(self.sigma_max):
             raise ValueError("sigma_min and sigma_max need one entry per action dimension")
         if any(lo < 0 or hi < lo for lo, hi in zip(self.sigma_min, self.sigma_max)):
-            raise ValueError(f"need 0 <= sigma_min <= sigma_max, got {self.sigma_min}, {self.sigma_max}")
+            raise ValueError(
+                f"need 0 <= sigma_min <= sigma_max, got {self.sigma_min}, {self.sigma_max}"
+            )
         for name in ("burst_steps", "clean_steps"):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
@@ -355,7 +358,9 @@ class EpisodeGenerator:
         obs = self.task.reset(seed)
         if takeovers is not None:
             self.learner.reset(obs)
-        rows: dict[str, list] = {k: [] for k in self.layout.step_shapes() if k not in ("episode", "t")}
+        rows: dict[str, list] = {
+            k: [] for k in self.layout.step_shapes() if k not in ("episode", "t")
+        }
         for _ in range(self.max_steps):
             # the expert acts every step, also while the learner drives, so its phases follow
             clean = np.asarray(policy.act(obs), np.float32)
@@ -397,7 +402,11 @@ class EpisodeGenerator:
             success=bool(result.success),
             terminated=bool(result.terminated),
             truncated=not result.terminated,  # the task's time limit or our max_steps cap
-            meta={"policy_name": "learner" if takeovers is not None else self.policy_names()[policy_idx]},
+            meta={
+                "policy_name": "learner"
+                if takeovers is not None
+                else self.policy_names()[policy_idx]
+            },
         )
 
     def _record(self, rows, obs, action, expert: bool, noised: bool) -> None:
@@ -451,7 +460,9 @@ def run_shard(
         "generator": "simdist_planner.evaluation.datagen",
     }
     try:
-        with ShardWriter(path, gen.layout, attrs, resume, mutable_attrs=("episodes_requested",)) as w:
+        with ShardWriter(
+            path, gen.layout, attrs, resume, mutable_attrs=("episodes_requested",)
+        ) as w:
             todo = shard_episode_ids(cfg.episodes, shard, num_shards)
             done = w.episode_ids
             if done != todo[: len(done)]:
@@ -459,7 +470,7 @@ def run_shard(
                     f"{path} holds episodes {done[:5]}... which are not a prefix of this "
                     f"shard's episodes {todo[:5]}...; use a new --out"
                 )
-            for ep_id in todo[len(done):]:
+            for ep_id in todo[len(done) :]:
                 record = gen.episode(ep_id)
                 w.append(record)
                 if on_episode is not None:
@@ -511,7 +522,6 @@ def generate(
 ) -> list[pathlib.Path]:
     """Generate the dataset; `rank`/`world_size` (torchrun) write only shard `rank`."""
 
-
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if world_size is not None and world_size > 1:
@@ -540,7 +550,9 @@ def generate(
         queue = ctx.Queue()
         entry = registry.TASKS.get(cfg.task)
         procs = [
-            ctx.Process(target=_worker, args=(cfg, out, s, num_shards, resume, entry, queue, os.getpid()))
+            ctx.Process(
+                target=_worker, args=(cfg, out, s, num_shards, resume, entry, queue, os.getpid())
+            )
             for s in shards
         ]
         for p in procs:

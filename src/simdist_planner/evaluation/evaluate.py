@@ -63,8 +63,12 @@ def run_episode(task: Task, policy: Policy, seed: int) -> EpisodeStats:
             if result.terminated or result.truncated:
                 break
     except (PlannerError, ObservationError) as err:
-        return EpisodeStats(False, total, distance, steps, time.perf_counter() - start, seed, end, str(err))
-    return EpisodeStats(bool(success), total, distance, steps, time.perf_counter() - start, seed, end)
+        return EpisodeStats(
+            False, total, distance, steps, time.perf_counter() - start, seed, end, str(err)
+        )
+    return EpisodeStats(
+        bool(success), total, distance, steps, time.perf_counter() - start, seed, end
+    )
 
 
 def summarize(agent: str, stats: list[EpisodeStats]) -> AgentSummary:
@@ -82,8 +86,14 @@ def summarize(agent: str, stats: list[EpisodeStats]) -> AgentSummary:
     )
 
 
-def evaluate(task: Task, agents: dict[str, Policy], episodes: int, seed: int = 0,
-             progress: bool = True, episodes_out=None) -> list[AgentSummary]:
+def evaluate(
+    task: Task,
+    agents: dict[str, Policy],
+    episodes: int,
+    seed: int = 0,
+    progress: bool = True,
+    episodes_out=None,
+) -> list[AgentSummary]:
     """Run every agent on the same `episodes` seeds; one summary per agent, in order.
     `episodes_out`: a JSON-lines file that gets each episode's stats as it ends."""
     if episodes < 1:
@@ -112,8 +122,9 @@ def format_table(summaries: list[AgentSummary], title: str) -> str:
     return "\n".join(lines)
 
 
-def task_overrides(task_name: str, region: str | None = None, max_steps: int | None = None,
-                   model=None) -> dict:
+def task_overrides(
+    task_name: str, region: str | None = None, max_steps: int | None = None, model=None
+) -> dict:
     """make_task overrides: UR5e region, images rendered at the model's size, episode length
     (so a shortened episode still ends the task's own way: truncation, survival success)."""
     overrides = {}

@@ -23,6 +23,7 @@ replay that does not reproduce the driver's observation raises).
     simdist-probe --task slippery_slope --variant real --checkpoint pre=PRETRAINED \\
         --checkpoint adapted=ADAPTED --driver expert --seeds 0,1,2,3 --max-steps 400
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,7 +48,11 @@ class ProbeConfig:
     driver: str = "expert"  # whose rollout visits the probe states
     every: int = 10  # control steps between probes
     start: int = 10  # first probe step (the history is filled with real steps by then)
-    noise_stds: tuple[float, ...] = (0.1, 0.3, 0.6)  # noised pi candidates, in the planner's std units
+    noise_stds: tuple[float, ...] = (
+        0.1,
+        0.3,
+        0.6,
+    )  # noised pi candidates, in the planner's std units
     per_noise: int = 5  # candidates per noise level
     seed: int = 0  # candidate noise
 
@@ -56,8 +61,10 @@ class ProbeConfig:
         if self.driver not in DRIVERS:
             problems.append(f"driver must be one of {DRIVERS}, got {self.driver!r}")
         if self.every < 1 or self.start < 0 or self.per_noise < 0:
-            problems.append(f"need every >= 1, start >= 0, per_noise >= 0; got {self.every}, "
-                            f"{self.start}, {self.per_noise}")
+            problems.append(
+                f"need every >= 1, start >= 0, per_noise >= 0; got {self.every}, "
+                f"{self.start}, {self.per_noise}"
+            )
         if any(not s > 0 for s in self.noise_stds):
             problems.append(f"noise_stds must be > 0, got {self.noise_stds}")
         if problems:
@@ -94,8 +101,9 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def open_loop(sim: Task, obs: Observation, chunk: np.ndarray, critic,
-              discount: float) -> tuple[float, bool, list[Observation]]:
+def open_loop(
+    sim: Task, obs: Observation, chunk: np.ndarray, critic, discount: float
+) -> tuple[float, bool, list[Observation]]:
     """Execute `chunk` in `sim`, a look-ahead task now at `obs`: (true return, failed, o_t..o_t+n)."""
     observations, ret = [obs], 0.0
     for i, action in enumerate(chunk):
@@ -137,31 +145,47 @@ def copyable(task: Task) -> bool:
 def _same_state(a: Observation, b: Observation) -> bool:
     """Bit-equal proprioception and privileged simulator state."""
     pa, pb = a.privileged or {}, b.privileged or {}
-    return (np.array_equal(a.proprio, b.proprio) and pa.keys() == pb.keys()
-            and all(np.array_equal(pa[k], pb[k]) for k in pa))
+    return (
+        np.array_equal(a.proprio, b.proprio)
+        and pa.keys() == pb.keys()
+        and all(np.array_equal(pa[k], pb[k]) for k in pa)
+    )
 
 
 class ChunkProbe:
     """Scores candidate chunks with each model and with the simulator, along one rollout."""
 
-    def __init__(self, task: Task, models: dict[str, torch.nn.Module], config: ProbeConfig = ProbeConfig(),
-                 device="cpu", twin: Task | None = None, **planner_overrides):
+    def __init__(
+        self,
+        task: Task,
+        models: dict[str, torch.nn.Module],
+        config: ProbeConfig = ProbeConfig(),
+        device="cpu",
+        twin: Task | None = None,
+        **planner_overrides,
+    ):
         if not models:
             raise ValueError("the probe needs at least one model")
         shapes = {(m.config.history, m.config.horizon) for m in models.values()}
         if len(shapes) != 1:
-            raise ValueError(f"the models must share history and horizon (one history buffer, one "
-                             f"candidate set); got (history, horizon) {sorted(shapes)}")
+            raise ValueError(
+                f"the models must share history and horizon (one history buffer, one "
+                f"candidate set); got (history, horizon) {sorted(shapes)}"
+            )
         if twin is None and not copyable(task):
-            raise ValueError(f"the probe copies the task to look ahead; {task.name} cannot be "
-                             f"copied: pass a twin task, built the same way, to replay the episode in")
+            raise ValueError(
+                f"the probe copies the task to look ahead; {task.name} cannot be "
+                f"copied: pass a twin task, built the same way, to replay the episode in"
+            )
         self.task, self.twin, self.config, self.device = task, twin, config, torch.device(device)
         self._seed: int | None = None
         self._actions: list[np.ndarray] = []  # the driver's actions this episode (for the twin)
         self.reference = next(iter(models.values()))
         self.horizon = self.reference.config.horizon
         self.planners = {
-            name: MPPIPlanner(m, planner_config_for(task.spec, horizon=self.horizon, **planner_overrides), device)
+            name: MPPIPlanner(
+                m, planner_config_for(task.spec, horizon=self.horizon, **planner_overrides), device
+            )
             for name, m in models.items()
         }
         first = next(iter(self.planners.values())).config
@@ -202,9 +226,14 @@ class ChunkProbe:
         return points
 
     def _candidates(self, obs: Observation, pi: np.ndarray) -> np.ndarray:
-        noised = [pi + self._rng.normal(0.0, std, pi.shape) * self._noise_unit
-                  for std in self.config.noise_stds for _ in range(self.config.per_noise)]
-        chunks = np.stack([expert_chunk(self._fork(obs), obs, self.expert, self.horizon), pi, *noised])
+        noised = [
+            pi + self._rng.normal(0.0, std, pi.shape) * self._noise_unit
+            for std in self.config.noise_stds
+            for _ in range(self.config.per_noise)
+        ]
+        chunks = np.stack(
+            [expert_chunk(self._fork(obs), obs, self.expert, self.horizon), pi, *noised]
+        )
         return np.clip(chunks, self._low, self._high).astype(np.float32)
 
     def _probe(self, seed, step, obs, inputs, proprio, actions, pi) -> ProbePoint:
@@ -214,7 +243,9 @@ class ChunkProbe:
         chunk_t = torch.as_tensor(chunks, device=self.device)
         for name, planner in self.planners.items():
             point.model[name] = planner.score(inputs, proprio, actions, chunk_t).cpu().tolist()
-            point.oracle[name] = self._oracle(planner, [r[2] for r in runs], chunk_t, inputs.get("command"))
+            point.oracle[name] = self._oracle(
+                planner, [r[2] for r in runs], chunk_t, inputs.get("command")
+            )
         return point
 
     def _fork(self, obs: Observation) -> Task:
@@ -225,9 +256,11 @@ class ChunkProbe:
         for action in self._actions:
             replayed = self.twin.step(action).obs
         if not _same_state(replayed, obs):
-            raise RuntimeError(f"replaying seed {self._seed} for {len(self._actions)} steps in the twin "
-                               f"did not reproduce the driver's observation: {self.task.name} does not "
-                               f"step deterministically, so the twin cannot stand in for a copy")
+            raise RuntimeError(
+                f"replaying seed {self._seed} for {len(self._actions)} steps in the twin "
+                f"did not reproduce the driver's observation: {self.task.name} does not "
+                f"step deterministically, so the twin cannot stand in for a copy"
+            )
         return self.twin
 
     def _oracle(self, planner: MPPIPlanner, observations, chunks, command) -> list[float]:
@@ -240,8 +273,9 @@ class ChunkProbe:
                 batch = [observation_to_inputs(o, spec, self.device) for o in seq]
                 z = model.encode({key: torch.cat([b[key] for b in batch]) for key in batch[0]})
                 latents.append(torch.cat([z, z[-1:].expand(self.horizon + 1 - len(z), -1)]))
-            returns, _, _ = planner.objective(torch.stack(latents), chunks,
-                                              None if command is None else command.expand(n, -1))
+            returns, _, _ = planner.objective(
+                torch.stack(latents), chunks, None if command is None else command.expand(n, -1)
+            )
         return returns.cpu().tolist()
 
 
@@ -251,10 +285,14 @@ class ProbeSummary:
     points: int
     rank_corr: float  # mean Spearman rho, model objective vs truth
     oracle_rank_corr: float  # the same with a perfect f
-    prefers_expert: float  # fraction of states where the objective ranks the expert's chunk above pi's
+    prefers_expert: (
+        float  # fraction of states where the objective ranks the expert's chunk above pi's
+    )
     oracle_prefers_expert: float
     truth_prefers_expert: float
-    pick_quantile: float  # mean truth quantile of the objective's top candidate (1 = the truly best)
+    pick_quantile: (
+        float  # mean truth quantile of the objective's top candidate (1 = the truly best)
+    )
 
 
 def summarize(name: str, points: list[ProbePoint]) -> ProbeSummary:
@@ -279,11 +317,15 @@ def summarize(name: str, points: list[ProbePoint]) -> ProbeSummary:
 
 
 def format_table(summaries: list[ProbeSummary], title: str) -> str:
-    head = (f"{'model':<16} {'states':>6} {'rank corr':>9} {'oracle f':>8} {'expert>pi':>9} "
-            f"{'oracle f':>8} {'truth':>6} {'pick quantile':>13}")
+    head = (
+        f"{'model':<16} {'states':>6} {'rank corr':>9} {'oracle f':>8} {'expert>pi':>9} "
+        f"{'oracle f':>8} {'truth':>6} {'pick quantile':>13}"
+    )
     lines = [title, head, "-" * len(head)]
     for s in summaries:
-        lines.append(f"{s.model:<16} {s.points:>6d} {s.rank_corr:>9.3f} {s.oracle_rank_corr:>8.3f} "
-                     f"{s.prefers_expert:>9.2f} {s.oracle_prefers_expert:>8.2f} {s.truth_prefers_expert:>6.2f} "
-                     f"{s.pick_quantile:>13.2f}")
+        lines.append(
+            f"{s.model:<16} {s.points:>6d} {s.rank_corr:>9.3f} {s.oracle_rank_corr:>8.3f} "
+            f"{s.prefers_expert:>9.2f} {s.oracle_prefers_expert:>8.2f} {s.truth_prefers_expert:>6.2f} "
+            f"{s.pick_quantile:>13.2f}"
+        )
     return "\n".join(lines)

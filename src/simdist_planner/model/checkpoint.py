@@ -9,6 +9,7 @@ The directory is written under a temporary name and renamed into place, so a rea
 a half-written checkpoint. Loading checks the format version, the config, every tensor name and
 shape, and the SHA-256 of the weights and scaler, and names the file and the problem on failure.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,8 +43,11 @@ def _unwrap(model) -> WorldModel:
 
 def weight_tensors(model: WorldModel) -> dict[str, torch.Tensor]:
     """The tensors stored in model.safetensors (the scaler lives in scaler.json)."""
-    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-            if not k.startswith("scaler.")}
+    return {
+        k: v.detach().cpu().contiguous()
+        for k, v in model.state_dict().items()
+        if not k.startswith("scaler.")
+    }
 
 
 def _sha256(path: pathlib.Path) -> str:
@@ -80,15 +84,21 @@ def save_checkpoint(model, path, metrics: dict | None = None) -> pathlib.Path:
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        save_file(weight_tensors(model), str(tmp / WEIGHTS),
-                  metadata={"format": "pt", "simdist_format_version": str(CHECKPOINT_FORMAT_VERSION)})
+        save_file(
+            weight_tensors(model),
+            str(tmp / WEIGHTS),
+            metadata={"format": "pt", "simdist_format_version": str(CHECKPOINT_FORMAT_VERSION)},
+        )
         model.scaler.save_json(tmp / SCALER)
         _write_json(tmp / METRICS, metrics or {})
-        _write_json(tmp / CONFIG, {
-            "format_version": CHECKPOINT_FORMAT_VERSION,
-            "config": model.config.to_dict(),
-            "sha256": {WEIGHTS: _sha256(tmp / WEIGHTS), SCALER: _sha256(tmp / SCALER)},
-        })
+        _write_json(
+            tmp / CONFIG,
+            {
+                "format_version": CHECKPOINT_FORMAT_VERSION,
+                "config": model.config.to_dict(),
+                "sha256": {WEIGHTS: _sha256(tmp / WEIGHTS), SCALER: _sha256(tmp / SCALER)},
+            },
+        )
         replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -98,7 +108,9 @@ def save_checkpoint(model, path, metrics: dict | None = None) -> pathlib.Path:
 
 def _read_json(file: pathlib.Path):
     if not file.is_file():
-        raise CheckpointError(f"{file}: missing (a checkpoint needs {WEIGHTS}, {CONFIG}, {SCALER}, {METRICS})")
+        raise CheckpointError(
+            f"{file}: missing (a checkpoint needs {WEIGHTS}, {CONFIG}, {SCALER}, {METRICS})"
+        )
     try:
         return json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -112,7 +124,8 @@ def read_config(path) -> WorldModelConfig:
     if not isinstance(data, dict) or data.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         got = data.get("format_version") if isinstance(data, dict) else data
         raise CheckpointError(
-            f"{file}: checkpoint format_version {got!r}, this code reads {CHECKPOINT_FORMAT_VERSION}")
+            f"{file}: checkpoint format_version {got!r}, this code reads {CHECKPOINT_FORMAT_VERSION}"
+        )
     try:
         return WorldModelConfig.from_dict(data.get("config"))
     except (ValueError, TypeError) as err:
@@ -138,7 +151,9 @@ def load_checkpoint(path, device="cpu", expect: WorldModelConfig | None = None) 
         raise CheckpointError(f"{path}: checkpoint directory does not exist")
     config = read_config(path)
     if expect is not None and config != expect:
-        raise CheckpointError(f"{path / CONFIG}: config mismatch: " + "; ".join(_config_diff(config, expect)))
+        raise CheckpointError(
+            f"{path / CONFIG}: config mismatch: " + "; ".join(_config_diff(config, expect))
+        )
     hashes = _read_json(path / CONFIG).get("sha256", {})
     model = WorldModel(config)
     expected = {k: tuple(v.shape) for k, v in weight_tensors(model).items()}
@@ -156,16 +171,24 @@ def load_checkpoint(path, device="cpu", expect: WorldModelConfig | None = None) 
     if missing or unexpected:
         raise CheckpointError(
             f"{weights}: tensor names do not match the config in {CONFIG}: missing {missing[:5]}, "
-            f"unexpected {unexpected[:5]}")
-    wrong = [f"{k} {shapes[k]} (config needs {expected[k]})" for k in sorted(names) if shapes[k] != expected[k]]
+            f"unexpected {unexpected[:5]}"
+        )
+    wrong = [
+        f"{k} {shapes[k]} (config needs {expected[k]})"
+        for k in sorted(names)
+        if shapes[k] != expected[k]
+    ]
     if wrong:
-        raise CheckpointError(f"{weights}: tensor shapes do not match the config in {CONFIG}: "
-                              + ", ".join(wrong[:5]))
+        raise CheckpointError(
+            f"{weights}: tensor shapes do not match the config in {CONFIG}: " + ", ".join(wrong[:5])
+        )
     for name in (WEIGHTS, SCALER):
         if name not in hashes:
             raise CheckpointError(f"{path / CONFIG}: no sha256 recorded for {name}")
         if _sha256(path / name) != hashes[name]:
-            raise CheckpointError(f"{path / name}: SHA-256 does not match {CONFIG}; the file is corrupt")
+            raise CheckpointError(
+                f"{path / name}: SHA-256 does not match {CONFIG}; the file is corrupt"
+            )
     try:
         with safe_open(str(weights), framework="pt") as f:
             state = {k: f.get_tensor(k) for k in names}

@@ -5,6 +5,7 @@ is the CPU-sized UR5e model (small CNN at 64x64) used for pretraining on this ma
 `WorldModelConfig.to_dict()` / `from_dict()` round-trip exactly and reject unknown or missing keys,
 so a checkpoint written by another version fails loudly instead of building a different network.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,7 +40,9 @@ class ImageEncoderConfig:
     # "resnet18" (ImageNet layout, 512 features), "small_cnn" (flattened conv features) or
     # "keypoint_cnn" (the same convs, spatial-softmax keypoints: where things are in the image)
     backbone: str = "resnet18"
-    weights_path: str = ""  # local torchvision ResNet-18 weights (.safetensors or .pth); "" = random
+    weights_path: str = (
+        ""  # local torchvision ResNet-18 weights (.safetensors or .pth); "" = random
+    )
     small_cnn_channels: tuple[int, ...] = (16, 32, 64, 64)  # 3x3 convs (stride 2; keypoint_cnn:
     # stride 2 for the first two, 1 after, so keypoints keep a quarter of the resolution)
     small_cnn_features: int = 128  # small-CNN output features per camera
@@ -137,40 +140,70 @@ class WorldModelConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting that cannot build a model."""
+
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ValueError(f"WorldModelConfig({self.robot!r}): {msg}")
 
-        for name in ("proprio_dim", "action_dim", "history", "horizon", "latent_dim",
-                     "encoder_hidden_factor", "mlp_head_hidden_factor"):
+        for name in (
+            "proprio_dim",
+            "action_dim",
+            "history",
+            "horizon",
+            "latent_dim",
+            "encoder_hidden_factor",
+            "mlp_head_hidden_factor",
+        ):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("command_dim", "proprio_layers", "action_layers", "latent_layers", "state_dim"):
+        for name in (
+            "command_dim",
+            "proprio_layers",
+            "action_layers",
+            "latent_layers",
+            "state_dim",
+        ):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
-        need(self.dynamics_kind in DYNAMICS_KINDS,
-             f"dynamics_kind must be one of {DYNAMICS_KINDS}, got {self.dynamics_kind!r}")
-        need(self.head_kind in HEAD_KINDS,
-             f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
+        need(
+            self.dynamics_kind in DYNAMICS_KINDS,
+            f"dynamics_kind must be one of {DYNAMICS_KINDS}, got {self.dynamics_kind!r}",
+        )
+        need(
+            self.head_kind in HEAD_KINDS,
+            f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}",
+        )
         for name in ("dynamics", "reward", "value", "policy"):
             att: AttentionConfig = getattr(self, name)
-            need(att.layers >= 1 and att.heads >= 1 and att.mlp_factor >= 1,
-                 f"{name} attention needs layers, heads, mlp_factor >= 1, got {att}")
-            need(self.latent_dim % att.heads == 0,
-                 f"latent_dim {self.latent_dim} is not divisible by {name}.heads {att.heads}")
+            need(
+                att.layers >= 1 and att.heads >= 1 and att.mlp_factor >= 1,
+                f"{name} attention needs layers, heads, mlp_factor >= 1, got {att}",
+            )
+            need(
+                self.latent_dim % att.heads == 0,
+                f"latent_dim {self.latent_dim} is not divisible by {name}.heads {att.heads}",
+            )
         for name in ("dropout_mlp", "dropout_attention"):
             need(0.0 <= getattr(self, name) < 1.0, f"{name} must be in [0, 1)")
         for name in ("latent", "reward", "value", "action", "reconstruction", "state"):
             need(getattr(self.loss, name) >= 0.0, f"loss weight {name} must be >= 0")
         if self.image is not None:
             need(len(self.image.cameras) >= 1, "image encoder needs at least one camera")
-            need(self.image.backbone in IMAGE_BACKBONES,
-                 f"image backbone must be one of {IMAGE_BACKBONES}, got {self.image.backbone!r}")
-            need(self.image.height >= 16 and self.image.width >= 16,
-                 f"image size must be >= 16x16, got {self.image.height}x{self.image.width}")
+            need(
+                self.image.backbone in IMAGE_BACKBONES,
+                f"image backbone must be one of {IMAGE_BACKBONES}, got {self.image.backbone!r}",
+            )
+            need(
+                self.image.height >= 16 and self.image.width >= 16,
+                f"image size must be >= 16x16, got {self.image.height}x{self.image.width}",
+            )
         if self.height_map is not None:
             hm = self.height_map
-            need(len(hm.channels) == len(hm.strides) and len(hm.channels) >= 1,
-                 "height_map channels and strides must have the same non-zero length")
-            need(all(s >= 1 for s in hm.shape), f"height_map shape must be positive, got {hm.shape}")
+            need(
+                len(hm.channels) == len(hm.strides) and len(hm.channels) >= 1,
+                "height_map channels and strides must have the same non-zero length",
+            )
+            need(
+                all(s >= 1 for s in hm.shape), f"height_map shape must be positive, got {hm.shape}"
+            )
 
     @property
     def num_cameras(self) -> int:
@@ -206,8 +239,14 @@ class WorldModelConfig:
 
 # Keys added after format version 1 ("a.b" = key b of the object at a) and the behaviour a
 # config written without them had.
-LEGACY_DEFAULTS = {"normalize_latent": False, "state_dim": 0, "loss.state": 0.0, "policy_sees_history": True,
-                   "policy_proprio_skip": False, "policy_proprio_gain": False}
+LEGACY_DEFAULTS = {
+    "normalize_latent": False,
+    "state_dim": 0,
+    "loss.state": 0.0,
+    "policy_sees_history": True,
+    "policy_proprio_skip": False,
+    "policy_proprio_gain": False,
+}
 
 
 def to_plain(obj):

@@ -4,6 +4,7 @@ E maps (normalised proprio, height map, camera images) to the latent z; C turns 
 proprio / action pairs into 2H interleaved tokens with temporal and type embeddings. Both share
 the proprio MLP, as in the official model.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,9 @@ class HeightMapEncoder(nn.Module):
         layers: list[nn.Module] = []
         prev = 1
         for i, (ch, stride) in enumerate(zip(cfg.channels, cfg.strides)):
-            layers.append(nn.Conv2d(prev, ch, cfg.kernel_size, stride, padding=cfg.kernel_size // 2))
+            layers.append(
+                nn.Conv2d(prev, ch, cfg.kernel_size, stride, padding=cfg.kernel_size // 2)
+            )
             if i < len(cfg.channels) - 1:
                 layers.append(nn.GELU())
             prev = ch
@@ -71,8 +74,9 @@ class SmallCNN(nn.Module):
     def __init__(self, cfg: ImageEncoderConfig):
         super().__init__()
         strides = [2] * len(cfg.small_cnn_channels)
-        self.cnn, ch, h, w = _conv_stack(cfg.small_cnn_channels, strides, cfg.height, cfg.width,
-                                         last_activation=True)
+        self.cnn, ch, h, w = _conv_stack(
+            cfg.small_cnn_channels, strides, cfg.height, cfg.width, last_activation=True
+        )
         self.proj = nn.Linear(ch * h * w, cfg.small_cnn_features)
         self.out_features = cfg.small_cnn_features
 
@@ -91,10 +95,13 @@ class KeypointCNN(nn.Module):
     def __init__(self, cfg: ImageEncoderConfig):
         super().__init__()
         strides = [2 if i < 2 else 1 for i in range(len(cfg.small_cnn_channels))]
-        self.cnn, prev, h, w = _conv_stack(cfg.small_cnn_channels, strides, cfg.height, cfg.width,
-                                           last_activation=False)
+        self.cnn, prev, h, w = _conv_stack(
+            cfg.small_cnn_channels, strides, cfg.height, cfg.width, last_activation=False
+        )
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
-        self.register_buffer("grid", torch.stack([xs.reshape(-1), ys.reshape(-1)], 1), persistent=False)
+        self.register_buffer(
+            "grid", torch.stack([xs.reshape(-1), ys.reshape(-1)], 1), persistent=False
+        )
         self.log_temperature = nn.Parameter(torch.zeros(()))
         self.proj = nn.Linear(2 * prev, cfg.small_cnn_features)
         self.out_features = cfg.small_cnn_features
@@ -145,8 +152,12 @@ class ImageEncoder(nn.Module):
             self.backbone = SmallCNN(cfg) if cfg.backbone == "small_cnn" else KeypointCNN(cfg)
             per_camera = self.backbone.out_features
         self.out_features = per_camera * self.num_cameras
-        self.register_buffer("pixel_mean", torch.tensor(IMAGENET_MEAN).view(3, 1, 1), persistent=False)
-        self.register_buffer("pixel_std", torch.tensor(IMAGENET_STD).view(3, 1, 1), persistent=False)
+        self.register_buffer(
+            "pixel_mean", torch.tensor(IMAGENET_MEAN).view(3, 1, 1), persistent=False
+        )
+        self.register_buffer(
+            "pixel_std", torch.tensor(IMAGENET_STD).view(3, 1, 1), persistent=False
+        )
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
         """(N, n_cam, 3, h, w) uint8 or [0, 1] float -> (N * n_cam, 3, H, W) ImageNet-normalised."""
@@ -157,7 +168,9 @@ class ImageEncoder(nn.Module):
         x = images.flatten(0, 1)
         x = x.float() / 255.0 if images.dtype == torch.uint8 else x.float()
         if tuple(x.shape[-2:]) != self.size:
-            x = F.interpolate(x, size=self.size, mode="bilinear", antialias=True, align_corners=False)
+            x = F.interpolate(
+                x, size=self.size, mode="bilinear", antialias=True, align_corners=False
+            )
         return (x - self.pixel_mean) / self.pixel_std
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -184,8 +197,9 @@ class ObservationEncoder(nn.Module):
         self.latent = MLP(fused, [hidden] * cfg.latent_layers, d)
         self.latent_norm = nn.LayerNorm(d) if cfg.normalize_latent else nn.Identity()
 
-    def forward(self, proprio: torch.Tensor, height_map: torch.Tensor | None,
-                images: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, proprio: torch.Tensor, height_map: torch.Tensor | None, images: torch.Tensor | None
+    ) -> torch.Tensor:
         """Normalised proprio (N, P), height map (N, h, w), raw images (N, n_cam, 3, h, w)."""
         parts = [self.proprio(proprio)]
         if self.height_map is not None:
@@ -217,7 +231,7 @@ class HistoryEncoder(nn.Module):
         b, h, d = proprio_tokens.shape
         if h > self.history:
             raise ValueError(f"history of {h} steps is longer than the model's H = {self.history}")
-        temporal = self.temporal[self.history - h:self.history]
+        temporal = self.temporal[self.history - h : self.history]
         p = proprio_tokens + temporal + self.types[self.PROPRIO]
         a = self.action(actions) + temporal + self.types[self.ACTION]
         return torch.stack((p, a), dim=2).reshape(b, 2 * h, d)

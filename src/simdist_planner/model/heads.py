@@ -3,6 +3,7 @@
 Every module here works on normalised quantities; `WorldModel` converts raw units at its API.
 Context = the history tokens with the z_t token appended.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,9 @@ class ChunkedDynamics(nn.Module):
     def __init__(self, cfg: WorldModelConfig):
         super().__init__()
         self.action_embed = SequenceEmbedding(cfg.action_dim, cfg.latent_dim, cfg.horizon)
-        self.decoder = TransformerDecoder(cfg.latent_dim, cfg.dynamics, cfg.dropout_attention,
-                                          cfg.dropout_mlp)
+        self.decoder = TransformerDecoder(
+            cfg.latent_dim, cfg.dynamics, cfg.dropout_attention, cfg.dropout_mlp
+        )
 
     def forward(self, actions: torch.Tensor, context: torch.Tensor | ContextCache) -> torch.Tensor:
         return self.decoder(self.action_embed(actions), context)
@@ -39,8 +41,9 @@ class AutoregressiveDynamics(nn.Module):
         super().__init__()
         self.action_embed = SequenceEmbedding(cfg.action_dim, cfg.latent_dim, cfg.horizon)
         self.latent_in = nn.Linear(cfg.latent_dim, cfg.latent_dim)
-        self.decoder = TransformerDecoder(cfg.latent_dim, cfg.dynamics, cfg.dropout_attention,
-                                          cfg.dropout_mlp)
+        self.decoder = TransformerDecoder(
+            cfg.latent_dim, cfg.dynamics, cfg.dropout_attention, cfg.dropout_mlp
+        )
 
     def forward(self, actions: torch.Tensor, context: torch.Tensor | ContextCache) -> torch.Tensor:
         """The context's keys / values are projected once and reused by all T steps; a batch-1
@@ -62,7 +65,9 @@ class TransformerHead(nn.Module):
     def __init__(self, in_dim: int, cfg: WorldModelConfig, att):
         super().__init__()
         self.embed = SequenceEmbedding(in_dim, cfg.latent_dim, cfg.horizon)
-        self.encoder = TransformerEncoder(cfg.latent_dim, att, cfg.dropout_attention, cfg.dropout_mlp)
+        self.encoder = TransformerEncoder(
+            cfg.latent_dim, att, cfg.dropout_attention, cfg.dropout_mlp
+        )
         self.out = nn.Linear(cfg.latent_dim, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +87,11 @@ class MLPHead(nn.Module):
 
 
 def make_head(in_dim: int, cfg: WorldModelConfig, att) -> nn.Module:
-    return TransformerHead(in_dim, cfg, att) if cfg.head_kind == "transformer" else MLPHead(in_dim, cfg)
+    return (
+        TransformerHead(in_dim, cfg, att)
+        if cfg.head_kind == "transformer"
+        else MLPHead(in_dim, cfg)
+    )
 
 
 def _zero_linear(n_in: int, n_out: int) -> nn.Linear:
@@ -107,16 +116,28 @@ class PolicyHead(nn.Module):
         self.decoder = TransformerDecoder(d, cfg.policy, cfg.dropout_attention, cfg.dropout_mlp)
         self.out = nn.Linear(d, cfg.action_dim)
         # WorldModelConfig.policy_proprio_skip / _gain: zero at first, so pi starts as without them
-        self.proprio_skip = _zero_linear(cfg.proprio_dim, cfg.horizon * cfg.action_dim) \
-            if cfg.policy_proprio_skip else None
-        self.proprio_gain = _zero_linear(d, cfg.action_dim * cfg.proprio_dim) if cfg.policy_proprio_gain else None
+        self.proprio_skip = (
+            _zero_linear(cfg.proprio_dim, cfg.horizon * cfg.action_dim)
+            if cfg.policy_proprio_skip
+            else None
+        )
+        self.proprio_gain = (
+            _zero_linear(d, cfg.action_dim * cfg.proprio_dim) if cfg.policy_proprio_gain else None
+        )
 
-    def forward(self, context: torch.Tensor, commands: torch.Tensor | None, steps: int,
-                proprio: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        context: torch.Tensor,
+        commands: torch.Tensor | None,
+        steps: int,
+        proprio: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """`steps` <= T actions; `commands` (B, >= steps, C) when the robot has a command;
         `proprio` (B, P) normalised o^p_t, needed with either proprio path."""
         if steps > self.horizon:
-            raise ValueError(f"policy chunk of {steps} steps is longer than the horizon {self.horizon}")
+            raise ValueError(
+                f"policy chunk of {steps} steps is longer than the horizon {self.horizon}"
+            )
         if commands is not None:
             queries = self.query(commands[:, :steps])
         else:
@@ -126,9 +147,14 @@ class PolicyHead(nn.Module):
         if self.proprio_skip is None and self.proprio_gain is None:
             return actions
         if proprio is None:
-            raise ValueError("this policy reads the proprio (policy_proprio_skip / _gain): pass the current proprio")
+            raise ValueError(
+                "this policy reads the proprio (policy_proprio_skip / _gain): pass the current proprio"
+            )
         if self.proprio_skip is not None:
-            actions = actions + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
+            actions = (
+                actions
+                + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
+            )
         if self.proprio_gain is not None:
             gain = self.proprio_gain(tokens).view(*actions.shape, proprio.shape[-1])
             actions = actions + torch.einsum("bsap,bp->bsa", gain, proprio)

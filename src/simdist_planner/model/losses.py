@@ -7,6 +7,7 @@ enters the chunk, no later action is a target for pi. Each term is a mean over i
 Optional terms outside the paper: reconstruction (the Table I ablation) and the privileged task
 state read from z_t (LossWeights.state), with near-field copies of named terms (`near_field`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -53,8 +54,10 @@ def near_field_slices(layout, near_field: dict[str, float], setting: str) -> Nea
     starts = layout.state_slices()
     unknown = sorted(set(near_field) - set(starts))
     if unknown:
-        raise ValueError(f"{setting} names {unknown}; the data's task state has the terms "
-                         f"{sorted(starts) or 'none'}")
+        raise ValueError(
+            f"{setting} names {unknown}; the data's task state has the terms "
+            f"{sorted(starts) or 'none'}"
+        )
     return [(starts[name], float(scale)) for name, scale in near_field.items()]
 
 
@@ -67,8 +70,9 @@ def state_targets(scaler, state: torch.Tensor, near: NearField) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None = None,
-                     near_field: NearField = ()) -> LossTerms:
+def world_model_loss(
+    model: nn.Module, window: dict, weights: LossWeights | None = None, near_field: NearField = ()
+) -> LossTerms:
     """Eq. 2 for one batch of windows; `model` may be wrapped in DDP / torch.compile; `weights`
     default to the model config's. `near_field` (near_field_slices) adds tanh copies of those
     state columns to the state term, read from the state head's denormalised output."""
@@ -91,22 +95,34 @@ def world_model_loss(model: nn.Module, window: dict, weights: LossWeights | None
     action = (((pred["actions"] - actions) * mask) ** 2).mean()
     recon = latent.new_zeros(())
     if "reconstruction" in pred:
-        recon = sum(((pred["reconstruction"][k] - v) ** 2).mean()
-                    for k, v in pred["reconstruction_targets"].items())
+        recon = sum(
+            ((pred["reconstruction"][k] - v) ** 2).mean()
+            for k, v in pred["reconstruction_targets"].items()
+        )
     state = latent.new_zeros(())
     if w.state > 0:
         if "state" not in pred:
-            raise ValueError(f"loss.state is {w.state} but the {core.config.robot} model has no "
-                             "state head (state_dim 0)")
+            raise ValueError(
+                f"loss.state is {w.state} but the {core.config.robot} model has no "
+                "state head (state_dim 0)"
+            )
         if "state" not in window:
-            raise ValueError("loss.state > 0 needs the privileged task state in the window "
-                             "('state'); shards generated before it was stored have none")
+            raise ValueError(
+                "loss.state > 0 needs the privileged task state in the window "
+                "('state'); shards generated before it was stored have none"
+            )
         _check_shape("state", window["state"], pred["state"].shape)
         target = state_targets(scaler, window["state"].float(), near_field)
         guess = state_targets(scaler, scaler.denormalize("state", pred["state"]), near_field)
         state = ((guess - target) ** 2).mean()
-    total = (w.latent * latent + w.reward * reward + w.value * value + w.action * action
-             + w.reconstruction * recon + w.state * state)
+    total = (
+        w.latent * latent
+        + w.reward * reward
+        + w.value * value
+        + w.action * action
+        + w.reconstruction * recon
+        + w.state * state
+    )
     return LossTerms(total, latent, reward, value, action, recon, state)
 
 
@@ -116,8 +132,10 @@ def adaptation_loss(model: nn.Module, window: dict) -> torch.Tensor:
 
 
 def _float(pred: dict) -> dict:
-    return {k: ({n: t.float() for n, t in v.items()} if isinstance(v, dict) else v.float())
-            for k, v in pred.items()}
+    return {
+        k: ({n: t.float() for n, t in v.items()} if isinstance(v, dict) else v.float())
+        for k, v in pred.items()
+    }
 
 
 def _check_shape(name: str, x: torch.Tensor, shape) -> None:
@@ -125,15 +143,19 @@ def _check_shape(name: str, x: torch.Tensor, shape) -> None:
         raise ValueError(f"window {name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
 
 
-def freeze_for_adaptation(model: WorldModel, train_encoder: bool = False,
-                          train_value: bool = False) -> list[nn.Parameter]:
+def freeze_for_adaptation(
+    model: WorldModel, train_encoder: bool = False, train_value: bool = False
+) -> list[nn.Parameter]:
     """Prepare Eq. 3: only f trains (train mode, dropout on); everything else frozen, eval mode.
 
     `train_encoder` / `train_value` unfreeze E / V as well (the paper's ablations, which fail).
     Returns the trainable parameters for the optimiser. Call again after any `model.train()`.
     """
-    trainable_parts = {"dynamics"} | ({"encoder"} if train_encoder else set()) | (
-        {"value"} if train_value else set())
+    trainable_parts = (
+        {"dynamics"}
+        | ({"encoder"} if train_encoder else set())
+        | ({"value"} if train_value else set())
+    )
     model.eval()
     params = []
     for name, p in model.named_parameters():

@@ -3,6 +3,7 @@
 Losses compare scaler-normalised predictions and targets (the official way of weighting Eq. 2),
 while the model's public API takes and returns raw physical units.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,7 +76,7 @@ class Scaler(nn.Module):
             x = torch.as_tensor(np.asarray(data[name]), dtype=torch.float64)
             if name in ("rewards", "values") and x.shape[-1:] != (1,):
                 x = x.unsqueeze(-1)
-            if tuple(x.shape[x.dim() - len(shape):]) != shape:
+            if tuple(x.shape[x.dim() - len(shape) :]) != shape:
                 raise ValueError(
                     f"Scaler.fit: {name} samples have shape {tuple(x.shape)}, expected (..., "
                     f"{', '.join(map(str, shape))})"
@@ -113,7 +114,9 @@ class Scaler(nn.Module):
         stats = data.get("stats")
         if not isinstance(stats, dict) or set(stats) != set(self.dims):
             got = sorted(stats) if isinstance(stats, dict) else stats
-            raise ValueError(f"{source}: scaler has quantities {got}, model needs {sorted(self.dims)}")
+            raise ValueError(
+                f"{source}: scaler has quantities {got}, model needs {sorted(self.dims)}"
+            )
         for name, shape in self.dims.items():
             entry = stats[name]
             if list(entry.get("shape", [])) != list(shape):

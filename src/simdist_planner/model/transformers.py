@@ -1,4 +1,5 @@
 """Transformer building blocks of the world model (post-LayerNorm, as in the official model)."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -26,7 +27,9 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
     n = x.numel()
-    words = torch.randint(_INT64.min, _INT64.max, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
+    words = torch.randint(
+        _INT64.min, _INT64.max, ((n + 3) // 4,), dtype=torch.int64, device=x.device
+    )
     threshold = round(p * 65536) - 32768  # int16 values >= threshold are kept
     keep = words.view(torch.int16)[:n].view(x.shape) >= threshold
     return x * keep * (65536 / (32768 - threshold))
@@ -49,8 +52,9 @@ class Dropout(nn.Module):
 class MLP(nn.Module):
     """Linear layers with GELU between them; dropout after each hidden activation."""
 
-    def __init__(self, in_dim: int, hidden: list[int] | tuple[int, ...], out_dim: int,
-                 dropout: float = 0.0):
+    def __init__(
+        self, in_dim: int, hidden: list[int] | tuple[int, ...], out_dim: int, dropout: float = 0.0
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         prev = in_dim
@@ -86,7 +90,9 @@ class Attention(nn.Module):
         """Per-head keys and values of `context` (B, n, D) -> 2 x (B, heads, n, D / heads)."""
         return self._split(self.k(context)), self._split(self.v(context))
 
-    def attend(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    def attend(
+        self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+    ) -> torch.Tensor:
         """Attention of queries from `x` (B, m, D) to precomputed `keys_values`; keys and values
         of batch 1 are broadcast (a view, no copy) to the B queries."""
         b = x.shape[0]
@@ -119,14 +125,17 @@ class ContextCache(NamedTuple):
     projections. Batch 1 serves any number of queries (the planner's candidates)."""
 
     tokens: torch.Tensor  # (B, n, D)
-    keys_values: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per layer, 2 x (B, heads, n, D/heads)
+    keys_values: tuple[
+        tuple[torch.Tensor, torch.Tensor], ...
+    ]  # per layer, 2 x (B, heads, n, D/heads)
 
 
 class EncoderLayer(nn.Module):
     """Self-attention + feed-forward, each followed by residual and LayerNorm."""
 
-    def __init__(self, dim: int, heads: int, mlp_dim: int, drop_att: float, drop_mlp: float,
-                 causal: bool):
+    def __init__(
+        self, dim: int, heads: int, mlp_dim: int, drop_att: float, drop_mlp: float, causal: bool
+    ):
         super().__init__()
         self.causal = causal
         self.attn = Attention(dim, heads, drop_att)
@@ -151,7 +160,9 @@ class DecoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.norm3 = nn.LayerNorm(dim)
 
-    def forward(self, x: torch.Tensor, context_kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, context_kv: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         """`context_kv`: this layer's `cross_attn.keys_values(context)`."""
         x = self.norm1(x + self.self_attn(x, x, causal=True))
         x = self.norm2(x + self.cross_attn.attend(x, *context_kv, causal=False))
@@ -182,7 +193,9 @@ class TransformerDecoder(nn.Module):
 
     def cache(self, context: torch.Tensor) -> ContextCache:
         """Every layer's cross-attention keys / values of `context` (B, n, D), for reuse."""
-        return ContextCache(context, tuple(layer.cross_attn.keys_values(context) for layer in self.layers))
+        return ContextCache(
+            context, tuple(layer.cross_attn.keys_values(context) for layer in self.layers)
+        )
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | ContextCache) -> torch.Tensor:
         """x (B, m, D) attends to `context`: tokens (B, n, D) or their `cache` (batch B or 1)."""
@@ -205,5 +218,7 @@ class SequenceEmbedding(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[1]
         if n > self.max_len:
-            raise ValueError(f"sequence of {n} steps is longer than the model's horizon {self.max_len}")
+            raise ValueError(
+                f"sequence of {n} steps is longer than the model's horizon {self.max_len}"
+            )
         return self.proj(x) + self.pos[:n]

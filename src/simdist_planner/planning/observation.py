@@ -5,6 +5,7 @@ the layout the dataset windows give it (docs/architecture.md "Model inputs"): ca
 `RobotSpec.cameras` order as (n_cam, 3, h, w) uint8; before the first H steps of an episode the
 history repeats o_0 with zero actions, as the dataset's pad="repeat" windows do.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,9 @@ def observation_arrays(obs: Observation, spec: RobotSpec) -> dict[str, np.ndarra
         for cam in spec.cameras:
             img = obs.images.get(cam)
             if img is None:
-                raise ObservationError(f"{spec.name}: camera {cam!r} missing; have {sorted(obs.images)}")
+                raise ObservationError(
+                    f"{spec.name}: camera {cam!r} missing; have {sorted(obs.images)}"
+                )
             img = np.asarray(img)
             if img.shape != (h, w, 3) or img.dtype != np.uint8:
                 raise ObservationError(
@@ -38,7 +41,9 @@ def observation_arrays(obs: Observation, spec: RobotSpec) -> dict[str, np.ndarra
     if spec.height_map_shape is not None:
         if obs.height_map is None:
             raise ObservationError(f"{spec.name}: height_map missing")
-        out["height_map"] = _finite(spec, "height_map", obs.height_map, tuple(spec.height_map_shape))
+        out["height_map"] = _finite(
+            spec, "height_map", obs.height_map, tuple(spec.height_map_shape)
+        )
     if spec.command_dim:
         if obs.command is None:
             raise ObservationError(f"{spec.name}: command missing")
@@ -46,10 +51,13 @@ def observation_arrays(obs: Observation, spec: RobotSpec) -> dict[str, np.ndarra
     return out
 
 
-def observation_to_inputs(obs: Observation, spec: RobotSpec, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def observation_to_inputs(
+    obs: Observation, spec: RobotSpec, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
     """One observation as a model-input batch of size 1 on `device`."""
     return {
-        k: torch.from_numpy(v).unsqueeze(0).to(device) for k, v in observation_arrays(obs, spec).items()
+        k: torch.from_numpy(v).unsqueeze(0).to(device)
+        for k, v in observation_arrays(obs, spec).items()
     }
 
 

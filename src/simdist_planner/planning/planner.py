@@ -18,6 +18,7 @@ follow the notes and TD-MPC2: mean[:-d] = prev[d:], tail zero).
 Non-finite model outputs never become an action: every check is accumulated on the device and
 resolved with one host transfer per step, which raises `PlannerError` naming what went wrong.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,9 @@ class WorldModelLike(Protocol):
 
     def encode_history(self, proprio: torch.Tensor, actions: torch.Tensor) -> torch.Tensor: ...
 
-    def dynamics_context(self, z: torch.Tensor, history: torch.Tensor) -> Any: ...  # reused by dynamics
+    def dynamics_context(
+        self, z: torch.Tensor, history: torch.Tensor
+    ) -> Any: ...  # reused by dynamics
 
     def dynamics(
         self, z: torch.Tensor, actions: torch.Tensor, history: torch.Tensor, context: Any = None
@@ -53,7 +56,11 @@ class WorldModelLike(Protocol):
     def value(self, latents: torch.Tensor, command: torch.Tensor | None) -> torch.Tensor: ...
 
     def policy(
-        self, z: torch.Tensor, history: torch.Tensor, command: torch.Tensor | None, proprio: torch.Tensor
+        self,
+        z: torch.Tensor,
+        history: torch.Tensor,
+        command: torch.Tensor | None,
+        proprio: torch.Tensor,
     ) -> torch.Tensor: ...  # (B, T, A); proprio: o^p_t (B, P)
 
 
@@ -104,7 +111,9 @@ class PlannerConfig:
                 f"{len(self.action_low)} and {len(self.action_high)}"
             )
         elif not all(lo < hi for lo, hi in zip(self.action_low, self.action_high)):
-            problems.append(f"need action_low < action_high, got {self.action_low} / {self.action_high}")
+            problems.append(
+                f"need action_low < action_high, got {self.action_low} / {self.action_high}"
+            )
         if self.num_samples < 1:
             problems.append(f"num_samples must be >= 1, got {self.num_samples}")
         if not 0.0 <= self.mixture_coef <= 1.0:
@@ -129,12 +138,17 @@ class PlannerConfig:
             problems.append(f"delay must be in [1, horizon={self.horizon}], got {self.delay}")
         if self.warm_start not in WARM_STARTS:
             problems.append(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
-        if self.std_scale and (len(self.std_scale) != len(self.action_low)
-                               or not all(u > 0 for u in self.std_scale)):
-            problems.append(f"std_scale must be empty or {len(self.action_low)} positive values, "
-                            f"got {self.std_scale}")
+        if self.std_scale and (
+            len(self.std_scale) != len(self.action_low) or not all(u > 0 for u in self.std_scale)
+        ):
+            problems.append(
+                f"std_scale must be empty or {len(self.action_low)} positive values, "
+                f"got {self.std_scale}"
+            )
         if self.max_nonfinite_candidates < 0:
-            problems.append(f"max_nonfinite_candidates must be >= 0, got {self.max_nonfinite_candidates}")
+            problems.append(
+                f"max_nonfinite_candidates must be >= 0, got {self.max_nonfinite_candidates}"
+            )
         if problems:
             raise ValueError("invalid PlannerConfig: " + "; ".join(problems))
 
@@ -163,8 +177,12 @@ def go2_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
     """Go2 MPPI: the official mppi.yaml (450 + 22 candidates, 8 iterations, 64 elites,
     H = T = 25) except the temperature, which fits our reward units (GO2_TEMPERATURE)."""
     return replace(
-        PlannerConfig(horizon=25, action_low=tuple(action_low), action_high=tuple(action_high),
-                      temperature=GO2_TEMPERATURE),
+        PlannerConfig(
+            horizon=25,
+            action_low=tuple(action_low),
+            action_high=tuple(action_high),
+            temperature=GO2_TEMPERATURE,
+        ),
         **overrides,
     )
 
@@ -200,7 +218,9 @@ PLANNER_CONFIGS = {"go2": go2_planner_config, "ur5e": ur5e_planner_config}
 def planner_config_for(spec, **overrides) -> PlannerConfig:
     """The robot's default planner config with the action bounds of its RobotSpec."""
     if spec.name not in PLANNER_CONFIGS:
-        raise ValueError(f"no planner defaults for robot {spec.name!r}; known: {sorted(PLANNER_CONFIGS)}")
+        raise ValueError(
+            f"no planner defaults for robot {spec.name!r}; known: {sorted(PLANNER_CONFIGS)}"
+        )
     return PLANNER_CONFIGS[spec.name](spec.action_low, spec.action_high, **overrides)
 
 
@@ -236,7 +256,9 @@ _FLAG_NAMES = (
 class MPPIPlanner:
     """Stateful MPPI: call `reset()` at episode start, `plan()` once per control step."""
 
-    def __init__(self, model: WorldModelLike, config: PlannerConfig, device: str | torch.device = "cpu"):
+    def __init__(
+        self, model: WorldModelLike, config: PlannerConfig, device: str | torch.device = "cpu"
+    ):
         self.model = model
         self.config = config
         self.device = torch.device(device)
@@ -277,7 +299,9 @@ class MPPIPlanner:
     ) -> PlanResult:
         """One control step. obs: model-input dict with batch 1; histories (1, H, P) / (1, H, A)."""
         if getattr(self.model, "training", False):
-            raise PlannerError("the world model is in training mode (dropout on); call model.eval() first")
+            raise PlannerError(
+                "the world model is in training mode (dropout on); call model.eval() first"
+            )
         with torch.no_grad():
             try:
                 return self._plan(obs, proprio_history, action_history)
@@ -327,8 +351,15 @@ class MPPIPlanner:
         self._std.copy_(self._init_std.expand(T, A))
         # Base-policy candidates: noised once per step, reused by every iteration.
         policy_part = self._actions[S:]
-        torch.randn(self._policy_noise.shape, generator=self._generator, device=self.device, out=self._policy_noise)
-        torch.addcmul(policy_chunk[0], self._policy_noise, self._policy_noise_scale, out=policy_part)
+        torch.randn(
+            self._policy_noise.shape,
+            generator=self._generator,
+            device=self.device,
+            out=self._policy_noise,
+        )
+        torch.addcmul(
+            policy_chunk[0], self._policy_noise, self._policy_noise_scale, out=policy_part
+        )
         self._clamp(policy_part)
         self._sync()
         encoded = time.perf_counter()
@@ -336,34 +367,46 @@ class MPPIPlanner:
         nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
         gaussian_part = self._actions[:S]
         for _ in range(c.iterations):
-            torch.randn(self._noise.shape, generator=self._generator, device=self.device, out=self._noise)
+            torch.randn(
+                self._noise.shape, generator=self._generator, device=self.device, out=self._noise
+            )
             torch.addcmul(self._mean, self._std, self._noise, out=gaussian_part)
             self._clamp(gaussian_part)
-            returns, bad = self._evaluate(z_all, history_all, context, command_all, self._actions, latents)
+            returns, bad = self._evaluate(
+                z_all, history_all, context, command_all, self._actions, latents
+            )
             nonfinite += bad.sum()
             if c.policy_prior:
-                returns = returns - c.policy_prior * self.policy_distance(self._actions, policy_chunk[0])
+                returns = returns - c.policy_prior * self.policy_distance(
+                    self._actions, policy_chunk[0]
+                )
             self._update(torch.where(bad, -math.inf, returns))
         optimised = time.perf_counter()
 
         # Predicted rewards / values along the final mean, for the plan topic and diagnostics.
         mean_actions = self._mean.unsqueeze(0)
-        mean_latents = torch.cat([z.unsqueeze(1), model.dynamics(z, mean_actions, history, context)], dim=1)
+        mean_latents = torch.cat(
+            [z.unsqueeze(1), model.dynamics(z, mean_actions, history, context)], dim=1
+        )
         rewards = model.reward(mean_latents, mean_actions, command)
         values = model.value(mean_latents, command)
         flags.append(_any_nonfinite(mean_latents, rewards, values, self._mean))
 
         # One host transfer resolves every check and brings back the plan.
-        packed = torch.cat(
-            [
-                torch.stack(flags).float(),
-                nonfinite.float().view(1),
-                self._mean.flatten(),
-                rewards[0].float(),
-                values[0].float(),
-                policy_chunk[0].flatten().float(),
-            ]
-        ).cpu().numpy()
+        packed = (
+            torch.cat(
+                [
+                    torch.stack(flags).float(),
+                    nonfinite.float().view(1),
+                    self._mean.flatten(),
+                    rewards[0].float(),
+                    values[0].float(),
+                    policy_chunk[0].flatten().float(),
+                ]
+            )
+            .cpu()
+            .numpy()
+        )
         nf = len(_FLAG_NAMES)
         bad_parts = [name for name, flag in zip(_FLAG_NAMES, packed[:nf]) if flag]
         n_bad = int(packed[nf])
@@ -398,18 +441,30 @@ class MPPIPlanner:
         PlannerError on a non-finite prediction.
         """
         if getattr(self.model, "training", False):
-            raise PlannerError("the world model is in training mode (dropout on); call model.eval() first")
+            raise PlannerError(
+                "the world model is in training mode (dropout on); call model.eval() first"
+            )
         with torch.no_grad():
-            obs, proprio_history, action_history = self._to_device(obs, proprio_history, action_history)
+            obs, proprio_history, action_history = self._to_device(
+                obs, proprio_history, action_history
+            )
             chunks = chunks.to(self.device, torch.float32)
             n, command = chunks.shape[0], obs.get("command")
             z = self.model.encode(obs)
             history = self.model.encode_history(proprio_history, action_history)
             context = self.model.dynamics_context(z, history)
-            latents = torch.empty(n, self.config.horizon + 1, z.shape[1], dtype=z.dtype, device=self.device)
+            latents = torch.empty(
+                n, self.config.horizon + 1, z.shape[1], dtype=z.dtype, device=self.device
+            )
             latents[:, 0].copy_(z.expand(n, -1))
-            returns, bad = self._evaluate(z.expand(n, -1), history.expand(n, -1, -1), context,
-                                          None if command is None else command.expand(n, -1), chunks, latents)
+            returns, bad = self._evaluate(
+                z.expand(n, -1),
+                history.expand(n, -1, -1),
+                context,
+                None if command is None else command.expand(n, -1),
+                chunks,
+                latents,
+            )
         if bool(bad.any()):
             raise PlannerError(f"non-finite objective for {int(bad.sum())} of {n} chunks")
         return returns
@@ -419,7 +474,9 @@ class MPPIPlanner:
         units, summed over A and averaged over T (N,): what `policy_prior` weighs."""
         return ((chunks - policy_chunk) * self._prior_scale).square().sum(-1).mean(-1)
 
-    def objective(self, latents: torch.Tensor, actions: torch.Tensor, command=None) -> tuple[torch.Tensor, ...]:
+    def objective(
+        self, latents: torch.Tensor, actions: torch.Tensor, command=None
+    ) -> tuple[torch.Tensor, ...]:
         """Discounted returns (N,) of latent trajectories (N, T+1, D) under `actions` (N, T, A),
         with the rewards (N, T) and values (N, T) they came from: the planner's objective."""
         rewards = self.model.reward(latents, actions, command)
@@ -462,9 +519,15 @@ class MPPIPlanner:
         return self._latents
 
     def _to_device(self, obs, proprio_history, action_history):
-        for name, t in [*obs.items(), ("proprio_history", proprio_history), ("action_history", action_history)]:
+        for name, t in [
+            *obs.items(),
+            ("proprio_history", proprio_history),
+            ("action_history", action_history),
+        ]:
             if not isinstance(t, torch.Tensor) or t.ndim == 0 or t.shape[0] != 1:
-                raise PlannerError(f"{name}: expected a tensor with batch dimension 1, got {_describe(t)}")
+                raise PlannerError(
+                    f"{name}: expected a tensor with batch dimension 1, got {_describe(t)}"
+                )
         if action_history.shape[-1] != self.config.action_dim:
             raise PlannerError(
                 f"action_history has action dim {action_history.shape[-1]}, expected {self.config.action_dim}"

@@ -4,6 +4,7 @@ Pure data plus one resolver. Both launch paths read it: the launch_ros files in 
 `resolve()`'s nodes into `launch_ros.actions.Node`s, and the pip launcher (`simdist launch`) turns
 them into `--ros-args` command lines. Nothing here imports rclpy, launch or launch_ros.
 """
+
 from __future__ import annotations
 
 import os
@@ -104,7 +105,9 @@ COMMON_ARGS: tuple[LaunchArg, ...] = (
     LaunchArg("seed", "0", "seed of the first MuJoCo episode (robot:=sim)"),
     LaunchArg("episodes", "0", "robot:=sim: number of episodes to run, 0 = until stopped"),
     LaunchArg("domain", "", "ROS_DOMAIN_ID for every node (empty: inherit the environment)"),
-    LaunchArg("params_file", "", "parameter file used instead of config/<graph>.yaml (same sections)"),
+    LaunchArg(
+        "params_file", "", "parameter file used instead of config/<graph>.yaml (same sections)"
+    ),
 )
 UR5E_ARGS = (LaunchArg("robot_ip", "", "UR5e controller IP address (robot:=real)"),)
 GO2_ARGS = (LaunchArg("network_interface", "", "network interface wired to the Go2 (robot:=real)"),)
@@ -116,10 +119,18 @@ _REAL = (("robot", ("real",)),)
 def _nodes(robot: str) -> tuple[NodeSpec, ...]:
     """The node set every graph of a robot runs; hardware driver chosen by `robot`."""
     hw_driver = (
-        NodeSpec("ur5e_driver", "ur5e_rtde_driver_node", when=_REAL, arg_params=(("robot_ip", "robot_ip"),))
+        NodeSpec(
+            "ur5e_driver",
+            "ur5e_rtde_driver_node",
+            when=_REAL,
+            arg_params=(("robot_ip", "robot_ip"),),
+        )
         if robot == "ur5e"
         else NodeSpec(
-            "go2_driver", "go2_sdk_driver_node", when=_REAL, arg_params=(("network_interface", "network_interface"),)
+            "go2_driver",
+            "go2_sdk_driver_node",
+            when=_REAL,
+            arg_params=(("network_interface", "network_interface"),),
         )
     )
     return (
@@ -127,13 +138,24 @@ def _nodes(robot: str) -> tuple[NodeSpec, ...]:
             "mujoco_driver",
             "mujoco_driver_node",
             when=(("robot", ("sim",)),),
-            arg_params=(("variant", "variant"), ("lockstep", "lockstep"), ("seed", "seed"), ("episodes", "episodes")),
+            arg_params=(
+                ("variant", "variant"),
+                ("lockstep", "lockstep"),
+                ("seed", "seed"),
+                ("episodes", "episodes"),
+            ),
         ),
         hw_driver,
-        NodeSpec("replay", "replay_node", when=(("robot", ("replay",)),), arg_params=(("bag", "bag"),)),
+        NodeSpec(
+            "replay", "replay_node", when=(("robot", ("replay",)),), arg_params=(("bag", "bag"),)
+        ),
         NodeSpec("ingestion", "ingestion_node"),
         NodeSpec("safety_supervisor", "safety_supervisor_node", when=(("robot", ("sim", "real")),)),
-        NodeSpec("planner", "planner_node", arg_params=(("checkpoint", "checkpoint"), ("device", "device"))),
+        NodeSpec(
+            "planner",
+            "planner_node",
+            arg_params=(("checkpoint", "checkpoint"), ("device", "device")),
+        ),
         NodeSpec(
             "recorder",
             "recorder_node",
@@ -158,12 +180,22 @@ def _nodes(robot: str) -> tuple[NodeSpec, ...]:
 GRAPHS: dict[str, GraphSpec] = {
     "peg": GraphSpec("peg", "ur5e", "peg.yaml", (("sim", "peg"), ("real", "peg")), _nodes("ur5e")),
     "table_leg": GraphSpec(
-        "table_leg", "ur5e", "table_leg.yaml", (("sim", "table_leg"), ("real", "table_leg")), _nodes("ur5e")
+        "table_leg",
+        "ur5e",
+        "table_leg.yaml",
+        (("sim", "table_leg"), ("real", "table_leg")),
+        _nodes("ur5e"),
     ),
     "go2_slope": GraphSpec(
-        "go2_slope", "go2", "go2_slope.yaml", (("sim", "go2_slope"), ("real", "slippery_slope")), _nodes("go2")
+        "go2_slope",
+        "go2",
+        "go2_slope.yaml",
+        (("sim", "go2_slope"), ("real", "slippery_slope")),
+        _nodes("go2"),
     ),
-    "go2_foam": GraphSpec("go2_foam", "go2", "go2_foam.yaml", (("sim", "go2_flat"), ("real", "foam")), _nodes("go2")),
+    "go2_foam": GraphSpec(
+        "go2_foam", "go2", "go2_foam.yaml", (("sim", "go2_flat"), ("real", "foam")), _nodes("go2")
+    ),
 }
 
 
@@ -210,7 +242,9 @@ def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
     declared = {a.name: a for a in graph_args(graph)}
     unknown = sorted(set(given) - set(declared))
     if unknown:
-        raise ValueError(f"unknown argument(s) {unknown} for graph {graph!r}; known: {sorted(declared)}")
+        raise ValueError(
+            f"unknown argument(s) {unknown} for graph {graph!r}; known: {sorted(declared)}"
+        )
     args = {name: str(given.get(name, a.default)) for name, a in declared.items()}
     for name, a in declared.items():
         if a.choices == BOOL:
@@ -221,10 +255,20 @@ def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
         if not args[name].lstrip("-").isdigit() or int(args[name]) < 0:
             raise ValueError(f"argument {name}:={args[name]!r} must be a non-negative integer")
     if args["domain"] and not (args["domain"].isdigit() and 0 <= int(args["domain"]) <= 232):
-        raise ValueError(f"argument domain:={args['domain']!r} must be an integer ROS domain id 0..232")
+        raise ValueError(
+            f"argument domain:={args['domain']!r} must be an integer ROS domain id 0..232"
+        )
     if not args["checkpoint"]:
-        raise ValueError("argument checkpoint:=<dir> is required: the planner needs a world-model checkpoint")
-    for name in ("checkpoint", "bag", "bag_dir", "video_checkpoint", "params_file"):  # nodes may run elsewhere than the caller's cwd
+        raise ValueError(
+            "argument checkpoint:=<dir> is required: the planner needs a world-model checkpoint"
+        )
+    for name in (
+        "checkpoint",
+        "bag",
+        "bag_dir",
+        "video_checkpoint",
+        "params_file",
+    ):  # nodes may run elsewhere than the caller's cwd
         if args[name]:
             args[name] = os.path.abspath(os.path.expanduser(args[name]))
     if args["robot"] == "replay" and not args["bag"]:
@@ -270,19 +314,25 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
         overrides: dict = {"use_sim_time": sim_time and node.name != "replay"}
         for param, arg in node.arg_params:
             if param not in section:
-                raise ValueError(f"{params_file}: node {node.name!r} has no default for parameter {param!r}")
+                raise ValueError(
+                    f"{params_file}: node {node.name!r} has no default for parameter {param!r}"
+                )
             overrides[param] = _typed(args[arg], section[param])
         if node.name == "planner":
             overrides["lockstep"] = sim_time  # plan once per observation when the simulator waits
         if node.name == "mujoco_driver":
             overrides["task"] = task
-            if args["record"] == "true" and sim_time:  # lockstep: the first tick waits until every tick is recorded
+            if (
+                args["record"] == "true" and sim_time
+            ):  # lockstep: the first tick waits until every tick is recorded
                 overrides["wait_for_ready"] = RECORDER_READY_TOPIC
         if node.name == "recorder":
             overrides["task"] = task if args["robot"] == "sim" else graph
             # only simulation announces episodes (/simdist/episode); hardware records one bag per run
             overrides["split_episodes"] = args["robot"] != "real"
-        nodes.append(ResolvedNode(node.name, node.executable, params_file, overrides, node.remappings))
+        nodes.append(
+            ResolvedNode(node.name, node.executable, params_file, overrides, node.remappings)
+        )
     env = {"ROS_DOMAIN_ID": args["domain"]} if args["domain"] else {}
     return ResolvedGraph(graph, args, env, tuple(nodes))
 

@@ -6,6 +6,7 @@ name, supervises them, forwards Ctrl-C (SIGINT to every node, then SIGTERM, then
 exits non-zero when a node dies. A node that exits 0 on its own (e.g. the MuJoCo driver after
 `episodes:=N`) ends the graph cleanly.
 """
+
 from __future__ import annotations
 
 import os
@@ -77,12 +78,18 @@ class Supervisor:
 
     def start(self) -> None:
         env = desc.launch_env(self.graph)
-        commands = [(node, command_line(node)) for node in self.graph.nodes]  # all found before any starts
+        commands = [
+            (node, command_line(node)) for node in self.graph.nodes
+        ]  # all found before any starts
         for node, cmd in commands:
             self.log(f"starting {node.name}: {shlex.join(cmd)}")
             # own session: a terminal Ctrl-C reaches only the launcher, which forwards it in order
             proc = subprocess.Popen(
-                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             self.procs[node.name] = proc
             self.log(f"started {node.name} (pid {proc.pid})")

@@ -19,6 +19,7 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
 - Parameters: every tunable is declared with a range; a set is validated (by building the
   PlannerConfig it implies) and applied at the start of the next tick.
 """
+
 from __future__ import annotations
 
 import collections
@@ -158,7 +159,9 @@ def load_world_model(path: str, device: str) -> LoadedModel:
     """Load and validate a checkpoint directory (never unpickles) and put the model in eval mode."""
 
     if not path:
-        raise ValueError("no checkpoint given: set the 'checkpoint' parameter to a checkpoint directory")
+        raise ValueError(
+            "no checkpoint given: set the 'checkpoint' parameter to a checkpoint directory"
+        )
     model = load_checkpoint(path, device=device)
     model.eval()
     cfg = model.config
@@ -186,7 +189,9 @@ def checked_spec(loaded: LoadedModel) -> RobotSpec:
             f"do not match the {loaded.robot} spec ({spec.action_dim} / {spec.proprio_dim})"
         )
     if loaded.has_height_map != (spec.height_map_shape is not None):
-        raise ValueError(f"checkpoint {loaded.path}: height-map input does not match the {loaded.robot} spec")
+        raise ValueError(
+            f"checkpoint {loaded.path}: height-map input does not match the {loaded.robot} spec"
+        )
     return dataclasses.replace(spec, cameras=loaded.cameras)
 
 
@@ -210,7 +215,9 @@ class PlannerNode(Node):
         self.params = NodeParams(self, PARAMS, check=self._check_param)
         p = self.params.values
         self.diag = Diagnostics(self, hardware_id="planner")
-        self._tick_lock = threading.Lock()  # held for a whole tick; a hot swap takes it between ticks
+        self._tick_lock = (
+            threading.Lock()
+        )  # held for a whole tick; a hot swap takes it between ticks
         self._loading = threading.Lock()  # one background load at a time
         self.latency = LatencyEstimate(p["latency_ema"])
         self._stats = collections.Counter()
@@ -234,11 +241,17 @@ class PlannerNode(Node):
         self._obs_group = MutuallyExclusiveCallbackGroup()
         if self._loaded is not None:
             self._subscribe(self._loaded)
-        self.create_subscription(String, "/simdist/episode", self._on_episode, QOS, callback_group=self._obs_group)
-        self.create_service(Trigger, "~/load_model", self._on_load_model, callback_group=ReentrantCallbackGroup())
+        self.create_subscription(
+            String, "/simdist/episode", self._on_episode, QOS, callback_group=self._obs_group
+        )
+        self.create_service(
+            Trigger, "~/load_model", self._on_load_model, callback_group=ReentrantCallbackGroup()
+        )
         # own group: a fast timer must not starve the observation callbacks (executor serves timers first)
         self._timer = self.create_timer(
-            1.0 / p["control_rate_hz"], self._on_timer, callback_group=MutuallyExclusiveCallbackGroup()
+            1.0 / p["control_rate_hz"],
+            self._on_timer,
+            callback_group=MutuallyExclusiveCallbackGroup(),
         )
         if load_error:
             self.diag.set("model", Level.ERROR, load_error)
@@ -261,7 +274,9 @@ class PlannerNode(Node):
     def _planner_config(values: dict, loaded: LoadedModel, spec: RobotSpec) -> PlannerConfig:
         """The PlannerConfig these parameter values imply; ValueError says what is wrong."""
         if values["horizon"] != loaded.horizon:
-            raise ValueError(f"horizon={values['horizon']} must equal the model's horizon T={loaded.horizon}")
+            raise ValueError(
+                f"horizon={values['horizon']} must equal the model's horizon T={loaded.horizon}"
+            )
         return planner_config_for(spec, **{f: values[f] for f in PLANNER_FIELDS})
 
     def _apply_params(self) -> None:
@@ -273,7 +288,9 @@ class PlannerNode(Node):
         if set(changed) & set(PLANNER_FIELDS) and self._loaded is not None:
             config = self._planner_config(p, self._loaded, self._spec)
             old = self.planner.config
-            self.latency.scale((config.num_candidates * config.iterations) / (old.num_candidates * old.iterations))
+            self.latency.scale(
+                (config.num_candidates * config.iterations) / (old.num_candidates * old.iterations)
+            )
             self.planner = MPPIPlanner(self._loaded.model, config, self._loaded.device)
         if "latency_ema" in changed:
             self.latency.alpha = p["latency_ema"]
@@ -298,7 +315,9 @@ class PlannerNode(Node):
 
     def _subscribe(self, loaded: LoadedModel) -> None:
         # with the spec, the proprio element names are checked: a layout change is an error
-        self._assembler = ros_msgs.ObservationAssembler(loaded.cameras, loaded.has_height_map, spec=self._spec)
+        self._assembler = ros_msgs.ObservationAssembler(
+            loaded.cameras, loaded.has_height_map, spec=self._spec
+        )
         prefix = "/simdist/observation"
         for cam in loaded.cameras:
             self.create_subscription(
@@ -392,7 +411,9 @@ class PlannerNode(Node):
             info = json.loads(msg.data)
             self._episode = (info["episode"], info.get("seed"))
         except (ValueError, KeyError, TypeError) as exc:
-            self.diag.set("episode", Level.WARN, f"unreadable /simdist/episode message {msg.data!r}: {exc}")
+            self.diag.set(
+                "episode", Level.WARN, f"unreadable /simdist/episode message {msg.data!r}: {exc}"
+            )
 
     def _on_timer(self) -> None:
         if not self.params["lockstep"]:
@@ -412,7 +433,9 @@ class PlannerNode(Node):
         stamp, obs = latest
         self._answered_stamp = stamp
         if loaded is None:
-            self.diag.set("planning", Level.ERROR, "no model loaded: no action published (call ~/load_model)")
+            self.diag.set(
+                "planning", Level.ERROR, "no model loaded: no action published (call ~/load_model)"
+            )
             return
         p = self.params.values
         period = 1.0 / (self._spec.control_rate_hz if p["lockstep"] else p["control_rate_hz"])
@@ -420,7 +443,11 @@ class PlannerNode(Node):
             age = self.get_clock().now().nanoseconds * 1e-9 - stamp * 1e-9
             if age > p["max_observation_age_s"]:
                 self._stats["stale_observations"] += 1
-                self.diag.set("planning", Level.WARN, f"observation is {age:.3f} s old (> {p['max_observation_age_s']} s): not planned on")
+                self.diag.set(
+                    "planning",
+                    Level.WARN,
+                    f"observation is {age:.3f} s old (> {p['max_observation_age_s']} s): not planned on",
+                )
                 return
         start = time.perf_counter()
         use_policy = self._should_fall_back(period)
@@ -431,14 +458,23 @@ class PlannerNode(Node):
                 self.history.reset(obs)
             proprio_hist, action_hist = self.history.tensors()
             if use_policy:
-                chunk, rewards, values = self._policy_chunk(batch, proprio_hist, action_hist, loaded), None, None
+                chunk, rewards, values = (
+                    self._policy_chunk(batch, proprio_hist, action_hist, loaded),
+                    None,
+                    None,
+                )
             else:
                 result = self.planner.plan(batch, proprio_hist, action_hist)
                 chunk, rewards, values = result.mean, result.rewards, result.values
         except (PlannerError, ObservationError, RuntimeError, ValueError) as exc:  # never act on it
             self._stats["failed_plans"] += 1
             self._publish_hold(stamp, period)
-            self.diag.set("planning", Level.ERROR, f"no plan for stamp {stamp}, HOLD sent: {exc}", **self._report())
+            self.diag.set(
+                "planning",
+                Level.ERROR,
+                f"no plan for stamp {stamp}, HOLD sent: {exc}",
+                **self._report(),
+            )
             return
         latency = time.perf_counter() - start
         self._last_latency_s = latency
@@ -449,7 +485,9 @@ class PlannerNode(Node):
         if latency > period:
             self._stats["deadline_misses"] += 1
         self._publish(stamp, chunk, rewards, values, period)
-        self._last_age_s = (self.get_clock().now().nanoseconds - stamp) * 1e-9  # observation -> action
+        self._last_age_s = (
+            self.get_clock().now().nanoseconds - stamp
+        ) * 1e-9  # observation -> action
         self.history.push(obs, chunk[0])
         level = Level.WARN if use_policy else Level.OK
         what = "base policy (MPPI predicted to miss the deadline)" if use_policy else "MPPI"
@@ -461,7 +499,9 @@ class PlannerNode(Node):
         An episode id first learnt after planning started (the episode topic matched late) is
         adopted without a reset."""
         episode, planned = self._episode, self._planned_episode
-        if planned is _NEVER or (episode is not None and planned is not None and episode != planned):
+        if planned is _NEVER or (
+            episode is not None and planned is not None and episode != planned
+        ):
             self._planned_episode = episode
             return True
         if planned is None:
@@ -471,7 +511,11 @@ class PlannerNode(Node):
     def _should_fall_back(self, period: float) -> bool:
         """MPPI predicted to overrun the deadline? (Real time only: in lockstep the simulator waits.)"""
         p = self.params.values
-        if p["lockstep"] or not p["fallback_to_policy"] or self.latency.predict() <= p["deadline_fraction"] * period:
+        if (
+            p["lockstep"]
+            or not p["fallback_to_policy"]
+            or self.latency.predict() <= p["deadline_fraction"] * period
+        ):
             self._since_probe = 0
             return False
         self._since_probe += 1
@@ -487,7 +531,12 @@ class PlannerNode(Node):
             batch = {k: v.to(dev) for k, v in batch.items()}
             z = loaded.model.encode(batch)
             history = loaded.model.encode_history(proprio_hist.to(dev), action_hist.to(dev))
-            chunk = loaded.model.policy(z, history, batch.get("command"), batch["proprio"])[0].float().cpu().numpy()
+            chunk = (
+                loaded.model.policy(z, history, batch.get("command"), batch["proprio"])[0]
+                .float()
+                .cpu()
+                .numpy()
+            )
         if not np.all(np.isfinite(chunk)):
             raise PlannerError("non-finite values in the base-policy chunk; no action returned")
         return np.clip(chunk, self._spec.action_low, self._spec.action_high)
@@ -533,12 +582,17 @@ class PlannerNode(Node):
 
     def _publish_hold(self, stamp: int, period: float) -> None:
         """The explicit safe answer to an observation that could not be planned on (no plan is sent)."""
-        hold = ros_msgs.command_to_msg(Command(CommandKind.HOLD), ros_msgs.action_names(self._spec.name), stamp, period)
+        hold = ros_msgs.command_to_msg(
+            Command(CommandKind.HOLD), ros_msgs.action_names(self._spec.name), stamp, period
+        )
         self._pub_action.publish(hold)
         self._answer = (hold, None)
 
     def _republish(self) -> None:
-        if self._answer is not None and ros_msgs.stamp_ns(self._answer[0].header.stamp) == self._answered_stamp:
+        if (
+            self._answer is not None
+            and ros_msgs.stamp_ns(self._answer[0].header.stamp) == self._answered_stamp
+        ):
             self._pub_action.publish(self._answer[0])
             if self._answer[1] is not None:
                 self._pub_plan.publish(self._answer[1])

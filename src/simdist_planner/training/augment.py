@@ -8,8 +8,14 @@ import torch
 from simdist_planner.training.config import PretrainConfig
 
 
-def augment(batch: dict, cfg: PretrainConfig, proprio_noise: torch.Tensor, hm_noise: float,
-            model_config, generator: torch.Generator) -> dict:
+def augment(
+    batch: dict,
+    cfg: PretrainConfig,
+    proprio_noise: torch.Tensor,
+    hm_noise: float,
+    model_config,
+    generator: torch.Generator,
+) -> dict:
     """Noise on the inputs o_{t-H..t} (targets stay clean, as in the official dataset)."""
     out = dict(batch)
     history = model_config.history
@@ -28,8 +34,13 @@ def augment(batch: dict, cfg: PretrainConfig, proprio_noise: torch.Tensor, hm_no
     return out
 
 
-def augment_images(images: torch.Tensor, cfg: PretrainConfig, history: int, g: torch.Generator,
-                    movable: torch.Tensor) -> torch.Tensor:
+def augment_images(
+    images: torch.Tensor,
+    cfg: PretrainConfig,
+    history: int,
+    g: torch.Generator,
+    movable: torch.Tensor,
+) -> torch.Tensor:
     """Image augmentation per (window, camera); `movable` (n_cam,) bool: the cameras a shift may move.
 
     Brightness and contrast change only the current image o_t: the latent target sg(E(o_{t+i}))

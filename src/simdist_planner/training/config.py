@@ -33,15 +33,23 @@ class CheckpointSelection:
 
     def __post_init__(self) -> None:
         if not self.task:
-            raise ValueError("CheckpointSelection: give the task whose episodes score the checkpoints")
+            raise ValueError(
+                "CheckpointSelection: give the task whose episodes score the checkpoints"
+            )
         if self.variant not in ("sim", "real"):
-            raise ValueError(f"CheckpointSelection: variant must be 'sim' or 'real', got {self.variant!r}")
+            raise ValueError(
+                f"CheckpointSelection: variant must be 'sim' or 'real', got {self.variant!r}"
+            )
         for name in ("episodes", "workers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"CheckpointSelection: {name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(
+                    f"CheckpointSelection: {name} must be >= 1, got {getattr(self, name)}"
+                )
         for name in ("seed", "max_steps"):
             if getattr(self, name) < 0:
-                raise ValueError(f"CheckpointSelection: {name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(
+                    f"CheckpointSelection: {name} must be >= 0, got {getattr(self, name)}"
+                )
 
 
 @dataclass(frozen=True)
@@ -122,34 +130,92 @@ class PretrainConfig:
             if not ok:
                 raise ValueError(f"PretrainConfig: {msg}")
 
-        need(self.model in CONFIG_FACTORIES, f"model must be one of {sorted(CONFIG_FACTORIES)}, got {self.model!r}")
-        need(self.synthetic or len(self.data) > 0, "give data (shard files / directories) or synthetic=True")
+        need(
+            self.model in CONFIG_FACTORIES,
+            f"model must be one of {sorted(CONFIG_FACTORIES)}, got {self.model!r}",
+        )
+        need(
+            self.synthetic or len(self.data) > 0,
+            "give data (shard files / directories) or synthetic=True",
+        )
         need(0.0 < self.fraction <= 1.0, f"fraction must be in (0, 1], got {self.fraction}")
-        for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every", "threads"):
+        for name in (
+            "steps",
+            "batch_size",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "log_every",
+            "threads",
+        ):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "decay_steps", "workers", "max_data_steps", "image_shift", "time_limit_s"):
+        for name in (
+            "warmup_steps",
+            "decay_steps",
+            "workers",
+            "max_data_steps",
+            "image_shift",
+            "time_limit_s",
+        ):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
-        need(self.learning_rate > 0 and self.end_learning_rate >= 0, "learning rates must be positive")
-        need(isinstance(self.phase_weights, dict) and all(isinstance(k, str) for k in self.phase_weights),
-             f"phase_weights must map phase names to weights, got {self.phase_weights!r}")
-        need(not (self.synthetic and self.phase_weights), "phase_weights need a dataset, not synthetic windows")
+        need(
+            self.learning_rate > 0 and self.end_learning_rate >= 0,
+            "learning rates must be positive",
+        )
+        need(
+            isinstance(self.phase_weights, dict)
+            and all(isinstance(k, str) for k in self.phase_weights),
+            f"phase_weights must map phase names to weights, got {self.phase_weights!r}",
+        )
+        need(
+            not (self.synthetic and self.phase_weights),
+            "phase_weights need a dataset, not synthetic windows",
+        )
         for phase, weight in self.phase_weights.items():
-            need(isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0,
-                 f"phase_weights[{phase!r}] must be a positive number, got {weight!r}")
-        need(self.preload in PRELOAD_MODES, f"preload must be one of {PRELOAD_MODES}, got {self.preload!r}")
-        need(self.encoder_steps >= 0 and self.encoder_learning_rate > 0,
-             "encoder_steps must be >= 0 and encoder_learning_rate positive")
-        need(not (self.synthetic and self.encoder_steps), "encoder_steps need a dataset, not synthetic windows")
-        need(not (self.synthetic and self.state_near_field), "state_near_field needs a dataset, not synthetic windows")
+            need(
+                isinstance(weight, (int, float))
+                and not isinstance(weight, bool)
+                and math.isfinite(weight)
+                and weight > 0,
+                f"phase_weights[{phase!r}] must be a positive number, got {weight!r}",
+            )
+        need(
+            self.preload in PRELOAD_MODES,
+            f"preload must be one of {PRELOAD_MODES}, got {self.preload!r}",
+        )
+        need(
+            self.encoder_steps >= 0 and self.encoder_learning_rate > 0,
+            "encoder_steps must be >= 0 and encoder_learning_rate positive",
+        )
+        need(
+            not (self.synthetic and self.encoder_steps),
+            "encoder_steps need a dataset, not synthetic windows",
+        )
+        need(
+            not (self.synthetic and self.state_near_field),
+            "state_near_field needs a dataset, not synthetic windows",
+        )
         for name in ("encoder_near_field", "state_near_field"):
             near = getattr(self, name)
-            need(isinstance(near, dict) and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-                for v in near.values()), f"{name} must map state terms to positive scales, got {near!r}")
-        need(not self.freeze_image_backbone or self.encoder_steps > 0 or self.init_from,
-             "freeze_image_backbone keeps a trained backbone: give encoder_steps or init_from")
+            need(
+                isinstance(near, dict)
+                and all(
+                    isinstance(v, (int, float))
+                    and not isinstance(v, bool)
+                    and math.isfinite(v)
+                    and v > 0
+                    for v in near.values()
+                ),
+                f"{name} must map state terms to positive scales, got {near!r}",
+            )
+        need(
+            not self.freeze_image_backbone or self.encoder_steps > 0 or self.init_from,
+            "freeze_image_backbone keeps a trained backbone: give encoder_steps or init_from",
+        )
         need(0.0 <= self.ema_decay < 1.0, f"ema_decay must be in [0, 1), got {self.ema_decay}")
-        need(self.precision in ("auto", "bf16", "fp32"), f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        need(
+            self.precision in ("auto", "bf16", "fp32"),
+            f"precision must be auto, bf16 or fp32, got {self.precision!r}",
+        )
 
     def replace(self, **changes) -> "PretrainConfig":
         return dataclasses.replace(self, **changes)
@@ -172,10 +238,21 @@ PRETRAIN_PRESETS = {
     # the last centimetre is drawn four times as often (docs/experiments/peg_wide.md, session 28);
     # the near-field terms are scored on z too (session 29). The model is the best of the last
     # eight checkpoints by pi's success on 20 Peg Wide episodes (seeds 1000-1019; session 31).
-    "ur5e_peg": dict(model="ur5e_small", steps=9000, batch_size=32, warmup_steps=60, threads=2, preload="all",
-                     phase_weights={"at_hole": 4}, encoder_steps=12000, freeze_image_backbone=True,
-                     encoder_near_field=PEG_NEAR_FIELD, state_near_field=PEG_NEAR_FIELD, keep_checkpoints=8,
-                     checkpoint_selection=CheckpointSelection(task="peg", region="wide", workers=2)),
+    "ur5e_peg": dict(
+        model="ur5e_small",
+        steps=9000,
+        batch_size=32,
+        warmup_steps=60,
+        threads=2,
+        preload="all",
+        phase_weights={"at_hole": 4},
+        encoder_steps=12000,
+        freeze_image_backbone=True,
+        encoder_near_field=PEG_NEAR_FIELD,
+        state_near_field=PEG_NEAR_FIELD,
+        keep_checkpoints=8,
+        checkpoint_selection=CheckpointSelection(task="peg", region="wide", workers=2),
+    ),
     # 2000 optimiser steps of 128 windows: on fixed-friction data its base policy crossed the sim
     # slope 10 / 10 (2100 x 256: 1 / 5); on friction-randomised data 0 / 10 (docs/world_model.md)
     "go2": dict(model="go2", steps=2000, batch_size=128, warmup_steps=100, threads=2),
@@ -185,7 +262,9 @@ PRETRAIN_PRESETS = {
 def _deep_merge(base: dict, changes: dict) -> dict:
     out = dict(base)
     for k, v in changes.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = (
+            _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        )
     return out
 
 
@@ -193,18 +272,26 @@ def model_config_for(cfg: PretrainConfig, layout=None) -> WorldModelConfig:
     """The preset's architecture with the dataset's dimensions and the run's overrides."""
     base = CONFIG_FACTORIES[cfg.model]()
     if layout is not None:
-        changes = dict(proprio_dim=layout.proprio_dim, action_dim=layout.action_dim,
-                       command_dim=layout.command_dim)
+        changes = dict(
+            proprio_dim=layout.proprio_dim,
+            action_dim=layout.action_dim,
+            command_dim=layout.command_dim,
+        )
         if base.height_map is not None or layout.height_map_shape:
             if not layout.height_map_shape or base.height_map is None:
-                raise ValueError(f"model {cfg.model!r} and the dataset disagree on the height map "
-                                 f"(dataset: {layout.height_map_shape})")
+                raise ValueError(
+                    f"model {cfg.model!r} and the dataset disagree on the height map "
+                    f"(dataset: {layout.height_map_shape})"
+                )
             changes["height_map"] = base.height_map.__class__(
-                **{**base.height_map.__dict__, "shape": tuple(layout.height_map_shape)})
+                **{**base.height_map.__dict__, "shape": tuple(layout.height_map_shape)}
+            )
         if base.image is not None or layout.cameras:
             if not layout.cameras or base.image is None:
-                raise ValueError(f"model {cfg.model!r} and the dataset disagree on cameras "
-                                 f"(dataset: {layout.cameras})")
+                raise ValueError(
+                    f"model {cfg.model!r} and the dataset disagree on cameras "
+                    f"(dataset: {layout.cameras})"
+                )
             image = {**base.image.__dict__, "cameras": tuple(layout.cameras)}
             if base.image.backbone in SMALL_BACKBONES:  # encode at the rendered resolution
                 image["height"], image["width"] = (int(s) for s in layout.image_shape)
@@ -216,11 +303,14 @@ def model_config_for(cfg: PretrainConfig, layout=None) -> WorldModelConfig:
         except (ValueError, TypeError) as err:
             raise ValueError(f"model_overrides {cfg.model_overrides}: {err}") from err
     if base.loss.state > 0:  # the state head is sized by the task state the shards hold
-        state_dim = base.proprio_dim if layout is None else layout.state_dim  # synthetic: a view of x
+        state_dim = (
+            base.proprio_dim if layout is None else layout.state_dim
+        )  # synthetic: a view of x
         if state_dim == 0:
             raise ValueError(
                 f"model {cfg.model!r} trains the auxiliary state loss (loss.state "
                 f"{base.loss.state}) but the dataset holds no task state: generate it with this "
-                "version, or pass --model-overrides '{\"loss\": {\"state\": 0}}'")
+                'version, or pass --model-overrides \'{"loss": {"state": 0}}\''
+            )
         base = base.replace(state_dim=state_dim)
     return base

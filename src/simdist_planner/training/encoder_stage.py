@@ -9,6 +9,7 @@ cameras and the proprio to predict the privileged task state alone reads it to a
 pretrained feature extractor is used. The reader head is thrown away; only the backbone's
 weights go on into the world model.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,15 @@ def _rows(source, picks: np.ndarray, names: list[str]) -> dict[str, np.ndarray]:
     """Step t of each picked window: {name: (len(picks), ...)}."""
     windows = source.windows
     data = windows.dataset
-    rows = [data.read(int(windows.episode_index[i]), int(windows.t_index[i]),
-                      int(windows.t_index[i]) + 1, names) for i in picks]
+    rows = [
+        data.read(
+            int(windows.episode_index[i]),
+            int(windows.t_index[i]),
+            int(windows.t_index[i]) + 1,
+            names,
+        )
+        for i in picks
+    ]
     return {n: np.concatenate([r[n] for r in rows]) for n in names}
 
 
@@ -57,16 +65,25 @@ def encoder_lr(cfg: PretrainConfig, step: int) -> float:
     return cfg.encoder_learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def pretrain_image_backbone(model: WorldModel, source, cfg: PretrainConfig, device: torch.device,
-                            rank: int = 0, writer=None, progress: bool = True) -> tuple[StateReader, list[float]]:
+def pretrain_image_backbone(
+    model: WorldModel,
+    source,
+    cfg: PretrainConfig,
+    device: torch.device,
+    rank: int = 0,
+    writer=None,
+    progress: bool = True,
+) -> tuple[StateReader, list[float]]:
     """Train model.encoder.images (with a reader head) to predict the task state of step t of
     windows drawn as pretraining draws them (phase weights included), the images and proprio
     augmented as there. The scaler must be fitted. Returns the reader (its head is what the
     world model throws away) and the mean loss of every `log_every` steps."""
     mc = model.config
     if source.windows is None or mc.image is None or mc.state_dim == 0:
-        raise ValueError("encoder_steps need a dataset with camera images and the task state "
-                         "(loss.state > 0), to teach the image backbone to read it")
+        raise ValueError(
+            "encoder_steps need a dataset with camera images and the task state "
+            "(loss.state > 0), to teach the image backbone to read it"
+        )
     layout = source.windows.dataset.layout
     near = near_field_slices(layout, cfg.encoder_near_field, "encoder_near_field")
     out_dim = mc.state_dim + sum(c.stop - c.start for c, _ in near)
@@ -77,12 +94,20 @@ def pretrain_image_backbone(model: WorldModel, source, cfg: PretrainConfig, devi
     movable = torch.tensor([c not in cfg.fixed_cameras for c in mc.image.cameras])
     noise = source.proprio_noise()
 
-    bar = tqdm(total=cfg.encoder_steps, disable=not progress or rank != 0, desc="encoder", dynamic_ncols=True)
+    bar = tqdm(
+        total=cfg.encoder_steps,
+        disable=not progress or rank != 0,
+        desc="encoder",
+        dynamic_ncols=True,
+    )
     reader.train()
     total, count, losses = 0.0, 0, []
     for step in range(cfg.encoder_steps):
-        rows = _rows(source, source.draw(np.random.default_rng(step_seed(cfg.seed, rank, step, 4)), cfg.batch_size),
-                     names)
+        rows = _rows(
+            source,
+            source.draw(np.random.default_rng(step_seed(cfg.seed, rank, step, 4)), cfg.batch_size),
+            names,
+        )
         images = torch.from_numpy(np.stack([rows[f"images/{c}"] for c in mc.image.cameras], 1))
         images = images.permute(0, 1, 4, 2, 3).unsqueeze(1)  # (B, 1, n_cam, 3, h, w): one frame
         proprio = torch.from_numpy(rows["proprio"])
@@ -94,8 +119,10 @@ def pretrain_image_backbone(model: WorldModel, source, cfg: PretrainConfig, devi
         state = torch.from_numpy(rows["state"]).to(device)
         for group in optimizer.param_groups:
             group["lr"] = encoder_lr(cfg, step)
-        loss = F.mse_loss(reader(images, model.scaler.normalize("proprio", proprio)),
-                          state_targets(model.scaler, state, near))
+        loss = F.mse_loss(
+            reader(images, model.scaler.normalize("proprio", proprio)),
+            state_targets(model.scaler, state, near),
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

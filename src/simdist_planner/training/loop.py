@@ -66,11 +66,18 @@ def lr_at(cfg: PretrainConfig, step: int) -> float:
         return cfg.learning_rate * step / cfg.warmup_steps
     decay = max(cfg.decay_steps or cfg.steps, cfg.warmup_steps + 1)
     frac = min(step - cfg.warmup_steps, decay - cfg.warmup_steps) / (decay - cfg.warmup_steps)
-    return cfg.end_learning_rate + (cfg.learning_rate - cfg.end_learning_rate) * 0.5 * (1 + math.cos(math.pi * frac))
+    return cfg.end_learning_rate + (cfg.learning_rate - cfg.end_learning_rate) * 0.5 * (
+        1 + math.cos(math.pi * frac)
+    )
 
 
-def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = True,
-             check_model: Callable[[WorldModel], None] | None = None) -> pathlib.Path:
+def pretrain(
+    cfg: PretrainConfig,
+    out,
+    device: str = "cpu",
+    progress: bool = True,
+    check_model: Callable[[WorldModel], None] | None = None,
+) -> pathlib.Path:
     """Train (or resume) the run in `out`; returns the final checkpoint directory `out/model`.
 
     `check_model` (rank 0, before the first step) may raise to refuse the built model, so that a
@@ -90,12 +97,20 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
         earlier = read_config(cfg.init_from)
         free = {k: getattr(earlier, k) for k in WARM_START_FREE}
-        added = {k: False for k in WARM_START_ADDED if getattr(model.config, k) and not getattr(earlier, k)}
-        loaded = load_checkpoint(cfg.init_from, expect=model.config.replace(**free, **added)).state_dict()
+        added = {
+            k: False
+            for k in WARM_START_ADDED
+            if getattr(model.config, k) and not getattr(earlier, k)
+        }
+        loaded = load_checkpoint(
+            cfg.init_from, expect=model.config.replace(**free, **added)
+        ).state_dict()
         new = set(model.state_dict()) - set(loaded)
         missing, unexpected = model.load_state_dict(loaded, strict=not added)
         if unexpected or set(missing) != new:
-            raise ValueError(f"warm start from {cfg.init_from}: missing {missing}, unexpected {unexpected}")
+            raise ValueError(
+                f"warm start from {cfg.init_from}: missing {missing}, unexpected {unexpected}"
+            )
     if check_model is not None and rank == 0:
         check_model(model)
     model.to(dev)
@@ -107,12 +122,19 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
         _, losses = pretrain_image_backbone(model, source, cfg, dev, rank, encoder_writer, progress)
         if encoder_writer is not None:
             encoder_writer.close()
-            print(f"pretrain: encoder stage, {cfg.encoder_steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+            print(
+                f"pretrain: encoder stage, {cfg.encoder_steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+            )
     if cfg.freeze_image_backbone:
         model.encoder.images.backbone.requires_grad_(False)
-    near = (near_field_slices(source.windows.dataset.layout, cfg.state_near_field, "state_near_field")
-            if cfg.state_near_field else ())
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0))
+    near = (
+        near_field_slices(source.windows.dataset.layout, cfg.state_near_field, "state_near_field")
+        if cfg.state_near_field
+        else ()
+    )
+    optimizer = torch.optim.Adam(
+        [p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0)
+    )
 
     ema = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
     kept = model if ema is None else ema.model  # what checkpoints and the final model hold
@@ -131,7 +153,8 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     train_model = model
     if world > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[dev.index] if dev.type == "cuda" else None)
+            model, device_ids=[dev.index] if dev.type == "cuda" else None
+        )
     if cfg.compile:
         train_model = torch.compile(train_model)
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and dev.type == "cuda")
@@ -140,10 +163,20 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
     if rank == 0:
         writer = SummaryWriter(str(out / "tb"), purge_step=start)
     loader = torch.utils.data.DataLoader(
-        AugmentedWindows(source), batch_size=None, sampler=range(start, cfg.steps), num_workers=cfg.workers,
-        persistent_workers=False, prefetch_factor=2 if cfg.workers else None)
-    bar = tqdm(total=cfg.steps, initial=start, disable=not progress or rank != 0, desc="pretrain",
-               dynamic_ncols=True)
+        AugmentedWindows(source),
+        batch_size=None,
+        sampler=range(start, cfg.steps),
+        num_workers=cfg.workers,
+        persistent_workers=False,
+        prefetch_factor=2 if cfg.workers else None,
+    )
+    bar = tqdm(
+        total=cfg.steps,
+        initial=start,
+        disable=not progress or rank != 0,
+        desc="pretrain",
+        dynamic_ncols=True,
+    )
     sums = {k: 0.0 for k in ("total", *TERMS)}
     count, t_log, t_start = 0, time.perf_counter(), time.perf_counter()
     metrics: dict = {}
@@ -168,7 +201,9 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
             ema.update(model, step)
         values = terms.as_floats()
         if not math.isfinite(values["total"]):
-            raise FloatingPointError(f"pretrain: loss became {values['total']} at step {step}: {values}")
+            raise FloatingPointError(
+                f"pretrain: loss became {values['total']} at step {step}: {values}"
+            )
         for k, v in values.items():
             sums[k] += v
         count += 1
@@ -189,7 +224,11 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
         if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:
             if rank == 0:
                 save_train_state(out, model, optimizer, done, metrics, ema)
-                save_checkpoint(kept, out / "checkpoints" / f"step-{done:07d}", metrics={"step": done, **metrics})
+                save_checkpoint(
+                    kept,
+                    out / "checkpoints" / f"step-{done:07d}",
+                    metrics={"step": done, **metrics},
+                )
                 _prune(out / "checkpoints", cfg.keep_checkpoints)
             if world > 1:
                 dist.barrier()
@@ -203,10 +242,17 @@ def pretrain(cfg: PretrainConfig, out, device: str = "cpu", progress: bool = Tru
         raise RuntimeError(f"pretrain: ranks ended with different weights: {digests}")
     if rank == 0:
         # rank_weights_sha256 hashes the trained weights (train_state/model), not an average
-        final = {"step": done, **metrics, "world_size": world, "rank_weights_sha256": digests,
-                 "seconds_this_run": time.perf_counter() - t_start, "steps_this_run": done - start,
-                 "stopped_at_time_limit": done < cfg.steps, "model_config": cfg.model,
-                 "ema_decay": cfg.ema_decay}
+        final = {
+            "step": done,
+            **metrics,
+            "world_size": world,
+            "rank_weights_sha256": digests,
+            "seconds_this_run": time.perf_counter() - t_start,
+            "steps_this_run": done - start,
+            "stopped_at_time_limit": done < cfg.steps,
+            "model_config": cfg.model,
+            "ema_decay": cfg.ema_decay,
+        }
         save_checkpoint(kept, out / "model", metrics=final)
         if writer is not None:
             writer.close()

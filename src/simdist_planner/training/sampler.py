@@ -25,24 +25,34 @@ class WindowSource(torch.utils.data.Dataset):
         self.cum_weights = None  # cumulative window weights when cfg.phase_weights is set
         if not cfg.synthetic:
             selection = self.selection(cfg)
-            data = ShardedDataset(cfg.data, **selection, rank=rank, world_size=world_size, preload=cfg.preload)
+            data = ShardedDataset(
+                cfg.data, **selection, rank=rank, world_size=world_size, preload=cfg.preload
+            )
             self.model_config = model_config_for(cfg, data.layout)
             self.windows = WindowDataset(data, self.model_config.history, self.model_config.horizon)
             self.obs_noise = data.obs_noise_std()
             if cfg.phase_weights:
                 weights, inside = window_weights(self.windows, cfg.phase_weights)
                 self.cum_weights = np.cumsum(weights)
-                self.weighting = (f"{int(inside.sum())} of {len(weights)} windows in the phases "
-                                  f"{cfg.phase_weights}, {weights[inside].sum() / weights.sum():.1%} of draws")
+                self.weighting = (
+                    f"{int(inside.sum())} of {len(weights)} windows in the phases "
+                    f"{cfg.phase_weights}, {weights[inside].sum() / weights.sum():.1%} of draws"
+                )
         else:
             self.model_config = model_config_for(cfg)
-            self.obs_noise = {"proprio": np.full(self.model_config.proprio_dim, 0.01, np.float32),
-                              "height_map": 0.01}
+            self.obs_noise = {
+                "proprio": np.full(self.model_config.proprio_dim, 0.01, np.float32),
+                "height_map": 0.01,
+            }
 
     @staticmethod
     def selection(cfg: PretrainConfig) -> dict:
-        return dict(fraction=cfg.fraction, expert_only=cfg.expert_only,
-                    max_steps=cfg.max_data_steps or None, selection_seed=cfg.selection_seed)
+        return dict(
+            fraction=cfg.fraction,
+            expert_only=cfg.expert_only,
+            max_steps=cfg.max_data_steps or None,
+            selection_seed=cfg.selection_seed,
+        )
 
     def __len__(self) -> int:
         return self.cfg.steps
@@ -50,8 +60,12 @@ class WindowSource(torch.utils.data.Dataset):
     def __getitem__(self, step: int) -> dict:
         b = self.cfg.batch_size
         if self.windows is None:
-            return synthetic_windows(self.model_config, b, seed=step_seed(self.cfg.seed, self.rank, step),
-                                     system_seed=self.cfg.seed)
+            return synthetic_windows(
+                self.model_config,
+                b,
+                seed=step_seed(self.cfg.seed, self.rank, step),
+                system_seed=self.cfg.seed,
+            )
         picks = self.draw(np.random.default_rng(step_seed(self.cfg.seed, self.rank, step, 0)), b)
         items = [self.windows[int(i)] for i in picks]
         batch = {k: torch.stack([it[k] for it in items]) for k in items[0] if k != "obs"}
@@ -77,9 +91,11 @@ def window_weights(windows, phase_weights: dict[str, float]) -> tuple[np.ndarray
     phases = window_phases(windows)
     unknown = set(phase_weights) - set(phases)
     if unknown:
-        raise ValueError(f"phase_weights names {sorted(unknown)}, but task "
-                         f"{str(windows.dataset.attrs.get('task', ''))!r} defines "
-                         f"the phases {sorted(phases) or 'none'}")
+        raise ValueError(
+            f"phase_weights names {sorted(unknown)}, but task "
+            f"{str(windows.dataset.attrs.get('task', ''))!r} defines "
+            f"the phases {sorted(phases) or 'none'}"
+        )
     weights = np.zeros(len(windows))  # 0 = in no weighted phase
     empty = []
     for phase, weight in phase_weights.items():
@@ -88,7 +104,9 @@ def window_weights(windows, phase_weights: dict[str, float]) -> tuple[np.ndarray
         if not inside.any():
             empty.append(phase)
     if empty:
-        raise ValueError(f"no window of the selection lies in the phases {empty}: nothing to weight")
+        raise ValueError(
+            f"no window of the selection lies in the phases {empty}: nothing to weight"
+        )
     inside = weights > 0
     return np.where(inside, weights, 1.0), inside
 

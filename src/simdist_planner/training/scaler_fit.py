@@ -20,8 +20,15 @@ def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> 
         return
 
     data = ShardedDataset(cfg.data, **WindowSource.selection(cfg))
-    columns = {"proprio": "proprio", "actions": "action", "rewards": "reward", "values": "value",
-               "command": "command", "height_map": "height_map", "state": "state"}
+    columns = {
+        "proprio": "proprio",
+        "actions": "action",
+        "rewards": "reward",
+        "values": "value",
+        "command": "command",
+        "height_map": "height_map",
+        "state": "state",
+    }
     names = [columns[k] for k in model.scaler.dims]
     cols: dict[str, list] = {k: [] for k in model.scaler.dims}
     rows = 0
@@ -29,7 +36,9 @@ def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> 
         n = int(data.lengths[i])
         ep = data.read(i, 0, n, names)
         for k in cols:  # the last row carries no transition
-            cols[k].append(ep[columns[k]][:n - 1] if k in ("actions", "rewards") else ep[columns[k]])
+            cols[k].append(
+                ep[columns[k]][: n - 1] if k in ("actions", "rewards") else ep[columns[k]]
+            )
         rows += n
         if rows >= cfg.scaler_rows:
             break

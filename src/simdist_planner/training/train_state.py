@@ -24,8 +24,16 @@ STATE_FORMAT_VERSION = 1
 
 
 # Settings a resumed run may change; everything else must equal the interrupted run's.
-RESUMABLE_CHANGES = {"steps", "checkpoint_every", "keep_checkpoints", "log_every", "workers", "threads", "preload",
-                     "time_limit_s"}
+RESUMABLE_CHANGES = {
+    "steps",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "log_every",
+    "workers",
+    "threads",
+    "preload",
+    "time_limit_s",
+}
 
 
 def _atomic_dir(final: pathlib.Path):
@@ -34,8 +42,14 @@ def _atomic_dir(final: pathlib.Path):
     return tmp
 
 
-def save_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.optim.Optimizer,
-                     step: int, metrics: dict, ema: WeightAverage | None = None) -> None:
+def save_train_state(
+    out: pathlib.Path,
+    model: WorldModel,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    metrics: dict,
+    ema: WeightAverage | None = None,
+) -> None:
     final = out / "train_state"
     tmp = _atomic_dir(final)
     try:
@@ -46,24 +60,42 @@ def save_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.opti
         tensors = {}
         for p, state in optimizer.state.items():
             for key, value in state.items():
-                tensors[f"{index[p]}.{key}"] = value.detach().cpu().contiguous().reshape(value.shape)
+                tensors[f"{index[p]}.{key}"] = (
+                    value.detach().cpu().contiguous().reshape(value.shape)
+                )
         save_file(tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / "state.json").write_text(json.dumps(
-            {"format_version": STATE_FORMAT_VERSION, "step": step, "optimizer": type(optimizer).__name__}))
+        (tmp / "state.json").write_text(
+            json.dumps(
+                {
+                    "format_version": STATE_FORMAT_VERSION,
+                    "step": step,
+                    "optimizer": type(optimizer).__name__,
+                }
+            )
+        )
         replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def load_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.optim.Optimizer,
-                     ema: WeightAverage | None = None) -> int:
+def load_train_state(
+    out: pathlib.Path,
+    model: WorldModel,
+    optimizer: torch.optim.Optimizer,
+    ema: WeightAverage | None = None,
+) -> int:
     """Restore weights, Adam moments and the weight average in place; returns the step to continue from."""
     root = out / "train_state"
     state = json.loads((root / "state.json").read_text())
-    if state.get("format_version") != STATE_FORMAT_VERSION or state.get("optimizer") != type(optimizer).__name__:
-        raise ValueError(f"{root / 'state.json'}: train state {state} does not fit this trainer "
-                         f"(format {STATE_FORMAT_VERSION}, {type(optimizer).__name__})")
+    if (
+        state.get("format_version") != STATE_FORMAT_VERSION
+        or state.get("optimizer") != type(optimizer).__name__
+    ):
+        raise ValueError(
+            f"{root / 'state.json'}: train state {state} does not fit this trainer "
+            f"(format {STATE_FORMAT_VERSION}, {type(optimizer).__name__})"
+        )
     saved = load_checkpoint(root / "model", expect=model.config)
     model.load_state_dict(saved.state_dict())
     tensors = load_file(str(root / "optimizer.safetensors"))
@@ -72,23 +104,33 @@ def load_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.opti
     for name, value in tensors.items():
         i, key = name.split(".", 1)
         if not 0 <= int(i) < len(params):
-            raise ValueError(f"{root / 'optimizer.safetensors'}: state for parameter {i}, model has {len(params)}")
+            raise ValueError(
+                f"{root / 'optimizer.safetensors'}: state for parameter {i}, model has {len(params)}"
+            )
         per_param.setdefault(int(i), {})[key] = value
     for i, st in per_param.items():
         for key in ("exp_avg", "exp_avg_sq"):
             if key in st and st[key].shape != params[i].shape:
-                raise ValueError(f"{root / 'optimizer.safetensors'}: {i}.{key} has shape "
-                                 f"{tuple(st[key].shape)}, parameter has {tuple(params[i].shape)}")
+                raise ValueError(
+                    f"{root / 'optimizer.safetensors'}: {i}.{key} has shape "
+                    f"{tuple(st[key].shape)}, parameter has {tuple(params[i].shape)}"
+                )
     # the optimizer numbers only the parameters it trains (a frozen backbone is not among them)
-    trained = {id(p): k for k, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    trained = {
+        id(p): k for k, p in enumerate(p for g in optimizer.param_groups for p in g["params"])
+    }
     if any(id(params[i]) not in trained for i in per_param):
-        raise ValueError(f"{root / 'optimizer.safetensors'}: state for parameters this run does not train")
+        raise ValueError(
+            f"{root / 'optimizer.safetensors'}: state for parameters this run does not train"
+        )
     sd = optimizer.state_dict()
     sd["state"] = {trained[id(params[i])]: st for i, st in per_param.items()}
     optimizer.load_state_dict(sd)
     if ema is not None:
         if not (root / "ema").is_dir():
-            raise ValueError(f"{root}: no ema/ weight average to resume (the run was saved without ema_decay)")
+            raise ValueError(
+                f"{root}: no ema/ weight average to resume (the run was saved without ema_decay)"
+            )
         ema.model.load_state_dict(load_checkpoint(root / "ema", expect=model.config).state_dict())
     return int(state["step"])
 
@@ -96,10 +138,16 @@ def load_train_state(out: pathlib.Path, model: WorldModel, optimizer: torch.opti
 def check_resume_config(out: pathlib.Path, cfg: PretrainConfig) -> None:
     saved = PretrainConfig.from_dict(json.loads((out / "pretrain.json").read_text()))
     a, b = saved.to_dict(), cfg.to_dict()
-    diff = [f"{k}: run has {a[k]!r}, now {b[k]!r}" for k in a if a[k] != b[k] and k not in RESUMABLE_CHANGES]
+    diff = [
+        f"{k}: run has {a[k]!r}, now {b[k]!r}"
+        for k in a
+        if a[k] != b[k] and k not in RESUMABLE_CHANGES
+    ]
     if diff:
-        raise ValueError(f"{out}: cannot resume a run with different settings ({'; '.join(diff)}); "
-                         "use another --out")
+        raise ValueError(
+            f"{out}: cannot resume a run with different settings ({'; '.join(diff)}); "
+            "use another --out"
+        )
 
 
 def weights_sha256(model: WorldModel) -> str:
