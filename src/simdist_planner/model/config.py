@@ -19,6 +19,8 @@ DYNAMICS_KINDS = ("chunked", "autoregressive")
 HEAD_KINDS = ("transformer", "mlp")
 IMAGE_BACKBONES = ("resnet18", "small_cnn", "keypoint_cnn")
 SMALL_BACKBONES = ("small_cnn", "keypoint_cnn")  # trained from scratch at the rendered size
+GELU_APPROXIMATIONS = ("none", "tanh")
+CONV_PADDINGS = ("symmetric", "same")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,28 @@ class HeightMapEncoderConfig:
     strides: tuple[int, ...] = (2, 2, 2)
     kernel_size: int = 3
     projection_hidden: tuple[int, ...] = (192, 128)
+    # "symmetric": every conv pads kernel_size // 2 on each side; "same": TF / flax 'SAME' (pad
+    # total max((ceil(n / s) - 1) s + k - n, 0), the odd pixel at the end), as the official CNN.
+    # They differ wherever a stride-2 conv meets an even size (8 -> 4, 6 -> 3, 4 -> 2 here).
+    padding: str = "symmetric"
+    # Rotate the (normalised) map by 180 degrees before the CNN. The official model restores the
+    # flat scan as flipud(fliplr(.)) of the project's `scan_to_grid` layout.
+    flip: bool = False
+
+
+@dataclass(frozen=True)
+class NumericsConfig:
+    """Numerics of the forward pass. The defaults are torch's; `OFFICIAL_NUMERICS` are those of the
+    official (flax) model, for imported weights: jax.nn.gelu's tanh approximation in every GELU,
+    LayerNorm epsilon 1e-6, and a scaler that normalises by (std + 1e-8) (it unscales by std).
+    """
+
+    gelu_approximate: str = "none"  # "none" (exact erf) or "tanh"
+    layer_norm_eps: float = 1e-5
+    scaler_eps: float = 0.0
+
+
+OFFICIAL_NUMERICS = NumericsConfig(gelu_approximate="tanh", layer_norm_eps=1e-6, scaler_eps=1e-8)
 
 
 @dataclass(frozen=True)
@@ -124,6 +148,10 @@ class WorldModelConfig:
     mlp_head_hidden_factor: int = 4  # per-step MLP head width = factor x latent
     dropout_mlp: float = 0.2
     dropout_attention: float = 0.05
+    numerics: NumericsConfig = NumericsConfig()
+    # R's first input step reads the context's z_t token (z_t + temporal[H] + type[latent], the
+    # official encoding["latent"]) instead of the bare z_t; later steps read f's latents either way.
+    reward_reads_latent_token: bool = False
     loss: LossWeights = field(default_factory=LossWeights)
     reconstruction_image_size: int = 16  # decoder target resolution per camera (reconstruction > 0)
     # Size of the privileged task state the state head predicts (loss.state); 0 = no head. Set
@@ -183,6 +211,17 @@ class WorldModelConfig:
             )
         for name in ("dropout_mlp", "dropout_attention"):
             need(0.0 <= getattr(self, name) < 1.0, f"{name} must be in [0, 1)")
+        num = self.numerics
+        need(
+            num.gelu_approximate in GELU_APPROXIMATIONS,
+            f"numerics.gelu_approximate must be one of {GELU_APPROXIMATIONS}, "
+            f"got {num.gelu_approximate!r}",
+        )
+        need(
+            num.layer_norm_eps > 0.0,
+            f"numerics.layer_norm_eps must be > 0, got {num.layer_norm_eps}",
+        )
+        need(num.scaler_eps >= 0.0, f"numerics.scaler_eps must be >= 0, got {num.scaler_eps}")
         for name in ("latent", "reward", "value", "action", "reconstruction", "state"):
             need(getattr(self.loss, name) >= 0.0, f"loss weight {name} must be >= 0")
         if self.image is not None:
@@ -203,6 +242,10 @@ class WorldModelConfig:
             )
             need(
                 all(s >= 1 for s in hm.shape), f"height_map shape must be positive, got {hm.shape}"
+            )
+            need(
+                hm.padding in CONV_PADDINGS,
+                f"height_map padding must be one of {CONV_PADDINGS}, got {hm.padding!r}",
             )
 
     @property
@@ -233,7 +276,7 @@ class WorldModelConfig:
             for name in parents:
                 node = node.get(name) if isinstance(node, dict) else None
             if isinstance(node, dict):
-                node.setdefault(leaf, legacy)
+                node.setdefault(leaf, copy.deepcopy(legacy))
         return from_plain(cls, data, "config")
 
 
@@ -246,6 +289,10 @@ LEGACY_DEFAULTS = {
     "policy_sees_history": True,
     "policy_proprio_skip": False,
     "policy_proprio_gain": False,
+    "numerics": {"gelu_approximate": "none", "layer_norm_eps": 1e-5, "scaler_eps": 0.0},
+    "reward_reads_latent_token": False,
+    "height_map.padding": "symmetric",
+    "height_map.flip": False,
 }
 
 

@@ -27,18 +27,35 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+class SamePadConv2d(nn.Conv2d):
+    """Conv2d with TF / flax 'SAME' padding: output ceil(n / stride), odd pad pixel at the end."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pads = []  # F.pad order: last dim first
+        for n, k, s in zip(
+            reversed(x.shape[-2:]), reversed(self.kernel_size), reversed(self.stride)
+        ):
+            total = max((math.ceil(n / s) - 1) * s + k - n, 0)
+            pads += [total // 2, total - total // 2]
+        return super().forward(F.pad(x, pads))
+
+
 class HeightMapEncoder(nn.Module):
     """Stride-2 CNN with per-row / per-column spatial embeddings, flattened and projected to D."""
 
     def __init__(self, cfg: HeightMapEncoderConfig, latent_dim: int):
         super().__init__()
         self.shape = tuple(cfg.shape)
+        self.flip = cfg.flip
         layers: list[nn.Module] = []
         prev = 1
         for i, (ch, stride) in enumerate(zip(cfg.channels, cfg.strides)):
-            layers.append(
-                nn.Conv2d(prev, ch, cfg.kernel_size, stride, padding=cfg.kernel_size // 2)
-            )
+            if cfg.padding == "same":
+                layers.append(SamePadConv2d(prev, ch, cfg.kernel_size, stride, padding=0))
+            else:
+                layers.append(
+                    nn.Conv2d(prev, ch, cfg.kernel_size, stride, padding=cfg.kernel_size // 2)
+                )
             if i < len(cfg.channels) - 1:
                 layers.append(nn.GELU())
             prev = ch
@@ -51,6 +68,8 @@ class HeightMapEncoder(nn.Module):
         self.proj = MLP(prev * h * w, list(cfg.projection_hidden), latent_dim)
 
     def forward(self, height_map: torch.Tensor) -> torch.Tensor:
+        if self.flip:
+            height_map = height_map.flip(-2, -1)
         x = self.cnn(height_map.unsqueeze(1))
         x = x + self.row_embed + self.col_embed
         return self.proj(x.flatten(1))

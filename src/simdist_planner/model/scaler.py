@@ -40,9 +40,10 @@ def scaler_dims(config) -> dict[str, tuple[int, ...]]:
 class Scaler(nn.Module):
     """mean / std buffers per quantity; `normalize(name, x)` works on any leading dims."""
 
-    def __init__(self, dims: Mapping[str, tuple[int, ...]]):
+    def __init__(self, dims: Mapping[str, tuple[int, ...]], eps: float = 0.0):
         super().__init__()
         self.dims = {k: tuple(v) for k, v in dims.items()}
+        self.eps = eps  # normalize divides by std + eps (official: 1e-8); denormalize uses std
         for name, shape in self.dims.items():
             self.register_buffer(f"{name}_mean", torch.zeros(shape))
             self.register_buffer(f"{name}_std", torch.ones(shape))
@@ -54,14 +55,14 @@ class Scaler(nn.Module):
         return getattr(self, f"{name}_std")
 
     def normalize(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean(name)) / self.std(name)
+        return (x - self.mean(name)) / (self.std(name) + self.eps)
 
     def denormalize(self, name: str, x: torch.Tensor) -> torch.Tensor:
         return x * self.std(name) + self.mean(name)
 
     # scalar series (rewards, values) are stored with a trailing dim of 1
     def normalize_scalar(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean(name)[0]) / self.std(name)[0]
+        return (x - self.mean(name)[0]) / (self.std(name)[0] + self.eps)
 
     def denormalize_scalar(self, name: str, x: torch.Tensor) -> torch.Tensor:
         return x * self.std(name)[0] + self.mean(name)[0]

@@ -61,7 +61,7 @@ class WorldModel(nn.Module):
         config.validate()
         self.config = config
         d, a, c = config.latent_dim, config.action_dim, config.command_dim
-        self.scaler = Scaler(scaler_dims(config))
+        self.scaler = Scaler(scaler_dims(config), eps=config.numerics.scaler_eps)
         self.encoder = ObservationEncoder(config)
         self.history_encoder = HistoryEncoder(config)
         self.f = (ChunkedDynamics if config.dynamics_kind == "chunked" else AutoregressiveDynamics)(
@@ -77,6 +77,12 @@ class WorldModel(nn.Module):
             if config.state_dim
             else None
         )
+        # the forward pass's numerics (NumericsConfig); the defaults leave torch's in place
+        for module in self.modules():
+            if isinstance(module, nn.GELU):
+                module.approximate = config.numerics.gelu_approximate
+            elif isinstance(module, nn.LayerNorm):
+                module.eps = config.numerics.layer_norm_eps
 
     # ------------------------------------------------------------------ input checking
     def _check_tail(
@@ -156,7 +162,11 @@ class WorldModel(nn.Module):
         return self.f(actions_n, self.context(z, history) if context is None else context)
 
     def reward_n(self, latents, actions_n, commands_n) -> torch.Tensor:
-        x = [latents[:, :-1], actions_n] + ([] if commands_n is None else [commands_n[:, :-1]])
+        inputs = latents[:, :-1]
+        if self.config.reward_reads_latent_token:  # z_t as the context's z_t token (official)
+            first = self.history_encoder.latent_token(inputs[:, :1])
+            inputs = torch.cat((first, inputs[:, 1:]), dim=1)
+        x = [inputs, actions_n] + ([] if commands_n is None else [commands_n[:, :-1]])
         return self.reward_head(torch.cat(x, dim=-1))
 
     def value_n(self, latents, commands_n) -> torch.Tensor:
