@@ -7,9 +7,11 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SHARED ?= $(abspath ../shared)
 
-# Offline machines resolve the menagerie models and the Go2 experts from ../shared.
+# Offline machines resolve the menagerie models, the Go2 experts and the official Go2 world
+# model export from ../shared.
 export MENAGERIE_ROOT ?= $(SHARED)/menagerie
 export SIMDIST_GO2_EXPERTS ?= $(SHARED)/simdist_go2_experts
+export SIMDIST_GO2_WORLD_MODEL ?= $(SHARED)/simdist_go2_world_model
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 export OMP_NUM_THREADS ?= 2

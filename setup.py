@@ -34,6 +34,7 @@ setup(
             "simdist-readout = simdist_planner.cli.readout:main",
             "simdist-ablation = simdist_planner.cli.ablation:main",
             "simdist-select-checkpoint = simdist_planner.cli.select_checkpoint:main",
+            "simdist-import-official = simdist_planner.cli.import_official:main",
             "simdist-adapt-experiment = simdist_adapter.experiment:main",
             "simforcing-train = sim_video_world_model.train:main",
             "simforcing-eval = sim_video_world_model.evaluate:main",
