@@ -499,8 +499,11 @@ def is_official(config: WorldModelConfig) -> bool:
 
 
 # ---------------------------------------------------------------------------- reference check
-def check_reference_layout(config: WorldModelConfig, ref: Mapping[str, np.ndarray]) -> int:
-    """The batch size of a reference file; raises ValueError naming a missing or wrong array."""
+def check_reference_layout(
+    config: WorldModelConfig, ref: Mapping[str, np.ndarray], with_outputs: bool = True
+) -> int:
+    """The batch size of a reference file; raises ValueError naming a missing or wrong array.
+    `with_outputs=False` checks the inputs (`in/*`) only."""
     batch = None
     for name, tail in REFERENCE_INPUTS.items():
         if name not in ref:
@@ -509,7 +512,7 @@ def check_reference_layout(config: WorldModelConfig, ref: Mapping[str, np.ndarra
         if len(shape) != len(want) + 1 or shape[1:] != want or (batch not in (None, shape[0])):
             raise ValueError(f"reference {name!r} has shape {shape}, expected (B, *{want})")
         batch = shape[0]
-    for name in REFERENCE_OUTPUTS:
+    for name in REFERENCE_OUTPUTS if with_outputs else ():
         if name not in ref:
             raise ValueError(f"reference has no {name!r}")
         if np.shape(ref[name])[:1] != (batch,):
@@ -519,9 +522,10 @@ def check_reference_layout(config: WorldModelConfig, ref: Mapping[str, np.ndarra
 
 @torch.no_grad()
 def reference_outputs(model: WorldModel, ref: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The model's outputs for the reference inputs, under the reference's output names."""
+    """The model's outputs for the official inputs `in/*` (the layout of reference_io.npz, any
+    batch size), under the reference's output names."""
     cfg = model.config
-    check_reference_layout(cfg, ref)
+    check_reference_layout(cfg, ref, with_outputs=False)
 
     def t(name):
         return torch.from_numpy(np.asarray(ref[name], dtype=np.float32))
@@ -581,6 +585,7 @@ def reference_errors(
     model: WorldModel, ref: Mapping[str, np.ndarray], tolerance: float = TOLERANCE
 ) -> list[ReferenceError]:
     """Per output: the max abs error of `model` against the reference outputs `ref`."""
+    check_reference_layout(model.config, ref)
     out = reference_outputs(model, ref)
     result = []
     for name in REFERENCE_OUTPUTS:
