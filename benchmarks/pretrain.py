@@ -67,7 +67,8 @@ def time_steps(
 
 def time_loader(data: str, preset: str, preload: str, batches: int) -> list[float]:
     """Seconds per batch of the loader's work (read + augment), after one batch that fills caches."""
-    cfg = PretrainConfig(**{**PRETRAIN_PRESETS[preset], "data": (data,), "preload": preload})
+    flat = {**PRETRAIN_PRESETS[preset], "data": (data,), "preload": preload}
+    cfg = PretrainConfig.from_flat(flat)
     batches_of = AugmentedWindows(WindowSource(cfg, rank=0, world_size=1))
     batches_of[0]
     times = []

@@ -461,15 +461,17 @@ def _learner_checkpoint(tmp_path):
     datagen.generate(
         config(episodes=6, task_overrides={"cameras": ()}), tmp_path / "d", progress=False
     )
-    cfg = PretrainConfig(
-        model="go2",
-        data=(str(tmp_path / "d"),),
-        steps=3,
-        batch_size=8,
-        warmup_steps=1,
-        checkpoint_every=3,
-        workers=0,
-        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    cfg = PretrainConfig.from_flat(
+        dict(
+            model="go2",
+            data=(str(tmp_path / "d"),),
+            steps=3,
+            batch_size=8,
+            warmup_steps=1,
+            checkpoint_every=3,
+            workers=0,
+            model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+        )
     )
     return pretrain(cfg, tmp_path / "run", progress=False)
 

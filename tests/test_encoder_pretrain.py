@@ -97,7 +97,7 @@ def _cfg(tmp_path, **kw) -> PretrainConfig:
             "image": {"small_cnn_features": 32},
         },
     )
-    return PretrainConfig(**{**base, **kw})
+    return PretrainConfig.from_flat({**base, **kw})
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_the_encoder_stage_teaches_the_backbone_to_read_the_state_from_the_image
     # held-out rows (other blobs): the proprio is noise, so only a backbone that reads the image
     # can predict the state; the same reader with the backbone as it started cannot
     near = near_field_slices(
-        source.windows.dataset.layout, cfg.encoder_near_field, "encoder_near_field"
+        source.windows.dataset.layout, cfg.encoder_stage.near_field, "encoder_near_field"
     )
     trained = _reader_error(reader, model, data / "held_out", near)
     fresh = WorldModel(source.model_config)
@@ -161,9 +161,7 @@ def test_a_frozen_backbone_keeps_the_stage_s_weights_and_a_resumed_run_skips_the
         load_checkpoint(frozen).state_dict()["encoder.latent.net.0.weight"],
     )  # the rest of E trains
     trained = backbone(
-        pretrain(
-            dataclasses.replace(cfg, freeze_image_backbone=False), data / "free", progress=False
-        )
+        pretrain(cfg.replace(freeze_image_backbone=False), data / "free", progress=False)
     )
     assert not all(torch.equal(after_stage[k], v) for k, v in trained.items())
     # a run stopped after its first step resumes without training the backbone again

@@ -24,8 +24,16 @@ from simdist_planner.data.dataset import (
 from simdist_planner.model.checkpoint import load_checkpoint
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.training.augment import augment
-from simdist_planner.training.config import PRETRAIN_PRESETS, PretrainConfig
-from simdist_planner.training.ema import WeightAverage
+from simdist_planner.training.config import (
+    PEG_NEAR_FIELD,
+    PRETRAIN_PRESETS,
+    AugmentationConfig,
+    CheckpointSelection,
+    DataConfig,
+    EncoderStage,
+    OptimiserConfig,
+    PretrainConfig,
+)
 from simdist_planner.training.loop import lr_at, pretrain
 from simdist_planner.training.sampler import WindowSource
 from simdist_planner.training.scaler_fit import fit_scaler
@@ -46,7 +54,7 @@ def synthetic_cfg(**kw) -> PretrainConfig:
         log_every=4,
         workers=0,
     )
-    return PretrainConfig(**{**base, **kw})
+    return PretrainConfig.from_flat({**base, **kw})
 
 
 def cli_args(cfg: PretrainConfig, out) -> list[str]:
@@ -62,7 +70,7 @@ def cli_args(cfg: PretrainConfig, out) -> list[str]:
         "--batch-size",
         str(cfg.batch_size),
         "--warmup-steps",
-        str(cfg.warmup_steps),
+        str(cfg.optimiser.warmup_steps),
         "--checkpoint-every",
         str(cfg.checkpoint_every),
         "--log-every",
@@ -76,7 +84,7 @@ def cli_args(cfg: PretrainConfig, out) -> list[str]:
 
 
 def test_learning_rate_schedule():
-    cfg = PretrainConfig(synthetic=True, steps=1000, warmup_steps=100)
+    cfg = PretrainConfig.from_flat(dict(synthetic=True, steps=1000, warmup_steps=100))
     assert lr_at(cfg, 0) == 0.0
     assert lr_at(cfg, 50) == pytest.approx(1e-4)
     assert lr_at(cfg, 100) == pytest.approx(2e-4)
@@ -142,15 +150,17 @@ def _write_ur5e_like_shard(
 
 def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     _write_ur5e_like_shard(tmp_path / "data")
-    cfg = PretrainConfig(
-        model="ur5e_small",
-        data=(str(tmp_path / "data"),),
-        steps=3,
-        batch_size=4,
-        warmup_steps=1,
-        checkpoint_every=3,
-        workers=0,
-        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    cfg = PretrainConfig.from_flat(
+        dict(
+            model="ur5e_small",
+            data=(str(tmp_path / "data"),),
+            steps=3,
+            batch_size=4,
+            warmup_steps=1,
+            checkpoint_every=3,
+            workers=0,
+            model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+        )
     )
     final = pretrain(cfg, tmp_path / "run", progress=False)
     model = load_checkpoint(final)
@@ -168,7 +178,9 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     torch.testing.assert_close(source.proprio_noise(), torch.tensor([0.5, 0.5, 0.5, 0.0]))
     batch = source[0]
     mc = source.model_config
-    aug = augment(batch, cfg, source.proprio_noise(), 0.0, mc, torch.Generator().manual_seed(0))
+    aug = augment(
+        batch, cfg.augmentation, source.proprio_noise(), 0.0, mc, torch.Generator().manual_seed(0)
+    )
     h = 2
     assert not torch.equal(aug["proprio"][:, : h + 1, :3], batch["proprio"][:, : h + 1, :3])
     assert torch.equal(aug["proprio"][:, :, 3], batch["proprio"][:, :, 3])  # gripper noise 0
@@ -182,7 +194,7 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     # photometric change on o_t only; one shift per (window, camera) on o_t and the targets alike
     photometric = augment(
         batch,
-        dataclasses.replace(cfg, image_shift=0),
+        cfg.replace(image_shift=0).augmentation,
         source.proprio_noise(),
         0.0,
         mc,
@@ -192,9 +204,11 @@ def test_pretrain_on_shards_sizes_the_model_from_the_dataset(tmp_path):
     assert torch.equal(photometric[:, h + 1 :], clean[:, h + 1 :])
     assert torch.equal(photometric[:, :h], clean[:, :h])  # history frames: E never reads them
     s = 2
-    geometric = dataclasses.replace(cfg, image_shift=s, image_brightness=0.0, image_contrast=0.0)
+    geometric = dataclasses.replace(
+        cfg.augmentation, image_shift=s, image_brightness=0.0, image_contrast=0.0
+    )
     # the wrist camera is fixed by default (its view of the hand is the mount's): never shifted
-    assert mc.image.cameras == ("wrist",) and cfg.fixed_cameras == ("wrist",)
+    assert mc.image.cameras == ("wrist",) and cfg.augmentation.fixed_cameras == ("wrist",)
     fixed = augment(
         batch, geometric, source.proprio_noise(), 0.0, mc, torch.Generator().manual_seed(0)
     )["images"]
@@ -238,11 +252,13 @@ def test_the_scaler_sees_a_rare_flag_as_often_as_the_data_holds_it(tmp_path, mon
     state = np.zeros((3, 12, 1), np.float32)
     state[1, 10:, 0] = 1.0
     _write_ur5e_like_shard(tmp_path / "data", state_terms=(("seated", 1),), state=state)
-    cfg = PretrainConfig(
-        model="ur5e_small",
-        data=(str(tmp_path / "data"),),
-        workers=0,
-        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    cfg = PretrainConfig.from_flat(
+        dict(
+            model="ur5e_small",
+            data=(str(tmp_path / "data"),),
+            workers=0,
+            model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+        )
     )
 
     read_names = []
@@ -266,7 +282,7 @@ def test_the_scaler_sees_a_rare_flag_as_often_as_the_data_holds_it(tmp_path, mon
     assert float(model.scaler.state_std) == pytest.approx(flag.std(ddof=1), rel=1e-5)
     assert float(model.scaler.state_mean) == pytest.approx(2 / 36, rel=1e-5)
     # a cap of one episode fits on the first episode of the selection order only
-    first = ShardedDataset(cfg.data, **WindowSource.selection(cfg)).episode_info(0)["id"]
+    first = ShardedDataset(cfg.data.paths, **WindowSource.selection(cfg)).episode_info(0)["id"]
     model = WorldModel(source.model_config)
     fit_scaler(model, cfg.replace(scaler_rows=12), source)
     assert float(model.scaler.state_mean) == pytest.approx(state[first].mean(), abs=1e-7)
@@ -274,14 +290,16 @@ def test_the_scaler_sees_a_rare_flag_as_often_as_the_data_holds_it(tmp_path, mon
 
 def test_a_dataset_without_the_task_state_is_refused_unless_the_state_loss_is_off(tmp_path):
     _write_ur5e_like_shard(tmp_path / "data", state_terms=())
-    cfg = PretrainConfig(
-        model="ur5e_small",
-        data=(str(tmp_path / "data"),),
-        steps=1,
-        batch_size=2,
-        warmup_steps=1,
-        workers=0,
-        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    cfg = PretrainConfig.from_flat(
+        dict(
+            model="ur5e_small",
+            data=(str(tmp_path / "data"),),
+            steps=1,
+            batch_size=2,
+            warmup_steps=1,
+            workers=0,
+            model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+        )
     )
     with pytest.raises(ValueError, match="holds no task state"):
         pretrain(cfg, tmp_path / "run", progress=False)
@@ -297,13 +315,15 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
     action[9:, 2] = 0.02
     _write_ur5e_like_shard(tmp_path / "data", action=action)
     # H = 2, T = 3: windows t = 0..8 per episode, of which t = 6, 7, 8 are closing (a_t closed)
-    cfg = PretrainConfig(
-        model="ur5e_small",
-        data=(str(tmp_path / "data"),),
-        steps=200,
-        batch_size=4,
-        workers=0,
-        model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+    cfg = PretrainConfig.from_flat(
+        dict(
+            model="ur5e_small",
+            data=(str(tmp_path / "data"),),
+            steps=200,
+            batch_size=4,
+            workers=0,
+            model_overrides={"latent_dim": 16, "history": 2, "horizon": 3},
+        )
     )
 
     def closing_share(c: PretrainConfig) -> float:
@@ -353,7 +373,7 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
         ["--preset", "ur5e_peg", "--data", "d", "--out", "o", "--phase-weights", '{"closing": 3}']
     )
     assert (
-        args_cfg.phase_weights == {"closing": 3}
+        args_cfg.data.phase_weights == {"closing": 3}
         and args_cfg.steps == PRETRAIN_PRESETS["ur5e_peg"]["steps"]
     )
 
@@ -506,52 +526,81 @@ def test_resume_refuses_different_settings(tmp_path):
         pretrain(synthetic_cfg(steps=4, batch_size=8), tmp_path / "run", progress=False)
 
 
-def test_weight_average_follows_its_ramp_then_its_decay():
-    net = torch.nn.BatchNorm1d(2)  # float weights and an integer buffer (num_batches_tracked)
-    with torch.no_grad():
-        net.weight.fill_(1.0)
-    avg = WeightAverage(net, decay=0.99)
-    with torch.no_grad():
-        net.weight.fill_(3.0)
-        net.num_batches_tracked.fill_(5)
-    avg.update(net, step=0)  # the ramp: keeps min(0.99, 1 / 10) of the old average
-    torch.testing.assert_close(avg.model.weight, torch.full((2,), 0.1 * 1.0 + 0.9 * 3.0))
-    assert int(avg.model.num_batches_tracked) == 5 and not avg.model.weight.requires_grad
-    with torch.no_grad():
-        net.weight.fill_(-1.0)
-    avg.update(net, step=10_000)  # past the ramp: the decay
-    torch.testing.assert_close(avg.model.weight, torch.full((2,), 0.99 * 2.8 + 0.01 * -1.0))
-    torch.testing.assert_close(
-        net.weight.detach(), torch.full((2,), -1.0)
-    )  # the trained model is left alone
+# pretrain.json of the ur5e_peg preset as the flat PretrainConfig of earlier versions wrote it
+OLD_FLAT_PEG_JSON = {
+    "model": "ur5e_small", "model_overrides": {}, "data": ["peg400v", "startsv"],
+    "synthetic": False, "fraction": 1.0, "expert_only": False, "max_data_steps": 0,
+    "selection_seed": 0, "preload": "all", "phase_weights": {"at_hole": 4}, "steps": 9000,
+    "batch_size": 32, "learning_rate": 0.0002, "end_learning_rate": 0.0001, "warmup_steps": 60,
+    "decay_steps": 0, "grad_clip": 0.0, "augment": True, "image_brightness": 0.2,
+    "image_contrast": 0.2, "image_shift": 4, "fixed_cameras": ["wrist"], "scaler_rows": 500000,
+    "seed": 42, "checkpoint_every": 250, "keep_checkpoints": 8, "log_every": 10, "workers": 1,
+    "threads": 2, "precision": "auto", "compile": False, "time_limit_s": 0.0, "init_from": "",
+    "encoder_steps": 12000, "encoder_learning_rate": 0.001,
+    "encoder_near_field": {"bottom_to_hole": 0.005, "tcp_to_grasp": 0.005},
+    "state_near_field": {"bottom_to_hole": 0.005, "tcp_to_grasp": 0.005},
+    "freeze_image_backbone": True, "ema_decay": 0.0,
+    "checkpoint_selection": {"task": "peg", "region": "wide", "variant": "sim", "episodes": 20,
+                             "seed": 1000, "max_steps": 0, "workers": 2},
+}  # fmt: skip
 
 
-def test_ema_run_writes_the_average_trains_as_without_and_resumes_exactly(tmp_path):
-    cfg = synthetic_cfg(steps=12, checkpoint_every=100, log_every=100, ema_decay=0.9)
-    plain = load_checkpoint(
-        pretrain(dataclasses.replace(cfg, ema_decay=0.0), tmp_path / "plain", progress=False)
+def test_the_config_is_nested_and_round_trips_and_the_flags_fill_its_groups():
+    cfg, _ = parse_args(
+        ["--preset", "ur5e_peg", "--data", "a", "b", "--out", "o", "--learning-rate", "1e-3",
+         "--image-shift", "2", "--encoder-steps", "50", "--fixed-cameras"]
+    )  # fmt: skip
+    assert cfg.data == DataConfig(paths=("a", "b"), preload="all", phase_weights={"at_hole": 4})
+    assert cfg.optimiser == OptimiserConfig(learning_rate=1e-3, warmup_steps=60)
+    assert cfg.augmentation == AugmentationConfig(image_shift=2, fixed_cameras=())
+    assert cfg.encoder_stage == EncoderStage(
+        steps=50, near_field=PEG_NEAR_FIELD, freeze_backbone=True
     )
-    ema = load_checkpoint(pretrain(cfg, tmp_path / "ema", progress=False))
-    raw = load_checkpoint(tmp_path / "ema" / "train_state" / "model")
-    p, e, r = plain.state_dict(), ema.state_dict(), raw.state_dict()
-    assert all(torch.equal(p[k], r[k]) for k in p)  # the average does not change what is trained
-    assert not all(torch.equal(p[k], e[k]) for k in p)  # and the model written is the average
-    assert json.loads((tmp_path / "ema" / "model" / "metrics.json").read_text())["ema_decay"] == 0.9
+    assert cfg.checkpoint_selection == CheckpointSelection(task="peg", region="wide", workers=2)
+    assert (cfg.steps, cfg.keep_checkpoints, cfg.threads) == (9000, 8, 2)
+    assert PretrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert PretrainConfig.from_flat(cfg.to_flat()) == cfg
+    # the paper's optimiser and augmentation by default; no stage, no selection
+    plain = PretrainConfig(data=DataConfig(synthetic=True))
+    assert (plain.optimiser.learning_rate, plain.optimiser.end_learning_rate) == (2e-4, 1e-4)
+    assert plain.encoder_stage is None and plain.checkpoint_selection is None
+    assert plain.replace(encoder_steps=0, steps=3) == dataclasses.replace(plain, steps=3)
+    with pytest.raises(TypeError, match="unknown settings"):
+        plain.replace(learning_rat=1.0)
+    no_stage = PretrainConfig.from_flat({"data": ("d",), "encoder_learning_rate": 0.01})
+    assert no_stage.encoder_stage is None
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        EncoderStage(steps=0)
 
-    stopped = tmp_path / "stopped"
-    pretrain(dataclasses.replace(cfg, time_limit_s=1e-9), stopped, progress=False)
-    assert (stopped / "train_state" / "ema").is_dir()
-    resumed = load_checkpoint(pretrain(cfg, stopped, progress=False)).state_dict()
-    assert all(torch.equal(e[k], resumed[k]) for k in e)
 
-    # a train state saved without the average cannot resume a run that keeps one
-    pretrain(
-        dataclasses.replace(cfg, ema_decay=0.0, time_limit_s=1e-9),
-        tmp_path / "no_avg",
-        progress=False,
+def test_a_flat_pretrain_json_of_earlier_versions_loads_into_the_nested_config():
+    cfg = PretrainConfig.from_dict(json.loads(json.dumps(OLD_FLAT_PEG_JSON)))
+    assert cfg == PretrainConfig.from_flat(
+        {**PRETRAIN_PRESETS["ur5e_peg"], "data": ("peg400v", "startsv")}
     )
-    (tmp_path / "no_avg" / "pretrain.json").write_text(json.dumps(cfg.to_dict()))
-    with pytest.raises(ValueError, match="no ema/ weight average"):
-        pretrain(cfg, tmp_path / "no_avg", progress=False)
-    with pytest.raises(ValueError, match=r"ema_decay must be in \[0, 1\)"):
-        synthetic_cfg(ema_decay=1.0)
+    # without the encoder stage it is None; the removed settings only with their "off" value
+    no_stage = {**OLD_FLAT_PEG_JSON, "encoder_steps": 0, "encoder_near_field": {},
+                "freeze_image_backbone": False}  # fmt: skip
+    assert PretrainConfig.from_dict(no_stage).encoder_stage is None
+    for removed, value in (("ema_decay", 0.999), ("grad_clip", 1.0)):
+        with pytest.raises(ValueError, match=f"{removed}={value} is a removed setting"):
+            PretrainConfig.from_dict({**OLD_FLAT_PEG_JSON, removed: value})
+    with pytest.raises(ValueError, match="unknown keys"):
+        PretrainConfig.from_dict({**OLD_FLAT_PEG_JSON, "policy_lr": 1.0})
+    with pytest.raises(ValueError, match="freeze_image_backbone keeps a trained backbone"):
+        PretrainConfig.from_dict({**no_stage, "freeze_image_backbone": True})
+
+
+def test_a_run_whose_pretrain_json_is_in_the_flat_form_resumes_exactly(tmp_path):
+    cfg = synthetic_cfg(steps=12, checkpoint_every=100, log_every=100)
+    pretrain(cfg.replace(time_limit_s=1e-9), tmp_path / "run", progress=False)
+    # the file as an earlier version wrote it for this run
+    flat = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_flat().items()}
+    flat.update(grad_clip=0.0, ema_decay=0.0, time_limit_s=1e-9)
+    (tmp_path / "run" / "pretrain.json").write_text(json.dumps(flat))
+    with pytest.raises(ValueError, match=r"cannot resume .*batch_size: run has 4, now 8"):
+        pretrain(cfg.replace(batch_size=8), tmp_path / "run", progress=False)
+    resumed = load_checkpoint(pretrain(cfg, tmp_path / "run", progress=False)).state_dict()
+    straight = load_checkpoint(pretrain(cfg, tmp_path / "straight", progress=False)).state_dict()
+    assert all(torch.equal(resumed[k], v) for k, v in straight.items())
+    assert json.loads((tmp_path / "run" / "pretrain.json").read_text()) == cfg.to_dict()

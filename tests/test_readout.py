@@ -41,22 +41,24 @@ def _toy_data(path, seed, **kw):
 
 
 def _pretrain(tmp_path, name, state_weight, steps, data="train"):
-    cfg = PretrainConfig(
-        model="go2",
-        data=(str(tmp_path / data),),
-        steps=steps,
-        batch_size=32,
-        warmup_steps=5,
-        checkpoint_every=steps,
-        workers=0,
-        learning_rate=2e-3,
-        end_learning_rate=1e-3,
-        model_overrides={
-            "latent_dim": 16,
-            "history": 2,
-            "horizon": 3,
-            "loss": {"state": state_weight},
-        },
+    cfg = PretrainConfig.from_flat(
+        dict(
+            model="go2",
+            data=(str(tmp_path / data),),
+            steps=steps,
+            batch_size=32,
+            warmup_steps=5,
+            checkpoint_every=steps,
+            workers=0,
+            learning_rate=2e-3,
+            end_learning_rate=1e-3,
+            model_overrides={
+                "latent_dim": 16,
+                "history": 2,
+                "horizon": 3,
+                "loss": {"state": state_weight},
+            },
+        )
     )
     return load_checkpoint(pretrain(cfg, tmp_path / name, progress=False))
 

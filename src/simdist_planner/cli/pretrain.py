@@ -2,7 +2,8 @@
 
 
     simdist-pretrain --preset ur5e_peg --data runs/data/peg --out runs/pretrain/peg
-    torchrun --nproc_per_node 4 -m simdist_planner.cli.pretrain --preset go2 --data D --out O --device cuda
+    torchrun --nproc_per_node 4 -m simdist_planner.cli.pretrain --preset go2 --data D --out O \
+        --device cuda
 
 One process, or one per rank under torchrun (DDP: gloo on CPU, nccl on CUDA; rank r reads every
 world_size-th episode of the selection). Official optimiser: Adam, lr linear warm-up to 2e-4 then
@@ -11,15 +12,17 @@ with the stds stored in the dataset, and for cameras brightness / contrast / shi
 
 Run directory:
     pretrain.json              the PretrainConfig (a resumed run must match it)
-    train_state/               model checkpoint + optimizer.safetensors + state.json (exact resume),
-                               ema/ with the weight average when ema_decay > 0
+    train_state/               model checkpoint + optimizer.safetensors + state.json (exact resume)
     checkpoints/step-NNNNNNN/  periodic world-model checkpoints (the last few are kept)
-    model/                     the final world-model checkpoint (the weight average with ema_decay > 0)
+    model/                     the final world-model checkpoint (the selected one with a selection)
     tb/                        TensorBoard scalars: every loss term, lr, windows/s
 
 Exact resume: every random draw of step s (window indices, augmentation noise, dropout) comes
 from generators seeded by (seed, rank, s), and the learning rate is a function of s, so the
-optimizer moments, the step counter and the weight average are the whole training state.
+optimizer moments and the step counter are the whole training state.
+
+Every setting is a flag named after its PretrainConfig field (training/config.py, FLAT_FIELDS:
+--learning-rate, --image-shift, --encoder-steps, ...); a flag given overrides the preset's value.
 """
 
 from __future__ import annotations
@@ -32,8 +35,40 @@ import os
 import torch.distributed as dist
 
 from simdist_planner.evaluation.checkpoint_selection import check_fits, select_checkpoint
-from simdist_planner.training.config import PRETRAIN_PRESETS, CheckpointSelection, PretrainConfig
+from simdist_planner.training.config import (
+    FLAT_FIELDS,
+    PRETRAIN_PRESETS,
+    AugmentationConfig,
+    CheckpointSelection,
+    DataConfig,
+    EncoderStage,
+    OptimiserConfig,
+    PretrainConfig,
+)
 from simdist_planner.training.loop import pretrain
+
+# The dataclass that holds each group of FLAT_FIELDS (None: PretrainConfig itself).
+_GROUPS = {
+    None: PretrainConfig,
+    "data": DataConfig,
+    "optimiser": OptimiserConfig,
+    "augmentation": AugmentationConfig,
+    "encoder_stage": EncoderStage,
+}
+# Settings given as JSON (objects) or by their own argument rather than a generated flag.
+_JSON_OR_OWN = (
+    "data",
+    "model_overrides",
+    "phase_weights",
+    "encoder_near_field",
+    "state_near_field",
+    "checkpoint_selection",
+)
+
+
+def _flag_type(name: str) -> str:
+    group, leaf = FLAT_FIELDS[name]
+    return str(_GROUPS[group].__dataclass_fields__[leaf].type)
 
 
 def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
@@ -51,20 +86,12 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
     parser.add_argument("--data", nargs="*", default=None, help="shard files or directories")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-progress", action="store_true")
-    fields = PretrainConfig.__dataclass_fields__
-    for name in fields:
-        if name in (
-            "data",
-            "model_overrides",
-            "phase_weights",
-            "encoder_near_field",
-            "state_near_field",
-            "checkpoint_selection",
-        ):
+    for name in FLAT_FIELDS:
+        if name in _JSON_OR_OWN:
             continue
         flag = "--" + name.replace("_", "-")
-        ftype = fields[name].type
-        if ftype in ("bool", bool):
+        ftype = _flag_type(name)
+        if ftype == "bool":
             parser.add_argument(
                 flag,
                 type=lambda s: s.lower() in ("1", "true", "yes"),
@@ -109,7 +136,7 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
     )
     args = parser.parse_args(argv)
     values = dict(PRETRAIN_PRESETS[args.preset]) if args.preset else {}
-    for name in fields:
+    for name in FLAT_FIELDS:
         v = getattr(args, name, None)
         if v is not None and name != "checkpoint_selection":
             values[name] = tuple(v) if isinstance(v, list) else v
@@ -125,7 +152,7 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
                     else CheckpointSelection(**given)
                 )
             )
-        return PretrainConfig(**values), args
+        return PretrainConfig.from_flat(values), args
     except (TypeError, ValueError) as err:
         parser.error(str(err))
 
@@ -144,8 +171,9 @@ def main(argv=None) -> None:
         metrics = json.loads((final / "metrics.json").read_text())
         if selection is not None and not metrics["stopped_at_time_limit"]:
             select_checkpoint(args.out, selection, args.device)
+        loss = metrics.get("loss/total", float("nan"))
         print(
-            f"pretrain: wrote {final} (step {metrics['step']}, loss {metrics.get('loss/total', float('nan')):.4f}, "
+            f"pretrain: wrote {final} (step {metrics['step']}, loss {loss:.4f}, "
             f"{metrics['seconds_this_run']:.0f} s this run)"
         )
     if dist.is_initialized():

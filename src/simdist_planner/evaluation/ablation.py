@@ -164,8 +164,8 @@ def pretrain_config(
         data = dict(data=(str(mixed),), fraction=row.fraction)
     preset = PRETRAIN_PRESETS["ur5e_peg" if _ur5e(task) else "go2"]
     # one checkpoint, the last step's: the rows compare recipes, not checkpoint selections
-    return PretrainConfig(
-        **{
+    return PretrainConfig.from_flat(
+        {
             **preset,
             "steps": scale.train_steps,
             "batch_size": scale.batch_size,
@@ -181,11 +181,11 @@ def pretrain_config(
 def selected_dataset(cfg) -> ShardedDataset:
     """The episodes a PretrainConfig trains on (what pretrain's window source selects)."""
     return ShardedDataset(
-        list(cfg.data),
-        fraction=cfg.fraction,
-        expert_only=cfg.expert_only,
-        max_steps=cfg.max_data_steps or None,
-        selection_seed=cfg.selection_seed,
+        list(cfg.data.paths),
+        fraction=cfg.data.fraction,
+        expert_only=cfg.data.expert_only,
+        max_steps=cfg.data.max_data_steps or None,
+        selection_seed=cfg.data.selection_seed,
     )
 
 

@@ -1,1 +1,2 @@
-"""Pretraining (Eq. 2): config, window sampling, augmentation, scaler fitting, EMA, train state, DDP, the loop and the encoder stage."""
+"""Pretraining (Eq. 2): config, window sampling, augmentation, scaler fitting, train state,
+DDP, the loop and the encoder stage."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from simdist_planner.training.config import PretrainConfig
+from simdist_planner.training.config import AugmentationConfig
 
 
 def augment(
     batch: dict,
-    cfg: PretrainConfig,
+    aug: AugmentationConfig,
     proprio_noise: torch.Tensor,
     hm_noise: float,
     model_config,
@@ -29,19 +29,20 @@ def augment(
         out["height_map"] = hm
     if "images" in batch:
         cameras = model_config.image.cameras
-        movable = torch.tensor([c not in cfg.fixed_cameras for c in cameras])
-        out["images"] = augment_images(batch["images"], cfg, history, generator, movable)
+        movable = torch.tensor([c not in aug.fixed_cameras for c in cameras])
+        out["images"] = augment_images(batch["images"], aug, history, generator, movable)
     return out
 
 
 def augment_images(
     images: torch.Tensor,
-    cfg: PretrainConfig,
+    aug: AugmentationConfig,
     history: int,
     g: torch.Generator,
     movable: torch.Tensor,
 ) -> torch.Tensor:
-    """Image augmentation per (window, camera); `movable` (n_cam,) bool: the cameras a shift may move.
+    """Image augmentation per (window, camera); `movable` (n_cam,) bool: the cameras a shift
+    may move.
 
     Brightness and contrast change only the current image o_t: the latent target sg(E(o_{t+i}))
     stays clean, which teaches E to ignore appearance. The random shift (a camera that moved) moves
@@ -55,12 +56,12 @@ def augment_images(
     b, _, n_cam, _, h, w = x.shape
     top = 255.0 if x.dtype == torch.uint8 else 1.0
     cur = x[:, history].float()  # (B, n_cam, 3, h, w)
-    bright = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * cfg.image_brightness
-    contrast = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * cfg.image_contrast
+    bright = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * aug.image_brightness
+    contrast = 1 + (torch.rand(b, n_cam, 1, 1, 1, generator=g) * 2 - 1) * aug.image_contrast
     mean = cur.mean(dim=(2, 3, 4), keepdim=True)
     cur = (((cur - mean) * contrast + mean) * bright).clamp(0, top)
     x[:, history] = cur.round().to(x.dtype) if x.dtype == torch.uint8 else cur
-    s = cfg.image_shift
+    s = aug.image_shift
     if s > 0:
         # A shift by (dy, dx) in [-s, s] with the border pixels repeated: the source rows / cols
         # of every output pixel, per (window, camera).

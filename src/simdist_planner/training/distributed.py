@@ -1,4 +1,5 @@
-"""DDP plumbing: process group set-up, a shared wall-clock decision, and the weights check across ranks."""
+"""DDP plumbing: process group set-up, a shared wall-clock decision, and the weights check
+across ranks."""
 
 from __future__ import annotations
 

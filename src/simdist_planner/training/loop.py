@@ -1,24 +1,19 @@
-"""simdist-pretrain: minimise Eq. 2 over (H, T) windows of the simulation dataset.
+"""The pretraining loop: minimise Eq. 2 over (H, T) windows of the simulation dataset.
 
-    simdist-pretrain --preset ur5e_peg --data runs/data/peg --out runs/pretrain/peg
-    torchrun --nproc_per_node 4 -m simdist_planner.cli.pretrain --preset go2 --data D --out O --device cuda
-
-One process, or one per rank under torchrun (DDP: gloo on CPU, nccl on CUDA; rank r reads every
-world_size-th episode of the selection). Official optimiser: Adam, lr linear warm-up to 2e-4 then
-cosine to 1e-4. Observation augmentation on the model inputs (o_{t-H..t}): per-term Gaussian noise
-with the stds stored in the dataset, and for cameras brightness / contrast / shift per window.
+`pretrain(cfg, out)` trains (or resumes) the run in `out`, in one process or one per rank under
+torchrun (DDP: gloo on CPU, nccl on CUDA; rank r reads every world_size-th episode of the
+selection). Official optimiser: Adam, lr linear warm-up to 2e-4 then cosine to 1e-4.
 
 Run directory:
     pretrain.json              the PretrainConfig (a resumed run must match it)
-    train_state/               model checkpoint + optimizer.safetensors + state.json (exact resume),
-                               ema/ with the weight average when ema_decay > 0
+    train_state/               model checkpoint + optimizer.safetensors + state.json (exact resume)
     checkpoints/step-NNNNNNN/  periodic world-model checkpoints (the last few are kept)
-    model/                     the final world-model checkpoint (the weight average with ema_decay > 0)
+    model/                     the final world-model checkpoint
     tb/                        TensorBoard scalars: every loss term, lr, windows/s
 
 Exact resume: every random draw of step s (window indices, augmentation noise, dropout) comes
 from generators seeded by (seed, rank, s), and the learning rate is a function of s, so the
-optimizer moments, the step counter and the weight average are the whole training state.
+optimizer moments and the step counter are the whole training state.
 """
 
 from __future__ import annotations
@@ -40,7 +35,6 @@ from simdist_planner.model.losses import TERMS, near_field_slices, world_model_l
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.training.config import PretrainConfig
 from simdist_planner.training.distributed import gather_digests, init_distributed, out_of_time
-from simdist_planner.training.ema import WeightAverage
 from simdist_planner.training.encoder_stage import pretrain_image_backbone
 from simdist_planner.training.sampler import AugmentedWindows, WindowSource, step_seed
 from simdist_planner.training.scaler_fit import fit_scaler
@@ -62,11 +56,12 @@ WARM_START_ADDED = ("policy_proprio_skip", "policy_proprio_gain")
 
 def lr_at(cfg: PretrainConfig, step: int) -> float:
     """Linear warm-up from 0 to the peak, then cosine decay to the end value (optax's schedule)."""
-    if step < cfg.warmup_steps:
-        return cfg.learning_rate * step / cfg.warmup_steps
-    decay = max(cfg.decay_steps or cfg.steps, cfg.warmup_steps + 1)
-    frac = min(step - cfg.warmup_steps, decay - cfg.warmup_steps) / (decay - cfg.warmup_steps)
-    return cfg.end_learning_rate + (cfg.learning_rate - cfg.end_learning_rate) * 0.5 * (
+    opt = cfg.optimiser
+    if step < opt.warmup_steps:
+        return opt.learning_rate * step / opt.warmup_steps
+    decay = max(opt.decay_steps or cfg.steps, opt.warmup_steps + 1)
+    frac = min(step - opt.warmup_steps, decay - opt.warmup_steps) / (decay - opt.warmup_steps)
+    return opt.end_learning_rate + (opt.learning_rate - opt.end_learning_rate) * 0.5 * (
         1 + math.cos(math.pi * frac)
     )
 
@@ -115,7 +110,8 @@ def pretrain(
         check_model(model)
     model.to(dev)
     resuming = (out / "train_state" / "state.json").is_file()
-    if cfg.encoder_steps and not resuming:  # the stage's result lives on in the model's weights
+    stage = cfg.encoder_stage
+    if stage is not None and not resuming:  # the stage's result lives on in the model's weights
         encoder_writer = None
         if rank == 0:
             encoder_writer = SummaryWriter(str(out / "tb" / "encoder"))
@@ -123,9 +119,11 @@ def pretrain(
         if encoder_writer is not None:
             encoder_writer.close()
             print(
-                f"pretrain: encoder stage, {cfg.encoder_steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+                f"pretrain: encoder stage, {stage.steps} steps, "
+                f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
             )
-    if cfg.freeze_image_backbone:
+    frozen = stage is not None and stage.freeze_backbone
+    if frozen:
         model.encoder.images.backbone.requires_grad_(False)
     near = (
         near_field_slices(source.windows.dataset.layout, cfg.state_near_field, "state_near_field")
@@ -135,13 +133,10 @@ def pretrain(
     optimizer = torch.optim.Adam(
         [p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0)
     )
-
-    ema = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
-    kept = model if ema is None else ema.model  # what checkpoints and the final model hold
     start = 0
     if resuming:
         check_resume_config(out, cfg)
-        start = load_train_state(out, model, optimizer, ema)
+        start = load_train_state(out, model, optimizer)
     if world > 1:
         dist.barrier()  # every rank has read the old pretrain.json before rank 0 rewrites it
     if rank == 0:
@@ -182,7 +177,7 @@ def pretrain(
     metrics: dict = {}
     step, done = start, start
     model.train()
-    if cfg.freeze_image_backbone:
+    if frozen:
         model.encoder.images.backbone.eval()  # frozen: batch-norm statistics stay as they were too
     for step, batch in enumerate(loader, start=start):
         torch.manual_seed(step_seed(cfg.seed, rank, step, 2))  # dropout of this step
@@ -194,11 +189,7 @@ def pretrain(
             terms = world_model_loss(train_model, batch, near_field=near)
         optimizer.zero_grad(set_to_none=True)
         terms.total.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
-        if ema is not None:
-            ema.update(model, step)
         values = terms.as_floats()
         if not math.isfinite(values["total"]):
             raise FloatingPointError(
@@ -223,9 +214,9 @@ def pretrain(
             count, t_log = 0, now
         if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:
             if rank == 0:
-                save_train_state(out, model, optimizer, done, metrics, ema)
+                save_train_state(out, model, optimizer, done, metrics)
                 save_checkpoint(
-                    kept,
+                    model,
                     out / "checkpoints" / f"step-{done:07d}",
                     metrics={"step": done, **metrics},
                 )
@@ -241,7 +232,6 @@ def pretrain(
     if len(set(digests)) != 1:
         raise RuntimeError(f"pretrain: ranks ended with different weights: {digests}")
     if rank == 0:
-        # rank_weights_sha256 hashes the trained weights (train_state/model), not an average
         final = {
             "step": done,
             **metrics,
@@ -251,9 +241,8 @@ def pretrain(
             "steps_this_run": done - start,
             "stopped_at_time_limit": done < cfg.steps,
             "model_config": cfg.model,
-            "ema_decay": cfg.ema_decay,
         }
-        save_checkpoint(kept, out / "model", metrics=final)
+        save_checkpoint(model, out / "model", metrics=final)
         if writer is not None:
             writer.close()
     if world > 1:

@@ -22,21 +22,25 @@ class WindowSource(torch.utils.data.Dataset):
     def __init__(self, cfg: PretrainConfig, rank: int, world_size: int):
         self.cfg, self.rank = cfg, rank
         self.windows = None
-        self.cum_weights = None  # cumulative window weights when cfg.phase_weights is set
-        if not cfg.synthetic:
-            selection = self.selection(cfg)
+        self.cum_weights = None  # cumulative window weights with data.phase_weights
+        if not cfg.data.synthetic:
             data = ShardedDataset(
-                cfg.data, **selection, rank=rank, world_size=world_size, preload=cfg.preload
+                cfg.data.paths,
+                **self.selection(cfg),
+                rank=rank,
+                world_size=world_size,
+                preload=cfg.data.preload,
             )
             self.model_config = model_config_for(cfg, data.layout)
             self.windows = WindowDataset(data, self.model_config.history, self.model_config.horizon)
             self.obs_noise = data.obs_noise_std()
-            if cfg.phase_weights:
-                weights, inside = window_weights(self.windows, cfg.phase_weights)
+            if cfg.data.phase_weights:
+                weights, inside = window_weights(self.windows, cfg.data.phase_weights)
                 self.cum_weights = np.cumsum(weights)
+                share = weights[inside].sum() / weights.sum()
                 self.weighting = (
                     f"{int(inside.sum())} of {len(weights)} windows in the phases "
-                    f"{cfg.phase_weights}, {weights[inside].sum() / weights.sum():.1%} of draws"
+                    f"{cfg.data.phase_weights}, {share:.1%} of draws"
                 )
         else:
             self.model_config = model_config_for(cfg)
@@ -47,11 +51,12 @@ class WindowSource(torch.utils.data.Dataset):
 
     @staticmethod
     def selection(cfg: PretrainConfig) -> dict:
+        """The ShardedDataset selection arguments of the run's data settings."""
         return dict(
-            fraction=cfg.fraction,
-            expert_only=cfg.expert_only,
-            max_steps=cfg.max_data_steps or None,
-            selection_seed=cfg.selection_seed,
+            fraction=cfg.data.fraction,
+            expert_only=cfg.data.expert_only,
+            max_steps=cfg.data.max_data_steps or None,
+            selection_seed=cfg.data.selection_seed,
         )
 
     def __len__(self) -> int:
@@ -127,7 +132,8 @@ class AugmentedWindows(torch.utils.data.Dataset):
     def __getitem__(self, step: int) -> dict:
         src = self.source
         batch = src[step]
-        if src.cfg.augment:
+        aug = src.cfg.augmentation
+        if aug.enabled:
             g = torch.Generator().manual_seed(step_seed(src.cfg.seed, src.rank, step, 1))
-            batch = augment(batch, src.cfg, self.proprio_noise, self.hm_noise, src.model_config, g)
+            batch = augment(batch, aug, self.proprio_noise, self.hm_noise, src.model_config, g)
         return batch

@@ -19,7 +19,7 @@ def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> 
         model.scaler.fit({k: w[k] for k in model.scaler.dims})
         return
 
-    data = ShardedDataset(cfg.data, **WindowSource.selection(cfg))
+    data = ShardedDataset(cfg.data.paths, **WindowSource.selection(cfg))
     columns = {
         "proprio": "proprio",
         "actions": "action",
@@ -40,6 +40,6 @@ def fit_scaler(model: WorldModel, cfg: PretrainConfig, source: WindowSource) -> 
                 ep[columns[k]][: n - 1] if k in ("actions", "rewards") else ep[columns[k]]
             )
         rows += n
-        if rows >= cfg.scaler_rows:
+        if rows >= cfg.data.scaler_rows:
             break
     model.scaler.fit({k: np.concatenate(v) for k, v in cols.items()})

@@ -1,4 +1,4 @@
-"""Train state on disk: weights, Adam moments, the weight average and the step, for an exact resume."""
+"""Train state on disk: weights, Adam moments and the step, for an exact resume."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from simdist_planner.model.checkpoint import (
 )
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.training.config import PretrainConfig
-from simdist_planner.training.ema import WeightAverage
 
 STATE_FORMAT_VERSION = 1
 
 
-# Settings a resumed run may change; everything else must equal the interrupted run's.
+# Settings (flat flag names, PretrainConfig.to_flat) a resumed run may change; everything else
+# must equal the interrupted run's.
 RESUMABLE_CHANGES = {
     "steps",
     "checkpoint_every",
@@ -48,14 +48,11 @@ def save_train_state(
     optimizer: torch.optim.Optimizer,
     step: int,
     metrics: dict,
-    ema: WeightAverage | None = None,
 ) -> None:
     final = out / "train_state"
     tmp = _atomic_dir(final)
     try:
         save_checkpoint(model, tmp / "model", metrics={"step": step, **metrics})
-        if ema is not None:
-            save_checkpoint(ema.model, tmp / "ema", metrics={"step": step, "ema_decay": ema.decay})
         index = {p: i for i, p in enumerate(model.parameters())}
         tensors = {}
         for p, state in optimizer.state.items():
@@ -83,9 +80,8 @@ def load_train_state(
     out: pathlib.Path,
     model: WorldModel,
     optimizer: torch.optim.Optimizer,
-    ema: WeightAverage | None = None,
 ) -> int:
-    """Restore weights, Adam moments and the weight average in place; returns the step to continue from."""
+    """Restore weights and Adam moments in place; returns the step to continue from."""
     root = out / "train_state"
     state = json.loads((root / "state.json").read_text())
     if (
@@ -105,7 +101,8 @@ def load_train_state(
         i, key = name.split(".", 1)
         if not 0 <= int(i) < len(params):
             raise ValueError(
-                f"{root / 'optimizer.safetensors'}: state for parameter {i}, model has {len(params)}"
+                f"{root / 'optimizer.safetensors'}: state for parameter {i}, "
+                f"model has {len(params)}"
             )
         per_param.setdefault(int(i), {})[key] = value
     for i, st in per_param.items():
@@ -126,18 +123,14 @@ def load_train_state(
     sd = optimizer.state_dict()
     sd["state"] = {trained[id(params[i])]: st for i, st in per_param.items()}
     optimizer.load_state_dict(sd)
-    if ema is not None:
-        if not (root / "ema").is_dir():
-            raise ValueError(
-                f"{root}: no ema/ weight average to resume (the run was saved without ema_decay)"
-            )
-        ema.model.load_state_dict(load_checkpoint(root / "ema", expect=model.config).state_dict())
     return int(state["step"])
 
 
 def check_resume_config(out: pathlib.Path, cfg: PretrainConfig) -> None:
+    """Refuse to resume the run in `out` with settings other than its pretrain.json's (that of an
+    earlier version, in the flat form, is read too), except RESUMABLE_CHANGES."""
     saved = PretrainConfig.from_dict(json.loads((out / "pretrain.json").read_text()))
-    a, b = saved.to_dict(), cfg.to_dict()
+    a, b = saved.to_flat(), cfg.to_flat()
     diff = [
         f"{k}: run has {a[k]!r}, now {b[k]!r}"
         for k in a
