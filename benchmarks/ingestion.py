@@ -26,7 +26,7 @@ CASES = [
 
 
 def per_image_ms(camera_hw, model_hw, frames: int) -> tuple[float, float]:
-    """(ms per image through decode+check+resize, ms per image including alignment and re-encode)."""
+    """(ms per image for decode + check + resize, ms per image with alignment and re-encode)."""
     core = Ingestion(IngestionConfig(cameras=("cam",), image_size=model_hw, camera_size=camera_hw))
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 255, (*camera_hw, 3), dtype=np.uint8)
@@ -51,12 +51,14 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=200)
     args = parser.parse_args()
     print(
-        f"{'camera HxW':>12} {'model HxW':>10} {'decode+check+resize ms':>24} {'+align+publish ms':>18}"
+        f"{'camera HxW':>12} {'model HxW':>10} "
+        f"{'decode+check+resize ms':>24} {'+align+publish ms':>18}"
     )
     for camera_hw, model_hw in CASES:
         a, b = per_image_ms(camera_hw, model_hw, args.frames)
         print(
-            f"{'x'.join(map(str, camera_hw)):>12} {'x'.join(map(str, model_hw)):>10} {a:>24.3f} {b:>18.3f}"
+            f"{'x'.join(map(str, camera_hw)):>12} {'x'.join(map(str, model_hw)):>10} "
+            f"{a:>24.3f} {b:>18.3f}"
         )
 
 

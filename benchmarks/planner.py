@@ -33,7 +33,7 @@ WARMUP_STEPS = 3
 
 
 def random_inputs(cfg, device, generator):
-    """One observation batch and its history, shaped as the model expects (values are irrelevant)."""
+    """One observation batch and its history, shaped as the model expects (values irrelevant)."""
     obs = {"proprio": torch.randn(1, cfg.proprio_dim, generator=generator)}
     if cfg.height_map is not None:
         obs["height_map"] = torch.randn(1, *cfg.height_map.shape, generator=generator)
@@ -107,7 +107,8 @@ def main(argv=None) -> None:
         else platform.processor() or "cpu"
     )
     print(
-        f"device {device} ({name}), torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+        f"device {device} ({name}), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} CPU threads, "
         f"{args.steps} timed steps after {WARMUP_STEPS} warm-up"
     )
     header = (
@@ -121,9 +122,10 @@ def main(argv=None) -> None:
             row = bench(robot, kind, device, args.steps)
             ok = "ok" if row["rate"] >= row["target"] else "SLOW"
             print(
-                f"{row['robot']:6} {row['dynamics']:14} {row['candidates']:5d} {row['iterations']:4d} "
-                f"{row['HT']:>6} {row['cameras']:4d} {row['min']:9.1f} {row['median']:9.1f} "
-                f"{row['p95']:9.1f} {row['max']:9.1f} {row['rate']:8.1f} {row['target']:4.0f}Hz {ok}",
+                f"{row['robot']:6} {row['dynamics']:14} {row['candidates']:5d} "
+                f"{row['iterations']:4d} {row['HT']:>6} {row['cameras']:4d} "
+                f"{row['min']:9.1f} {row['median']:9.1f} {row['p95']:9.1f} {row['max']:9.1f} "
+                f"{row['rate']:8.1f} {row['target']:4.0f}Hz {ok}",
                 flush=True,
             )
 

@@ -1,7 +1,8 @@
 """Throughput of one Eq. 2 pretraining step (forward, backward, Adam) at the presets' sizes, on
 synthetic windows so no dataset is needed, with the dropout layers as in training.
 
-    python benchmarks/pretrain.py [--device cuda] [--threads 2] [--steps 10] [--models go2,ur5e_small]
+    python benchmarks/pretrain.py [--device cuda] [--threads 2] [--steps 10]
+                                  [--models go2,ur5e_small]
     python benchmarks/pretrain.py --data SHARD_DIR [--preset ur5e_peg]    # + the loader's batch
 
 Prints steps/s and windows/s per model and batch; `--no-dropout` gives the same step with every
@@ -66,7 +67,7 @@ def time_steps(
 
 
 def time_loader(data: str, preset: str, preload: str, batches: int) -> list[float]:
-    """Seconds per batch of the loader's work (read + augment), after one batch that fills caches."""
+    """Seconds per batch of the loader's work (read + augment), after a batch that fills caches."""
     flat = {**PRETRAIN_PRESETS[preset], "data": (data,), "preload": preload}
     cfg = PretrainConfig.from_flat(flat)
     batches_of = AugmentedWindows(WindowSource(cfg, rank=0, world_size=1))
@@ -126,7 +127,8 @@ def main(argv=None) -> None:
         for preload in ("vectors", "all"):
             ts = time_loader(args.data, args.preset, preload, args.steps)
             print(
-                f"  preload {preload:8} {statistics.median(ts) * 1e3:8.1f} / {min(ts) * 1e3:6.1f} ms per batch",
+                f"  preload {preload:8} {statistics.median(ts) * 1e3:8.1f} / "
+                f"{min(ts) * 1e3:6.1f} ms per batch",
                 flush=True,
             )
 

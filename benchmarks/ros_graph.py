@@ -114,9 +114,8 @@ def measure(
         while not seen["action"]:  # warm-up: every node started, the planner answering
             rclpy.spin_once(node, timeout_sec=0.05)
             if time.monotonic() > deadline or launch.poll() is not None:
-                raise RuntimeError(
-                    f"the {graph} graph never produced an action:\n{launch.stderr.read() if launch.poll() is not None else ''}"
-                )
+                stderr = launch.stderr.read() if launch.poll() is not None else ""
+                raise RuntimeError(f"the {graph} graph never produced an action:\n{stderr}")
         for store in seen.values():
             store.clear()
         start = time.monotonic()
@@ -146,15 +145,19 @@ def measure(
         "ticks_answered": f"{len(obs_to_cmd)}/{len(seen['robot'])}",
         "ingestion_ms": _stats(ingest),
         "ingestion_image_ms_mean": ingestion_diag.get("image_ms_mean", "n/a"),
-        "planner": {k: planner_diag.get(k) for k in ("mppi_ticks", "policy_fallbacks", "deadline_misses",
-                                                     "latency_estimate_ms", "last_latency_ms")},
+        "planner": {k: planner_diag.get(k) for k in ("mppi_ticks", "policy_fallbacks",
+                                                     "deadline_misses", "latency_estimate_ms",
+                                                     "last_latency_ms")},
     }  # fmt: skip
 
 
 def _stats(values: np.ndarray) -> str:
     if values.size == 0:
         return "no samples"
-    return f"median {np.median(values):.1f}, p95 {np.percentile(values, 95):.1f}, max {values.max():.1f} (n={values.size})"
+    return (
+        f"median {np.median(values):.1f}, p95 {np.percentile(values, 95):.1f}, "
+        f"max {values.max():.1f} (n={values.size})"
+    )
 
 
 def main() -> None:
@@ -180,10 +183,12 @@ def main() -> None:
             print(f"  driver ticks published    {result['ticks_published_hz']:.2f} Hz")
             print(f"  planner actions           {result['actions_hz']:.2f} Hz")
             print(
-                f"  obs -> safe command (ms)  {result['obs_to_command_ms']}  answered {result['ticks_answered']}"
+                f"  obs -> safe command (ms)  {result['obs_to_command_ms']}  "
+                f"answered {result['ticks_answered']}"
             )
             print(
-                f"  ingestion (ms)            {result['ingestion_ms']}; per image {result['ingestion_image_ms_mean']} ms"
+                f"  ingestion (ms)            {result['ingestion_ms']}; "
+                f"per image {result['ingestion_image_ms_mean']} ms"
             )
             print(f"  planner                   {result['planner']}")
 

@@ -1,7 +1,7 @@
 """Shared body of the launch_ros files: turns `launch_description.resolve()` into launch_ros Nodes.
 
 The graph itself (nodes, parameters, remappings, arguments) lives only in
-`simdist_planner.launch_description`; the pip launcher (`simdist launch`) reads the same data.
+`simdist_planner.ros.launch_description`; the pip launcher (`simdist launch`) reads the same data.
 """
 
 from launch import LaunchDescription

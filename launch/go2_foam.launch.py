@@ -1,6 +1,10 @@
-"""ros2 launch simdist_planner go2_foam.launch.py robot:=sim|real checkpoint:=DIR [record:=true ...]
+"""The go2_foam graph for `ros2 launch`:
 
-Same node set and parameters as `simdist launch go2_foam ...` (simdist_planner.launch_description).
+    ros2 launch simdist_planner go2_foam.launch.py
+        robot:=sim|real checkpoint:=DIR [record:=true ...]
+
+Same node set and parameters as `simdist launch go2_foam ...`
+(simdist_planner.ros.launch_description).
 """
 
 import os

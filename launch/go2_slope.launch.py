@@ -1,6 +1,10 @@
-"""ros2 launch simdist_planner go2_slope.launch.py robot:=sim|real checkpoint:=DIR [record:=true ...]
+"""The go2_slope graph for `ros2 launch`:
 
-Same node set and parameters as `simdist launch go2_slope ...` (simdist_planner.launch_description).
+    ros2 launch simdist_planner go2_slope.launch.py
+        robot:=sim|real checkpoint:=DIR [record:=true ...]
+
+Same node set and parameters as `simdist launch go2_slope ...`
+(simdist_planner.ros.launch_description).
 """
 
 import os

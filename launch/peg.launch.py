@@ -1,6 +1,10 @@
-"""ros2 launch simdist_planner peg.launch.py robot:=sim|real checkpoint:=DIR [record:=true ...]
+"""The peg graph for `ros2 launch`:
 
-Same node set and parameters as `simdist launch peg ...` (simdist_planner.launch_description).
+    ros2 launch simdist_planner peg.launch.py
+        robot:=sim|real checkpoint:=DIR [record:=true ...]
+
+Same node set and parameters as `simdist launch peg ...`
+(simdist_planner.ros.launch_description).
 """
 
 import os
