@@ -38,7 +38,8 @@ class IngestionConfig:
             raise ValueError(f"camera names must be unique, got {self.cameras}")
         if min(self.image_size) < 1 or min(self.camera_size) < 0:
             raise ValueError(
-                f"image_size must be positive and camera_size >= 0, got {self.image_size}, {self.camera_size}"
+                "image_size must be positive and camera_size >= 0, "
+                f"got {self.image_size}, {self.camera_size}"
             )
         for name in (
             "align_tolerance_s",
@@ -148,7 +149,8 @@ class Ingestion:
         expected = self.config.camera_size
         if expected != (0, 0) and image.shape[:2] != tuple(expected):
             raise StreamError(
-                f"camera {camera}: image is {image.shape[0]}x{image.shape[1]} (HxW), expected {expected[0]}x{expected[1]}"
+                f"camera {camera}: image is {image.shape[0]}x{image.shape[1]} (HxW), "
+                f"expected {expected[0]}x{expected[1]}"
             )
         self._store(camera, stamp, resize(image, self.config.image_size))
 
@@ -198,7 +200,7 @@ class Ingestion:
         return round(self.config.align_tolerance_s * 1e9)
 
     def pop_aligned(self) -> list[AlignedObservation]:
-        """Complete observations for pending proprio stamps, oldest first; unmatched ones dropped."""
+        """Complete observations for pending proprio stamps, oldest first; drops unmatched ones."""
         out = []
         tol = self._tol_ns()
         while self._pending:
@@ -210,7 +212,8 @@ class Ingestion:
                     self.last_stamp[s] is not None and self.last_stamp[s] > stamp + tol
                     for s in missing
                 ):
-                    self._pending.popleft()  # a newer sample already passed: this stamp cannot complete
+                    # a newer sample already passed: this stamp cannot complete
+                    self._pending.popleft()
                     self.unmatched += 1
                     continue
                 break

@@ -1,4 +1,6 @@
-"""The one robot interface every backend implements (MuJoCo sim, MuJoCo "real", ur_rtde, unitree_sdk2py).
+"""The one robot interface every backend implements.
+
+Backends: MuJoCo sim, MuJoCo "real", ur_rtde and unitree_sdk2py.
 
 The ROS driver nodes, the dataset generator and the closed-loop evaluation talk to robots only
 through this module, so a hardware backend and its MuJoCo stand-in are interchangeable.

@@ -172,7 +172,8 @@ PARAMS = (
     Param(
         "episodes",
         0,
-        "episodes to run back to back (seeds seed, seed+1, ...); then the node exits 0; 0 = until stopped",
+        "episodes to run back to back (seeds seed, seed+1, ...); then the node exits 0; "
+        "0 = until stopped",
         0,
         1_000_000,
     ),
@@ -465,7 +466,10 @@ def _check(name, value, values) -> str | None:
     if name in ("robot", "task"):
         task = values.get("task")
         if task in ROBOT_OF_TASK and values.get("robot") not in ("", ROBOT_OF_TASK[task]):
-            return f"task {task!r} runs on robot {ROBOT_OF_TASK[task]!r}, but robot is {values.get('robot')!r}"
+            return (
+                f"task {task!r} runs on robot {ROBOT_OF_TASK[task]!r}, "
+                f"but robot is {values.get('robot')!r}"
+            )
     if name == "variant" and value not in ("sim", "real"):
         return f"variant must be 'sim' or 'real', got {value!r}"
     if name == "region" and value not in ("narrow", "wide"):

@@ -1,4 +1,4 @@
-"""Declared, ranged, validated ROS parameters applied between ticks (shared by the robot-side nodes).
+"""Declared, ranged, validated ROS parameters applied between ticks (for the robot-side nodes).
 
 Each node lists its tunables once as `Param`s; `NodeParams` declares them with a description and
 a range (rqt_reconfigure shows sliders), rejects bad values at set time with the reason, and
@@ -22,7 +22,7 @@ from rcl_interfaces.msg import (
 
 @dataclass(frozen=True)
 class Param:
-    """One tunable: default, human description, inclusive range for numbers or choices for a string."""
+    """One tunable: default, description, inclusive range for numbers or choices for a string."""
 
     name: str
     default: object

@@ -167,7 +167,7 @@ def pack_proprio(names, proprio, command, stamp_ns_: int, frame_id: str) -> Join
 
 
 def split_proprio_msg(msg: JointState) -> tuple[np.ndarray, np.ndarray | None]:
-    """Layout-agnostic unpack: (proprio float32, command float32 or None); checks names and values."""
+    """Layout-agnostic unpack: (proprio float32, command float32 or None); checks names, values."""
     names = list(msg.name)
     if len(names) != len(msg.position):
         raise MessageError(f"proprio message has {len(names)} names but {len(msg.position)} values")
@@ -195,7 +195,8 @@ def proprio_from_msg(msg: JointState, spec: RobotSpec) -> tuple[np.ndarray, np.n
         )
         raise MessageError(
             f"{spec.name}: proprio layout differs from the spec at element {diff}: "
-            f"got {len(got)} names ({got[diff : diff + 3]}...), expected {len(expected)} ({expected[diff : diff + 3]}...)"
+            f"got {len(got)} names ({got[diff : diff + 3]}...), "
+            f"expected {len(expected)} ({expected[diff : diff + 3]}...)"
         )
     return split_proprio_msg(msg)
 
@@ -260,7 +261,7 @@ def pose_from_msg(msg: PoseStamped) -> tuple[np.ndarray, np.ndarray]:
 
 
 def episode_msg(**fields) -> String:
-    """Per-tick episode status for the recorder (JSON: task, seed, episode, step, reward, success...)."""
+    """Per-tick episode status for the recorder (JSON: task, seed, episode, step, reward, ...)."""
     return String(data=json.dumps(fields, sort_keys=True))
 
 
@@ -286,12 +287,13 @@ def command_to_msg(command: Command, names, stamp_ns_: int, period_s: float) -> 
 
 
 def command_from_msg(msg: JointTrajectory, spec: RobotSpec | None = None) -> Command:
-    """JointTrajectory -> Command (first point); raises MessageError for unknown kinds, sizes, NaN."""
+    """JointTrajectory -> Command (first point); MessageError for unknown kinds, sizes, NaN."""
     try:
         kind = CommandKind(msg.header.frame_id)
     except ValueError:
         raise MessageError(
-            f"command kind {msg.header.frame_id!r} unknown, expected one of {[k.value for k in CommandKind]}"
+            f"command kind {msg.header.frame_id!r} unknown, "
+            f"expected one of {[k.value for k in CommandKind]}"
         ) from None
     stamp = stamp_ns(msg.header.stamp) * 1e-9
     if kind in (CommandKind.HOLD, CommandKind.DAMP):
@@ -310,7 +312,7 @@ def command_from_msg(msg: JointTrajectory, spec: RobotSpec | None = None) -> Com
 
 # --- the planner's side: assemble one observation from the aligned topics ----------------------
 class ObservationAssembler:
-    """Collects `/simdist/observation/*` messages and returns an Observation once a stamp is complete.
+    """Collects `/simdist/observation/*` messages; returns an Observation once a stamp is complete.
 
     Arrival order does not matter; incomplete stamps older than the newest complete one are
     dropped, and at most `max_pending` stamps are kept.

@@ -34,7 +34,8 @@ GO2_DEFAULT_POSE = (-0.1, 0.8, -1.5, 0.1, 0.8, -1.5, -0.1, 1.0, -1.5, 0.1, 1.0, 
 
 @dataclass
 class SafetyConfig:
-    """Limits and timeouts of one robot. Times are seconds on the node clock (sim time in lockstep)."""
+    """Limits and timeouts of one robot. Times are seconds on the node clock (sim time in
+    lockstep)."""
 
     robot: str = "ur5e"  # "ur5e" (EE_DELTA, safe action HOLD) or "go2" (JOINT_POSITION, DAMP)
     command_timeout_s: float = 0.5  # no fresh plan for this long -> safe action
@@ -73,12 +74,14 @@ class SafetyConfig:
             or not all(lo < hi for lo, hi in zip(self.workspace_low, self.workspace_high))
         ):
             raise ValueError(
-                f"workspace box needs 3 values each with low < high, got {self.workspace_low} / {self.workspace_high}"
+                "workspace box needs 3 values each with low < high, "
+                f"got {self.workspace_low} / {self.workspace_high}"
             )
         for name in ("default_pose", "joint_low", "joint_high"):
             if len(getattr(self, name)) != 12:
                 raise ValueError(
-                    f"SafetyConfig.{name} needs 12 values (Go2 joints), got {len(getattr(self, name))}"
+                    f"SafetyConfig.{name} needs 12 values (Go2 joints), "
+                    f"got {len(getattr(self, name))}"
                 )
         if not all(lo < hi for lo, hi in zip(self.joint_low, self.joint_high)):
             raise ValueError("SafetyConfig.joint_low must be below joint_high for every joint")
@@ -196,7 +199,7 @@ class SafetySupervisor:
         return decision
 
     def watchdog(self, now: float) -> Decision | None:
-        """Called by the node's timer: the safe command to send when no fresh plan arrives, else None."""
+        """Called by the node's timer: the safe command when no fresh plan arrives, else None."""
         if self.estopped:
             return Decision(
                 self.safe_command(now, damp=True), "estop", "e-stop latched; call ~/resume"

@@ -74,7 +74,8 @@ PARAMS = (
         "answer_timeout_s",
         10.0,
         "the newest observation unanswered this long on the WALL clock -> safe "
-        "action stamped with it (a stuck or failing planner cannot stall a lockstep simulator); 0 = off",
+        "action stamped with it (a stuck or failing planner cannot stall a lockstep "
+        "simulator); 0 = off",
         0.0,
         60.0,
     ),
@@ -165,7 +166,10 @@ class SafetyNode(Node):
         if not limit or self._unanswered is None or time.monotonic() - self._unanswered[1] < limit:
             return
         stamp_ns = self._unanswered[0]
-        reason = f"no plan for the observation stamped {stamp_ns} within answer_timeout_s={limit} s (wall)"
+        reason = (
+            f"no plan for the observation stamped {stamp_ns} "
+            f"within answer_timeout_s={limit} s (wall)"
+        )
         self.publish(
             Decision(self.core.safe_command(stamp_ns * 1e-9), "no_answer", reason), stamp_ns
         )

@@ -42,7 +42,8 @@ def to_menagerie(x_unitree: np.ndarray) -> np.ndarray:
 
 
 def _default_pose_unitree() -> np.ndarray:
-    """IsaacLab default stance: hips left +0.1 / right -0.1, thighs 0.8 front / 1.0 rear, calves -1.5."""
+    """IsaacLab default stance: hips left +0.1 / right -0.1, thighs 0.8 front / 1.0 rear,
+    calves -1.5."""
     pose = []
     for leg in UNITREE_LEGS:
         hip = 0.1 if leg.endswith("L") else -0.1
@@ -56,7 +57,7 @@ DEFAULT_POSE_UNITREE = _default_pose_unitree()
 
 @dataclass(frozen=True)
 class ActuationConfig:
-    """IsaacLab DC-motor model, applied every physics step (the menagerie motors are torque-only)."""
+    """IsaacLab DC-motor model, applied every physics step (menagerie motors are torque-only)."""
 
     kp: float = 25.0
     kd: float = 0.5

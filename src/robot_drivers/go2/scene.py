@@ -1,4 +1,4 @@
-"""Compose the MuJoCo Go2 scene with MjSpec: menagerie Go2 + floor + optional slope panels / foam pads.
+"""Compose the MuJoCo Go2 scene with MjSpec: menagerie Go2, floor, slope panels / foam pads.
 
 Terrain geoms live in geom group 0 and the robot's in groups 2-3, so the height scan (which
 casts rays against group 0 only) never sees the robot itself. Terrain pieces get a higher

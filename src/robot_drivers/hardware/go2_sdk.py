@@ -94,7 +94,7 @@ class BmsCmd:
 
 @dataclass
 class LowCmd:
-    """Field-for-field the SDK's unitree_go LowCmd_ (used when building commands without the SDK)."""
+    """Field-for-field the SDK's unitree_go LowCmd_ (builds commands without the SDK)."""
 
     head: list = field(default_factory=lambda: [0xFE, 0xEF])
     level_flag: int = 0xFF
@@ -135,7 +135,8 @@ def lowcmd_crc(cmd) -> int:
 
 
 def import_sdk():
-    """The unitree_sdk2py modules this backend uses, or an ImportError saying how to install them."""
+    """The unitree_sdk2py modules this backend uses, or an ImportError that says how to install
+    them."""
     try:
         from unitree_sdk2py.core.channel import (  # noqa: PLC0415 - unitree_sdk2py is not on PyPI: needed only to drive a real Go2
             ChannelFactoryInitialize,
@@ -146,10 +147,10 @@ def import_sdk():
         from unitree_sdk2py.idl.unitree_go.msg.dds_ import LowCmd_, LowState_  # noqa: PLC0415 - unitree_sdk2py is not on PyPI: needed only to drive a real Go2
     except ImportError as e:
         raise ImportError(
-            f"unitree_sdk2py is needed to drive a real Go2 but could not be imported ({e}). It is not "
-            f"on PyPI: install it from {SDK_URL} (git clone, then `pip install -e .`; it needs "
-            "cyclonedds 0.10.x, see its README for CYCLONEDDS_HOME). Simulation needs no SDK: use "
-            "robot:=sim."
+            "unitree_sdk2py is needed to drive a real Go2 but could not be imported "
+            f"({e}). It is not on PyPI: install it from {SDK_URL} (git clone, then "
+            "`pip install -e .`; it needs cyclonedds 0.10.x, see its README for "
+            "CYCLONEDDS_HOME). Simulation needs no SDK: use robot:=sim."
         ) from e
     return (
         ChannelFactoryInitialize,
@@ -182,7 +183,7 @@ def quat_to_gravity(quat_wxyz) -> np.ndarray:
 
 
 class Go2SdkBackend(RobotBackend):
-    """A real Go2 at 50 Hz policy rate; `publish_lowcmd()` is called `lowcmd_rate_hz` times a second.
+    """A real Go2 at 50 Hz policy rate; `publish_lowcmd()` runs `lowcmd_rate_hz` times a second.
 
     `write(cmd)` publishes one LowCmd on rt/lowcmd; `new_lowcmd()` makes an empty one (the SDK's
     default LowCmd_ on the robot). Feed every rt/lowstate message to `on_lowstate`.
@@ -211,7 +212,7 @@ class Go2SdkBackend(RobotBackend):
             self._state, self._state_time = msg, self._clock()
 
     def set_base_velocity(self, lin_vel_base) -> None:
-        """Base linear velocity (m/s, base frame) from a state estimator (the IMU cannot give it)."""
+        """Base linear velocity (m/s, base frame) from a state estimator (the IMU lacks it)."""
         v = np.asarray(lin_vel_base, dtype=np.float64)
         self._base_lin_vel = v if v.shape == (3,) and np.all(np.isfinite(v)) else None
 
@@ -335,7 +336,8 @@ class Go2SdkBackend(RobotBackend):
                 Fault(
                     FaultLevel.ERROR,
                     "disconnected",
-                    f"no rt/lowstate ({age}); check the network interface and the robot; motors damped",
+                    f"no rt/lowstate ({age}); check the network interface and the robot; "
+                    "motors damped",
                 )
             )
         elif s is not None:

@@ -28,8 +28,9 @@ class RobotiqGripper:
             sock = socket.create_connection((host, port), timeout=timeout_s)
         except OSError as e:
             raise ConnectionError(
-                f"Robotiq gripper at {host}:{port}: {e}. Is the Robotiq URCap installed and the gripper "
-                "activated on the pendant? (set parameter gripper:=false to run without it)"
+                f"Robotiq gripper at {host}:{port}: {e}. Is the Robotiq URCap installed and "
+                "the gripper activated on the pendant? (set parameter gripper:=false to run "
+                "without it)"
             ) from e
         return cls(sock)
 

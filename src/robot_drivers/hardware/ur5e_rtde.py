@@ -65,7 +65,7 @@ class UR5eRtdeConfig:
 def connect_ur5e(
     host: str, config: UR5eRtdeConfig | None = None, gripper=None
 ) -> "UR5eRtdeBackend":
-    """Open RTDE receive + control to the arm at `host`; a clear ConnectionError when unreachable."""
+    """Open RTDE receive + control to the arm at `host`; a clear ConnectionError if unreachable."""
     if not host:
         raise ValueError("robot_ip is required (the UR5e controller's address)")
     config = config or UR5eRtdeConfig()
@@ -76,8 +76,9 @@ def connect_ur5e(
         receive = rtde_receive.RTDEReceiveInterface(host, config.servo_rate_hz)
     except RuntimeError as e:
         raise ConnectionError(
-            f"UR5e at {host}: could not open RTDE on port {RTDE_PORT} ({e}). Check that the controller "
-            "is booted, the address and subnet are right (ping it), and no other RTDE client holds it."
+            f"UR5e at {host}: could not open RTDE on port {RTDE_PORT} ({e}). Check that the "
+            "controller is booted, the address and subnet are right (ping it), and no other "
+            "RTDE client holds it."
         ) from e
     try:
         control = rtde_control.RTDEControlInterface(host, config.servo_rate_hz)

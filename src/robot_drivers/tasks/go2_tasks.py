@@ -3,8 +3,8 @@
 | task | variant "sim" | variant "real" (hardware stand-in) |
 |---|---|---|
 | go2_flat | flat floor, survive 20 s | - (no stand-in) |
-| go2_slope | panels 3.0 deg + 5.7 deg, nominal friction; success 1.82 m | - (use slippery_slope) |
-| slippery_slope | same course as go2_slope | PTFE-like panels (`SLIPPERY_SLOPE_GAP`); success 1.82 m |
+| go2_slope | panels 3.0 deg + 5.7 deg, nominal friction; success 1.82 m | - (slippery_slope) |
+| slippery_slope | same course as go2_slope | PTFE-like panels (`SLIPPERY_SLOPE_GAP`); 1.82 m |
 | foam | two overlapping 5 cm rigid pads | compliant foam pads (`FOAM_GAP`); success 3.00 m |
 
 The reward is the official task's velocity-tracking terms plus its base-stability penalties, from
@@ -248,7 +248,7 @@ def rollout(
 
 
 def make_go2_task(name: str, variant: str = "sim", **overrides) -> Go2Task:
-    """Build one of GO2_TASKS; overrides replace `Go2TaskConfig` fields (e.g. command=(0.3, 0, 0))."""
+    """Build one of GO2_TASKS; overrides replace `Go2TaskConfig` fields (command=(0.3, 0, 0))."""
     if name not in GO2_TASKS:
         raise ValueError(f"unknown Go2 task {name!r}; expected one of {GO2_TASKS}")
     if variant not in ("sim", "real"):

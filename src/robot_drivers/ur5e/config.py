@@ -30,8 +30,8 @@ def default_cameras() -> dict[str, CameraPose]:
     The wrist camera looks at the held peg's bottom from 8 cm (a 6 cm field, about 0.9 mm per
     pixel at 64 x 64): where the peg sits in the hand decides the insertion against a 1 mm
     clearance, and a small CNN reads it from this view to 0.4 / 0.7 mm (along the pads / the
-    fingers) where the former view from behind the hand (fovy 70) gave 1.0 / 1.1 mm
-    (docs/experiments/peg_wide.md, session 23)."""
+    fingers) where a view from behind the hand (fovy 70) gives 1.0 / 1.1 mm (measurements:
+    docs/notebook/peg_wide.md)."""
     return {
         # in gripper_base's frame: +z points along the fingers, the fingers close along y.
         "wrist": CameraPose(
