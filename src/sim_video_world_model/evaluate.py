@@ -66,7 +66,7 @@ def predict(
     w: float,
     cfg: EvalConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(predicted, ground-truth) real videos of every held-out window, (N, 3, T, H, W) on the CPU."""
+    """(predicted, ground-truth) real videos of every held-out window, (N, 3, T, H, W) on CPU."""
     pipe = SimForcingPipeline(bundle.autoencoder, bundle.denoiser, FlowMatchScheduler(5.0))
     preds, gts = [], []
     for start in range(0, len(data), cfg.batch_size):
@@ -125,16 +125,19 @@ def latency_grid(bundle: ModelBundle, item: dict, cfg: EvalConfig) -> list[dict]
     for ns in cfg.latency_sim_steps:
         for nr in cfg.latency_real_steps:
             for w in cfg.latency_guidance:
-                run = lambda: pipe(
-                    real[:, :, 0],
-                    actions,
-                    real.shape[2],
-                    robot_mask=mask,
-                    sim_steps=ns,  # noqa: E731
-                    real_steps=nr,
-                    guidance=w,
-                    seed=cfg.seed,
-                )
+
+                def run():
+                    return pipe(
+                        real[:, :, 0],
+                        actions,
+                        real.shape[2],
+                        robot_mask=mask,
+                        sim_steps=ns,
+                        real_steps=nr,
+                        guidance=w,
+                        seed=cfg.seed,
+                    )
+
                 run()
                 if cfg.device.startswith("cuda"):
                     torch.cuda.synchronize()
@@ -265,7 +268,7 @@ def format_markdown(result: dict) -> str:
 
 
 def small_run(out: str, device: str, source: str | None = None) -> dict:
-    """Data (the MuJoCo peg by default, or `source`: a task or "synthetic") -> training -> evaluation."""
+    """Data (the MuJoCo peg, or `source`: a task or "synthetic") -> training -> evaluation."""
     os.makedirs(out, exist_ok=True)
     train_file, heldout_file = os.path.join(out, "train.h5"), os.path.join(out, "heldout.h5")
     if not (os.path.isfile(train_file) and os.path.isfile(heldout_file)):

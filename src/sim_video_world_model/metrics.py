@@ -152,7 +152,7 @@ def frechet_distance(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class FrechetInceptionDistance(nn.Module):
-    """FID on all frames: Inception-v3 2048-d pool features at 299x299 (`size`), ImageNet normalisation."""
+    """FID on all frames: Inception-v3 2048-d pool features at 299x299 (`size`), ImageNet norm."""
 
     def __init__(self, weights: str | None = None, size: int = 299):
         super().__init__()
@@ -180,7 +180,8 @@ class FrechetInceptionDistance(nn.Module):
 
 
 class FrechetVideoDistance(nn.Module):
-    """FVD: Frechet distance of whole-clip features (torchvision R3D-18, 112x112 (`size`), Kinetics norm)."""
+    """FVD: Frechet distance of whole-clip features (torchvision R3D-18 at 112x112 (`size`),
+    Kinetics normalisation)."""
 
     def __init__(self, weights: str | None = None, size: int = 112):
         super().__init__()

@@ -22,7 +22,7 @@ def with_clean_first_frame(noisy: torch.Tensor, clean: torch.Tensor) -> torch.Te
 
 
 def latent_motion(x0_hat: torch.Tensor, first_latent: torch.Tensor) -> torch.Tensor:
-    """Adjacent differences m_k = x^_k - x^_{k-1}, k = 1..L-1, with x^_0 := the clean observation latent.
+    """Adjacent differences m_k = x^_k - x^_{k-1}, k = 1..L-1, x^_0 := the clean observation latent.
 
     The model's estimate of frame 0 is discarded, so the first frame itself contributes no target.
     """
@@ -39,7 +39,10 @@ def _per_sample_mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def corrupt_sim_latent(
     z: torch.Tensor, cfg: ObjectiveConfig, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """With prob corrupt_prob per sample: z' = alpha z + (1 - alpha) sigma_c eta (conditioning input only)."""
+    """With prob corrupt_prob per sample: z' = alpha z + (1 - alpha) sigma_c eta.
+
+    Applies to the conditioning input only.
+    """
     b = z.shape[0]
     dev = generator.device if generator is not None else "cpu"
 
@@ -116,7 +119,7 @@ class StudentObjective:
         x_sim = with_clean_first_frame(sch.add_noise(z_sim, noise, sigma), z_sim)
         weight = sch.loss_weight(sigma)
 
-        # One student pass over [real; sim]: the sim half runs with gate 0, i.e. no sim conditioning.
+        # One student pass over [real; sim]: the sim half runs with gate 0 (no sim conditioning).
         use_sim = variant.joint_fm or variant.motion
         x_in = torch.cat([x_real, x_sim]) if use_sim else x_real
         act_in = torch.cat([actions, actions]) if use_sim else actions

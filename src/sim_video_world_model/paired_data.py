@@ -52,8 +52,8 @@ class PairedWindows:
             or self.real.dtype != np.uint8
         ):
             raise ValueError(
-                f"sim/real must both be (N, T, H, W, 3) uint8, got {self.sim.shape} {self.sim.dtype} "
-                f"and {self.real.shape} {self.real.dtype}"
+                "sim/real must both be (N, T, H, W, 3) uint8, "
+                f"got {self.sim.shape} {self.sim.dtype} and {self.real.shape} {self.real.dtype}"
             )
         if self.actions.ndim != 3 or self.actions.shape[:2] != (n, t - 1):
             raise ValueError(
@@ -99,7 +99,8 @@ class PairedWindows:
         with h5py.File(path, "r") as f:
             if int(f.attrs.get("version", -1)) != FILE_VERSION:
                 raise ValueError(
-                    f"{path}: paired-window file version {f.attrs.get('version')}, expected {FILE_VERSION}"
+                    f"{path}: paired-window file version {f.attrs.get('version')}, "
+                    f"expected {FILE_VERSION}"
                 )
             arrays = {
                 k: f[k][()] for k in ("sim", "real", "actions", "mask", "action_low", "action_high")
@@ -121,7 +122,7 @@ def to_pixels(frames_uint8: np.ndarray) -> torch.Tensor:
 
 
 class PairedVideoDataset(torch.utils.data.Dataset):
-    """Serves tensors: sim / real (3, T, H, W) in [-1, 1], actions (T-1, A) in [-1, 1], mask (H, W)."""
+    """Serves sim / real (3, T, H, W) in [-1, 1], actions (T-1, A) in [-1, 1], mask (H, W)."""
 
     def __init__(self, windows: PairedWindows):
         self.windows = windows
@@ -141,7 +142,7 @@ class PairedVideoDataset(torch.utils.data.Dataset):
 
 
 def add_camera_noise(frames: np.ndarray, rng: np.random.Generator, std: float = 4.0) -> np.ndarray:
-    """Sensor noise on a real-camera stream: per-frame gain jitter + Gaussian pixel noise (uint8 units)."""
+    """Sensor noise on a real-camera stream: per-frame gain jitter, Gaussian pixel noise (uint8)."""
     gain = 1.0 + rng.normal(0.0, 0.02, size=(frames.shape[0], 1, 1, 1))
     noisy = frames.astype(np.float32) * gain + rng.normal(0.0, std, size=frames.shape)
     return np.clip(np.round(noisy), 0, 255).astype(np.uint8)

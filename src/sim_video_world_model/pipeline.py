@@ -26,10 +26,11 @@ class PipelineOutput:
 
 
 def mask_frame(frame: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Keep the robot pixels (mask true), paint everything else black (-1), as the sim stream looks."""
+    """Keep the robot pixels (mask true), paint the rest black (-1), as the sim stream looks."""
     if mask.shape != (frame.shape[0], *frame.shape[-2:]):
         raise ValueError(
-            f"mask must be (B, H, W) = {(frame.shape[0], *frame.shape[-2:])}, got {tuple(mask.shape)}"
+            f"mask must be (B, H, W) = {(frame.shape[0], *frame.shape[-2:])}, "
+            f"got {tuple(mask.shape)}"
         )
     return torch.where(mask[:, None].bool(), frame, torch.full_like(frame, -1.0))
 
@@ -94,7 +95,8 @@ class SimForcingPipeline:
     ) -> PipelineOutput:
         """first_frame (B, 3, H, W) in [-1, 1]; actions (B, num_frames - 1, A) min-max normalised.
 
-        The sim stage starts from `sim_first_frame` if given, else from first_frame masked by robot_mask.
+        The sim stage starts from `sim_first_frame` if given, else from first_frame masked by
+        robot_mask.
         """
         if not 0.0 <= guidance <= 1.0:
             raise ValueError(f"guidance w must be in [0, 1], got {guidance}")
@@ -102,8 +104,8 @@ class SimForcingPipeline:
             raise ValueError(f"first_frame must be (B, 3, H, W), got {tuple(first_frame.shape)}")
         if actions.ndim != 3 or actions.shape[:2] != (first_frame.shape[0], num_frames - 1):
             raise ValueError(
-                f"actions must be ({first_frame.shape[0]}, {num_frames - 1}, A) for {num_frames} frames, "
-                f"got {tuple(actions.shape)}"
+                f"actions must be ({first_frame.shape[0]}, {num_frames - 1}, A) "
+                f"for {num_frames} frames, got {tuple(actions.shape)}"
             )
         self.denoiser.eval()
         self.autoencoder.eval()

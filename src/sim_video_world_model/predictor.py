@@ -50,7 +50,8 @@ class VideoPredictor:
         for key in ("num_frames", "image_size", "action_low", "action_high"):
             if key not in info:
                 raise ValueError(
-                    f"{checkpoint}: config.json info lacks {key!r}; not a trained SimForcing checkpoint"
+                    f"{checkpoint}: config.json info lacks {key!r}; "
+                    "not a trained SimForcing checkpoint"
                 )
         self.bundle = bundle
         self.num_frames = int(info["num_frames"])
@@ -79,7 +80,8 @@ class VideoPredictor:
         a = np.asarray(actions, dtype=np.float32)
         if a.ndim != 2 or a.shape[0] < 1:
             raise RequestError(
-                f"plan must be a (T, {self.action_dim}) action chunk with T >= 1, got shape {a.shape}"
+                f"plan must be a (T, {self.action_dim}) action chunk with T >= 1, "
+                f"got shape {a.shape}"
             )
         if a.shape[1] != self.action_dim:
             raise RequestError(

@@ -94,7 +94,7 @@ def fit(
     save: Callable[[str], None],
     writer=None,
 ) -> None:
-    """The shared loop: AdamW, warm-up + cosine, grad clip, bf16 autocast on CUDA, DDP, tqdm, TB, resume.
+    """The shared loop: AdamW, warm-up + cosine, grad clip, bf16 on CUDA, DDP, tqdm, TB, resume.
 
     `loss_fn(model, batch, generator) -> (loss, metrics)`; `save(path)` writes the model checkpoint.
     """
@@ -292,14 +292,16 @@ def train_teacher(
         return objective(model, batch["z_sim"], batch["actions"], gen)
 
     _set_checkpointing(bundle.denoiser, tcfg, next(bundle.denoiser.parameters()).device)
-    save = lambda path: save_bundle(
-        path, dataclasses.replace(bundle, info=dict(bundle.info, stage="teacher"))
-    )  # noqa: E731
+
+    def save(path):
+        save_bundle(path, dataclasses.replace(bundle, info=dict(bundle.info, stage="teacher")))
+
     fit("teacher", bundle.denoiser, loss_fn, data, tcfg, out, dist, resume, save, writer)
 
 
 def make_student(teacher: VideoDenoiser, variant: Variant) -> VideoDenoiser:
-    """The student starts as an exact copy of the teacher (+ zero-initialised projections for 'full')."""
+    """The student starts as an exact copy of the teacher (+ zero-initialised projections for
+    'full')."""
     student = copy.deepcopy(teacher)
     student.requires_grad_(True)
     if variant.sim_conditioning:
@@ -406,7 +408,8 @@ def run(
     windows = PairedWindows.load(data_path)
     if windows.actions.shape[2] != cfg.backbone.action_dim:
         raise ValueError(
-            f"{data_path} has {windows.actions.shape[2]}-D actions, backbone expects {cfg.backbone.action_dim}"
+            f"{data_path} has {windows.actions.shape[2]}-D actions, "
+            f"backbone expects {cfg.backbone.action_dim}"
         )
     data = PairedVideoDataset(windows)
     info = {

@@ -95,7 +95,8 @@ class VideoPredictionNode(Node):
         p = self.params
         if not p["checkpoint"]:
             raise ValueError(
-                "video_prediction: parameter 'checkpoint' is empty; give a SimForcing student checkpoint dir"
+                "video_prediction: parameter 'checkpoint' is empty; "
+                "give a SimForcing student checkpoint dir"
             )
         self.camera = p["camera"]
         self.predictor = VideoPredictor(p["checkpoint"], p["device"])
@@ -131,7 +132,7 @@ class VideoPredictionNode(Node):
         )
 
     def _make_segmenter(self, task: str):
-        """Robot mask from the measured joints through the task's calibrated ("real") camera model."""
+        """Robot mask from the measured joints through the task's calibrated ("real") camera."""
 
         calibrated = make_task(
             task, "real", image_size=self.predictor.image_size, cameras=(self.camera,)
@@ -217,7 +218,8 @@ class VideoPredictionNode(Node):
                     missing = [n for n in names if n not in joints]
                     if missing:
                         raise RequestError(
-                            f"no /joint_states for {missing}: the robot mask needs the measured joints"
+                            f"no /joint_states for {missing}: "
+                            "the robot mask needs the measured joints"
                         )
                     joint_pos = np.array([joints[n] for n in names])
                 frames = self.predictor.predict(

@@ -56,7 +56,8 @@ def gate(
     if candidate_loss >= deployed_loss:
         return (
             False,
-            f"candidate held-out loss {candidate_loss:.5f} does not beat deployed {deployed_loss:.5f}",
+            f"candidate held-out loss {candidate_loss:.5f} "
+            f"does not beat deployed {deployed_loss:.5f}",
         )
     real = f"held-out latent loss {deployed_loss:.5f} -> {candidate_loss:.5f}"
     if sim_candidate is None or sim_deployed is None:

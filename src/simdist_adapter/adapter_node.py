@@ -192,7 +192,8 @@ class AdapterNode(Node):
         if len(bags) < 2:
             return (
                 False,
-                f"need at least 2 finished episode bags in {self.params['bag_dir']}, found {len(bags)}",
+                f"need at least 2 finished episode bags in {self.params['bag_dir']}, "
+                f"found {len(bags)}",
             )
         self.round += 1
         work = pathlib.Path(self.params["work_dir"]) / f"round{self.round:03d}"
@@ -277,7 +278,7 @@ class AdapterNode(Node):
         self._status("deployed" if report["deployed"] else "refused", **report)
 
     def _request_swap(self) -> None:
-        """Point the planner's `checkpoint` at the registry's deployed link, then ask it to reload."""
+        """Point the planner's `checkpoint` at the registry's deployed link, then have it reload."""
         if not (self.param_client.service_is_ready() and self.load_client.service_is_ready()):
             self.diag.set(
                 "hot_swap",

@@ -1,4 +1,4 @@
-"""Episode bags: rosbag2 MCAP directories written and read with `rosbags` (pure Python, no ROS install).
+"""Episode bags: rosbag2 MCAP directories written and read with `rosbags` (pure Python, no ROS).
 
 One episode = one bag directory `<root>/<name>/` holding `<name>.mcap`, rosbag2's `metadata.yaml`
 (episode metadata also in its `custom_data`) and the sidecar `episode.json` (task, seed, success,
@@ -71,7 +71,8 @@ class EpisodeMeta:
             )
         if data.get("format_version") != BAG_FORMAT_VERSION:
             raise BagError(
-                f"{where}: format_version {data.get('format_version')!r}, this code reads {BAG_FORMAT_VERSION}"
+                f"{where}: format_version {data.get('format_version')!r}, "
+                f"this code reads {BAG_FORMAT_VERSION}"
             )
         return cls(**data)
 
@@ -96,7 +97,7 @@ def ros_type_name(msgtype: str) -> str:
 
 
 class EpisodeBagWriter:
-    """Writes one episode bag; `close()` finalises it (also on exceptions via the context manager)."""
+    """Writes one episode bag; `close()` finalises it (the context manager also on exceptions)."""
 
     def __init__(self, path: str | os.PathLike, meta: EpisodeMeta):
         self.path = pathlib.Path(path)

@@ -36,7 +36,7 @@ from simdist_planner.ros.launch_description import config_path
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
 
-# Demo-sized overrides of config/go2_slope.yaml (the defaults' single source); everything else as there.
+# Demo-sized overrides of config/go2_slope.yaml (the defaults' single source); the rest as there.
 DEMO_PARAMS = {
     # 8 s episodes, as simdist-adapt-experiment --max-steps 400: the course needs about 4 s, and a
     # model that walks slowly without falling would otherwise spend 20 s per episode in lockstep
@@ -282,7 +282,8 @@ def main(argv=None) -> int:
     for rd in watcher.rounds:
         if "heldout_deployed" in rd:
             print(
-                f"held-out latent loss     {rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f} "
+                f"held-out latent loss     {rd['heldout_deployed']:.4f} -> "
+                f"{rd['heldout_candidate']:.4f} "
                 f"({'deployed ' + rd['version'] if rd['deployed'] else 'refused by the gate'})"
             )
     print(f"episode bags             {out / 'bags'}")

@@ -392,7 +392,7 @@ class Experiment:
         return files
 
     def _probe_plot(self, plt, method: dict) -> str:
-        """Predicted vs real joint trajectory, decoded from latents by a ridge probe on E's latents."""
+        """Predicted vs real joint trajectory, decoded from latents by a ridge probe on E's."""
         adapted = ModelRegistry(method["registry"]).load_deployed(self.cfg.device)
         pre = self.pretrained
         h, t = pre.config.history, pre.config.horizon
@@ -455,11 +455,12 @@ def format_table(results: dict) -> str:
             loss = ""
             if k >= 1 and r["rounds"][k - 1]["heldout_candidate"] is not None:
                 rd = r["rounds"][k - 1]
-                loss = f"{rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f}{'' if rd['deployed'] else ' (refused)'}"
+                refused = "" if rd["deployed"] else " (refused)"
+                loss = f"{rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f}{refused}"
             dist = "-" if c["mean_distance"] is None else f"{c['mean_distance']:.2f}"
             lines.append(
-                f"{name:18} {c['real_episodes']:8d} {c['success_rate']:8.2f} {c['mean_return']:8.2f} "
-                f"{dist:>9} {loss:>30}"
+                f"{name:18} {c['real_episodes']:8d} {c['success_rate']:8.2f} "
+                f"{c['mean_return']:8.2f} {dist:>9} {loss:>30}"
             )
     return "\n".join(lines)
 

@@ -4,7 +4,8 @@ Topics are discovered continuously and subscribed raw (the CDR bytes on the wire
 untouched). With `split_episodes` (the MuJoCo robot publishes `/simdist/episode` every tick) a
 bag opens when a new episode id appears and is finalised, with task, seed and success in its
 metadata, shortly after the next episode starts or when the recorder stops; otherwise one bag
-covers the whole run. SIGINT and SIGTERM finalise the open bag before the process exits (only SIGKILL cannot).
+covers the whole run. SIGINT and SIGTERM finalise the open bag before the process exits (only
+SIGKILL cannot).
 Once every `ready_topics` subscription has matched a publisher and `ready_settle_s` has passed,
 `/simdist/recorder/ready` (latched) says so: a lockstep simulator waits for it before its first
 tick (DDS discovery under load can take seconds, and the first ticks' actions would otherwise go
@@ -65,7 +66,8 @@ PARAMS = (
             "/clock rosgraph_msgs/msg/Clock",
             "/joint_states sensor_msgs/msg/JointState",
         ],
-        "'<topic> <type>' subscribed at start-up, before any publisher exists, so their first messages are kept",
+        "'<topic> <type>' subscribed at start-up, before any publisher exists, so their first "
+        "messages are kept",
         read_only=True,
     ),
     Param(
@@ -98,7 +100,8 @@ MAX_HELD = 5000  # messages waiting for their episode; beyond this the oldest ar
 def bag_name(task: str, episode: int, seed) -> str:
     """Unique, sortable directory name of one episode's bag."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{task or 'episode'}_{stamp}_{os.getpid()}_ep{episode:04d}_seed{seed if seed is not None else 'na'}"
+    seed_name = seed if seed is not None else "na"
+    return f"{task or 'episode'}_{stamp}_{os.getpid()}_ep{episode:04d}_seed{seed_name}"
 
 
 def header_stamp_ns(msgtype: str, cdr: bytes) -> int | None:
@@ -209,7 +212,8 @@ class RecorderNode(Node):
             ):  # no episode announced for a long time: keep memory bounded
                 self._held.pop(0)
                 self._dropped += 1
-                self.diag.set("recording", Level.WARN, f"no /simdist/episode message routes the held messages "
+                self.diag.set("recording", Level.WARN,
+                              "no /simdist/episode message routes the held messages "
                               f"(split_episodes is on); dropped {self._dropped}")  # fmt: skip
 
     def _route(self, topic: str, received: int, data: bytes, stamp: int) -> None:
@@ -226,7 +230,7 @@ class RecorderNode(Node):
         bag.write_raw(topic, received, data)
 
     def _on_episode(self, data: bytes, received: int) -> None:
-        """A new episode id opens the next bag; a terminal tick sets success; held messages are routed."""
+        """A new episode id opens the next bag, a terminal tick sets success; routes held data."""
         msg = TYPESTORE.deserialize_cdr(data, "std_msgs/msg/String")
         try:
             info = json.loads(msg.data)

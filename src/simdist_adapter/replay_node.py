@@ -50,7 +50,8 @@ PARAMS = (
     Param(
         "wait_for_subscribers",
         [""],
-        "'<topic>' or '<topic>@<node>': must have a subscriber (that node) before playing, up to wait_timeout_s",
+        "'<topic>' or '<topic>@<node>': must have a subscriber (that node) before playing, "
+        "up to wait_timeout_s",
         read_only=True,
     ),
     Param(

@@ -139,7 +139,7 @@ class VideoDenoiser(nn.Module, abc.ABC):
         sim_latent: torch.Tensor | None = None,
         gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """latents (B, C, L, h, w); timestep (B,) = 1000 sigma; actions (B, T, A); gate (B,) in {0, 1}."""
+        """latents (B, C, L, h, w); timestep (B,) = 1000 sigma; actions (B, T, A); gate (B,) 0/1."""
         if latents.ndim != 5 or latents.shape[1] != self.latent_channels:
             raise ValueError(
                 f"latents must be (B, {self.latent_channels}, L, h, w), got {tuple(latents.shape)}"
@@ -154,11 +154,13 @@ class VideoDenoiser(nn.Module, abc.ABC):
         if sim_latent is not None:
             if self.sim_conditioning is None:
                 raise ValueError(
-                    "sim_latent given but this denoiser has no sim conditioning; call add_sim_conditioning()"
+                    "sim_latent given but this denoiser has no sim conditioning; "
+                    "call add_sim_conditioning()"
                 )
             if sim_latent.shape != latents.shape:
                 raise ValueError(
-                    f"sim_latent shape {tuple(sim_latent.shape)} != latents shape {tuple(latents.shape)}"
+                    f"sim_latent shape {tuple(sim_latent.shape)} "
+                    f"!= latents shape {tuple(latents.shape)}"
                 )
             if gate is None:
                 gate = torch.ones(batch, device=latents.device)

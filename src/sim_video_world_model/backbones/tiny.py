@@ -65,7 +65,7 @@ class TinyVideoAutoencoder(VideoAutoencoder):
         tf = cfg.temporal_factor
         self.first_in, self.group_in = nn.Conv2d(c, z, 1), nn.Conv2d(tf * c, z, 1)
         self.first_out, self.group_out = nn.Conv2d(z, c, 1), nn.Conv2d(z, tf * c, 1)
-        # Per-channel latent statistics, fitted once after autoencoder training (see fit_normalization).
+        # Per-channel latent statistics, fitted once after autoencoder training (fit_normalization).
         self.register_buffer("latent_mean", torch.zeros(z))
         self.register_buffer("latent_std", torch.ones(z))
 

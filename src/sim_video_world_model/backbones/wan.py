@@ -26,8 +26,9 @@ def _require_dir(model_dir: str, subfolder: str) -> str:
     path = os.path.join(model_dir, subfolder)
     if not model_dir or not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
-            f"Wan2.2 weights not found: expected a diffusers folder with {subfolder}/config.json under "
-            f"{model_dir!r} (e.g. a local copy of Wan2.2-TI2V-5B-Diffusers); set backbone.wan.model_dir"
+            "Wan2.2 weights not found: expected a diffusers folder with "
+            f"{subfolder}/config.json under {model_dir!r} (e.g. a local copy of "
+            "Wan2.2-TI2V-5B-Diffusers); set backbone.wan.model_dir"
         )
     return path
 
@@ -101,7 +102,7 @@ class WanVideoDenoiser(VideoDenoiser):
             )
 
     def _after_cross_attention(self, index, module, args, output):
-        """Block j's attn2 output + g * P_j(sim latent): the residual then carries it into the FFN."""
+        """Block j's attn2 output + g * P_j(sim latent); the residual carries it into the FFN."""
         if self._sim_state is None:
             return None
         sim_latent, gate = self._sim_state
@@ -133,7 +134,10 @@ class WanVideoDenoiser(VideoDenoiser):
 
 
 def build_wan(cfg: BackboneConfig) -> tuple[WanVideoAutoencoder, WanVideoDenoiser]:
-    """Random-init from `transformer_config` / `vae_config` when given, else `from_pretrained(model_dir)`."""
+    """Random-init from `transformer_config` / `vae_config` if given, else `from_pretrained()`.
+
+    `from_pretrained` reads `model_dir`.
+    """
     from diffusers import AutoencoderKLWan, WanTransformer3DModel  # noqa: PLC0415 - the Wan2.2 backbone only; diffusers is heavy to import
 
     wcfg = cfg.wan
