@@ -1,1 +1,5 @@
-"""World-model planning with SimDist: model <- data <- planning <- training <- evaluation <- ros / cli."""
+"""World-model planning with SimDist.
+
+Sub-packages in layers, each importing only those below it:
+cli > ros > evaluation > training > planning > data > model.
+"""

@@ -65,7 +65,8 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         "--policy-prior",
         type=float,
         default=None,
-        help="planner ranking cost of a candidate's squared distance from pi's chunk (default 0, official)",
+        help="planner ranking cost of a candidate's squared distance from pi's chunk "
+        "(default 0, official)",
     )
 
 

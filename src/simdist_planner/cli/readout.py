@@ -14,7 +14,7 @@ pi is scored on windows whose first action is a clean expert action: its first a
 expert's, per action dimension, overall and in each phase the task names (the UR5e peg's
 "at_hole": the last centimetre), beside the error of always acting the mean. Ten seconds of this
 tells a pi that follows the expert there from one that does not; fifty closed-loop episodes
-that succeed a few times do not (docs/experiments/peg_wide.md, session 27).
+that succeed a few times do not (measurements: docs/notebook/peg_wide.md).
 """
 
 from __future__ import annotations

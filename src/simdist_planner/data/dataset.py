@@ -590,7 +590,8 @@ class ShardedDataset:
         for s in self.shards[1:]:
             if s.layout != self.layout:
                 raise DatasetError(
-                    f"{s.path}: layout {s.layout} differs from {self.shards[0].path}'s {self.layout}"
+                    f"{s.path}: layout {s.layout} differs from "
+                    f"{self.shards[0].path}'s {self.layout}"
                 )
         # Several generation runs may be combined (e.g. fixed and randomised friction): a run is
         # identified by its generation config, episode ids are unique within a run, and the

@@ -1,1 +1,5 @@
-"""Closed-loop work in simulation: agents, evaluation, dataset generation (Algorithm 2), checkpoint selection, probes, readouts, ablations."""
+"""Closed-loop work in simulation.
+
+Agents, evaluation, dataset generation (Algorithm 2), checkpoint selection, probes, readouts and
+ablations.
+"""

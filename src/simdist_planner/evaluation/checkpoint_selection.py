@@ -4,10 +4,10 @@ the one whose base policy pi does best on seeded simulation episodes becomes the
     simdist-select-checkpoint --run RUN --task peg --region wide --episodes 20 --workers 2
 
 Why: on Peg Wide pi's success swings between checkpoints 250 steps apart while every training
-loss agrees to three digits (one run: 7 / 20, 0 / 20, 0 / 20 at steps 8,500, 8,750, 9,000), so
-the last step's weights are a draw (docs/experiments/peg_wide.md, session 31). pi alone is
-scored, not the planner: the planner starts from pi's chunks and stays close to them, and pi's
-episodes run faster (on the peg 17 against 10 a minute per process).
+loss agrees to three digits, so the last step's weights are a draw (measurements:
+docs/notebook/peg_wide.md). pi alone is scored, not the planner: the planner starts from pi's
+chunks and stays close to them, and pi's episodes run faster (on the peg about 17 against 10 a
+minute per process).
 
 Checkpoints are ranked by success rate, then mean return, then the later step. The scores of
 every checkpoint go to RUN/selection.json; RUN/model is rewritten with the chosen weights (the
@@ -126,8 +126,10 @@ def select_checkpoint(run, selection: CheckpointSelection, device: str = "cpu", 
         raise SelectionError(f"{run / 'checkpoints'} holds no step-* checkpoints to select from")
     jobs = [(p, selection, device) for p in paths]
     log(
-        f"checkpoint selection: pi of {len(paths)} checkpoints on {selection.task} ({selection.variant}), "
-        f"seeds {selection.seed}..{selection.seed + selection.episodes - 1}, {selection.workers} worker(s)"
+        f"checkpoint selection: pi of {len(paths)} checkpoints on {selection.task} "
+        f"({selection.variant}), "
+        f"seeds {selection.seed}..{selection.seed + selection.episodes - 1}, "
+        f"{selection.workers} worker(s)"
     )
     rows = []
     with contextlib.ExitStack() as stack:

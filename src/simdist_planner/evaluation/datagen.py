@@ -168,8 +168,8 @@ def go2_data_config() -> RobotDataConfig:
 UR5E_SIGMA_FRACTION = (0.05, 0.5)
 # Training-time proprio noise per term (our choice; the paper randomises but gives no values).
 # The peg's hole has 1 mm of clearance per side, so the noise stays well under a millimetre at
-# the TCP, as a UR5e's own readings do (joints to ~1e-5 rad, TCP repeatability 0.03 mm); the
-# earlier, larger values are in docs/dataset.md. The gripper gets the Robotiq's 8-bit position
+# the TCP, as a UR5e's own readings do (joints to ~1e-5 rad, TCP repeatability 0.03 mm); older
+# shards carry larger stds (docs/notebook/dataset.md). The gripper gets the Robotiq's 8-bit position
 # resolution (1/255 of the range: a uniform error of std 0.0011): its reading tells a grip flat
 # on the peg from one caught on its edges by 0.005, which a std of 0.02 would drown.
 UR5E_OBS_NOISE = {
@@ -208,7 +208,8 @@ ROBOT_DATA_CONFIGS = {
 def robot_data_config(spec) -> RobotDataConfig:
     if spec.name not in ROBOT_DATA_CONFIGS:
         raise ValueError(
-            f"no data-generation defaults for robot {spec.name!r}; known: {sorted(ROBOT_DATA_CONFIGS)}"
+            f"no data-generation defaults for robot {spec.name!r}; "
+            f"known: {sorted(ROBOT_DATA_CONFIGS)}"
         )
     return ROBOT_DATA_CONFIGS[spec.name](spec)
 

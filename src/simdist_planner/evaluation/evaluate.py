@@ -1,4 +1,4 @@
-"""Closed-loop evaluation in simulation: every agent on the same seeded episodes, one summary each."""
+"""Closed-loop evaluation in simulation: every agent on the same seeded episodes, a summary each."""
 
 from __future__ import annotations
 
@@ -111,13 +111,16 @@ def evaluate(
 
 
 def format_table(summaries: list[AgentSummary], title: str) -> str:
-    header = f"{'agent':10} {'success':>8} {'return':>9} {'distance':>9} {'steps':>7} {'ep/min':>8} {'errors':>6}"
+    header = (
+        f"{'agent':10} {'success':>8} {'return':>9} {'distance':>9} {'steps':>7} "
+        f"{'ep/min':>8} {'errors':>6}"
+    )
     lines = [title, header, "-" * len(header)]
     for s in summaries:
         dist = "-" if math.isnan(s.mean_distance) else f"{s.mean_distance:.2f}"
         lines.append(
-            f"{s.agent:10} {s.success_rate:8.2f} {s.mean_return:9.2f} {dist:>9} {s.mean_steps:7.1f} "
-            f"{s.episodes_per_minute:8.1f} {s.errors:6d}"
+            f"{s.agent:10} {s.success_rate:8.2f} {s.mean_return:9.2f} {dist:>9} "
+            f"{s.mean_steps:7.1f} {s.episodes_per_minute:8.1f} {s.errors:6d}"
         )
     return "\n".join(lines)
 

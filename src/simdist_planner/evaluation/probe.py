@@ -104,7 +104,7 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 def open_loop(
     sim: Task, obs: Observation, chunk: np.ndarray, critic, discount: float
 ) -> tuple[float, bool, list[Observation]]:
-    """Execute `chunk` in `sim`, a look-ahead task now at `obs`: (true return, failed, o_t..o_t+n)."""
+    """Execute `chunk` in `sim`, a look-ahead task at `obs`: (true return, failed, o_t..o_t+n)."""
     observations, ret = [obs], 0.0
     for i, action in enumerate(chunk):
         result = sim.step(action)
@@ -325,7 +325,7 @@ def format_table(summaries: list[ProbeSummary], title: str) -> str:
     for s in summaries:
         lines.append(
             f"{s.model:<16} {s.points:>6d} {s.rank_corr:>9.3f} {s.oracle_rank_corr:>8.3f} "
-            f"{s.prefers_expert:>9.2f} {s.oracle_prefers_expert:>8.2f} {s.truth_prefers_expert:>6.2f} "
-            f"{s.pick_quantile:>13.2f}"
+            f"{s.prefers_expert:>9.2f} {s.oracle_prefers_expert:>8.2f} "
+            f"{s.truth_prefers_expert:>6.2f} {s.pick_quantile:>13.2f}"
         )
     return "\n".join(lines)

@@ -14,7 +14,7 @@ pi is scored on windows whose first action is a clean expert action: its first a
 expert's, per action dimension, overall and in each phase the task names (the UR5e peg's
 "at_hole": the last centimetre), beside the error of always acting the mean. Ten seconds of this
 tells a pi that follows the expert there from one that does not; fifty closed-loop episodes
-that succeed a few times do not (docs/experiments/peg_wide.md, session 27).
+that succeed a few times do not (measurements: docs/notebook/peg_wide.md).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class TermReadout:
 
 
 def _phase_masks(win: WindowDataset, picks: np.ndarray) -> dict[str, np.ndarray]:
-    """{"all": every pick, phase: the picks whose step t lies in it} for the phases any pick is in."""
+    """{"all": every pick, phase: the picks whose step t lies in it} for phases any pick is in."""
     masks = {
         "all": np.ones(len(picks), bool),
         **{k: v[picks] for k, v in window_phases(win).items()},
@@ -180,8 +180,8 @@ def format_readout(rows: list[TermReadout], title: str) -> str:
     )
     lines = [title, header, "-" * len(header)]
     lines += [
-        f"{r.phase:10} {r.windows:7d} {r.term:18} {r.error:9.4f} {r.blind:9.4f} {r.error_large:15.4f} "
-        f"{r.blind_large:15.4f}"
+        f"{r.phase:10} {r.windows:7d} {r.term:18} {r.error:9.4f} {r.blind:9.4f} "
+        f"{r.error_large:15.4f} {r.blind_large:15.4f}"
         for r in rows
     ]
     return "\n".join(lines)

@@ -1,1 +1,5 @@
-"""The world model: typed configs, encoders, transformer dynamics, reward / value / policy heads, scaler, losses and checkpoint I/O. Imports nothing above it."""
+"""The world model. Imports nothing above it.
+
+Typed configs, encoders, transformer dynamics, reward / value / policy heads, scaler, losses and
+checkpoint I/O.
+"""

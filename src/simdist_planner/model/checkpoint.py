@@ -124,7 +124,8 @@ def read_config(path) -> WorldModelConfig:
     if not isinstance(data, dict) or data.get("format_version") != CHECKPOINT_FORMAT_VERSION:
         got = data.get("format_version") if isinstance(data, dict) else data
         raise CheckpointError(
-            f"{file}: checkpoint format_version {got!r}, this code reads {CHECKPOINT_FORMAT_VERSION}"
+            f"{file}: checkpoint format_version {got!r}, "
+            f"this code reads {CHECKPOINT_FORMAT_VERSION}"
         )
     try:
         return WorldModelConfig.from_dict(data.get("config"))

@@ -62,9 +62,12 @@ def near_field_slices(layout, near_field: dict[str, float], setting: str) -> Nea
 
 
 def state_targets(scaler, state: torch.Tensor, near: NearField) -> torch.Tensor:
-    """The scaler-normalised state and, per near-field term, tanh(x / scale): steepest within
-    +-scale, so millimetres at a target count as much as decimetres elsewhere (normalised by the
-    term's spread over all the data, 19 cm for the peg's offset from the hole, they cost nothing)."""
+    """The scaler-normalised state and, per near-field term, tanh(x / scale).
+
+    tanh is steepest within +-scale, so millimetres at a target count as much as decimetres
+    elsewhere (normalised by the term's spread over all the data, 19 cm for the peg's offset from
+    the hole, they cost nothing).
+    """
     parts = [scaler.normalize("state", state)]
     parts += [torch.tanh(state[..., cols] / scale) for cols, scale in near]
     return torch.cat(parts, dim=-1)

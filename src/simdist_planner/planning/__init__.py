@@ -1,1 +1,4 @@
-"""Acting with a world model: the MPPI planner, its per-robot configs, and robot observation -> model inputs."""
+"""Acting with a world model.
+
+The MPPI planner, its per-robot configs, and robot observation -> model inputs.
+"""

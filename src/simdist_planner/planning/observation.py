@@ -1,4 +1,4 @@
-"""Robot `Observation`s -> world-model input tensors, and the proprio/action history the model needs.
+"""Robot `Observation`s -> world-model input tensors, and the proprio/action history it needs.
 
 Shared by the closed-loop evaluation, the planner node and the adapter so the model sees exactly
 the layout the dataset windows give it (docs/architecture.md "Model inputs"): cameras stacked in
@@ -34,7 +34,8 @@ def observation_arrays(obs: Observation, spec: RobotSpec) -> dict[str, np.ndarra
             img = np.asarray(img)
             if img.shape != (h, w, 3) or img.dtype != np.uint8:
                 raise ObservationError(
-                    f"{spec.name}: camera {cam!r} image is {img.dtype} {img.shape}, expected uint8 ({h}, {w}, 3)"
+                    f"{spec.name}: camera {cam!r} image is {img.dtype} {img.shape}, "
+                    f"expected uint8 ({h}, {w}, 3)"
                 )
             frames.append(img.transpose(2, 0, 1))
         out["images"] = np.ascontiguousarray(np.stack(frames))

@@ -1,8 +1,9 @@
-"""The one description of every SimDist graph: nodes, executables, parameter files, remappings, arguments.
+"""The one description of every SimDist graph.
 
-Pure data plus one resolver. Both launch paths read it: the launch_ros files in `launch/` turn
-`resolve()`'s nodes into `launch_ros.actions.Node`s, and the pip launcher (`simdist launch`) turns
-them into `--ros-args` command lines. Nothing here imports rclpy, launch or launch_ros.
+Its nodes, executables, parameter files, remappings and arguments: pure data plus one resolver.
+Both launch paths read it: the launch_ros files in `launch/` turn `resolve()`'s nodes into
+`launch_ros.actions.Node`s, and the pip launcher (`simdist launch`) turns them into `--ros-args`
+command lines. Nothing here imports rclpy, launch or launch_ros.
 """
 
 from __future__ import annotations
@@ -292,7 +293,7 @@ def _typed(value: str, like):
 
 
 def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
-    """The nodes to start for `graph` with these arguments, each with its parameters and remappings."""
+    """The nodes to start for `graph` with these arguments, with their parameters and remappings."""
 
     spec = _graph(graph)
     args = resolve_args(graph, dict(given or {}))
@@ -328,7 +329,7 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
                 overrides["wait_for_ready"] = RECORDER_READY_TOPIC
         if node.name == "recorder":
             overrides["task"] = task if args["robot"] == "sim" else graph
-            # only simulation announces episodes (/simdist/episode); hardware records one bag per run
+            # only simulation announces episodes (/simdist/episode); hardware records a bag per run
             overrides["split_episodes"] = args["robot"] != "real"
         nodes.append(
             ResolvedNode(node.name, node.executable, params_file, overrides, node.remappings)
