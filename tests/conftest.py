@@ -49,7 +49,7 @@ torch.set_num_threads(1)  # tests share 2 cores with the ROS node processes they
 
 @pytest.fixture
 def ros_domain(monkeypatch):
-    """A fresh, exclusively held ROS_DOMAIN_ID for tests that start their own graph in subprocesses."""
+    """A fresh, exclusively held ROS_DOMAIN_ID for tests that start a graph in subprocesses."""
     domain, handle = claim_domain(101, 200)
     monkeypatch.setenv("ROS_DOMAIN_ID", str(domain))
     yield domain

@@ -12,7 +12,7 @@ from rclpy.node import Node
 
 
 class RosHarness:
-    """Nodes under test plus a `probe` node that publishes and listens like the rest of the graph."""
+    """Nodes under test plus a `probe` node that publishes and listens like the rest of a graph."""
 
     def __init__(self, domain_id: int):
         os.environ["ROS_DOMAIN_ID"] = str(domain_id)

@@ -1,4 +1,6 @@
-"""End to end, Algorithm 1 through the ROS graph: Slippery Slope in lockstep, recorder, adapter, hot swap.
+"""End to end, Algorithm 1 through the ROS graph.
+
+Slippery Slope in lockstep, recorder, adapter, hot swap.
 
 A tiny loop of `make demo`: two recorded zero-shot episodes, an automatic adaptation round on
 their bags in the adapter's worker process, the gate, the planner hot swap, then episodes with

@@ -109,7 +109,8 @@ def bags(tmp_path_factory):
 def test_segments_split_at_safe_actions(tmp_path):
     bag = write_episode_bag(tmp_path / "hold", seed=1, steps=12, hold_at=5)
     segments = segments_from_bag(bag, SPEC)
-    # ticks 0-4 driven (5 transitions, the HOLD tick's observation closes them); 6-11 -> 5 transitions
+    # ticks 0-4 driven (5 transitions, the HOLD tick's observation closes them);
+    # ticks 6-11 -> 5 transitions
     assert [len(s.actions) for s in segments] == [5, 5]
     assert all(len(s.observations) == len(s.actions) + 1 for s in segments)
 
@@ -215,7 +216,8 @@ def test_gate_refuses_worse_or_nonfinite():
 
 
 def test_gate_refuses_a_candidate_that_forgot_the_simulation():
-    # the figures of the H200 Slippery Slope run (docs/adaptation.md): real loss down, sim loss up 3.3x
+    # figures of a Slippery Slope round's size (measurements: docs/notebook/adaptation.md):
+    # real loss down, sim loss up 3.3x
     ok, reason = gate(0.059, 0.273, sim_candidate=0.372, sim_deployed=0.112, max_sim_increase=0.5)
     assert not ok and "sim latent loss 0.11200 -> 0.37200" in reason and "forgot" in reason
     ok, reason = gate(0.059, 0.273, sim_candidate=0.15, sim_deployed=0.112, max_sim_increase=0.5)

@@ -1,4 +1,7 @@
-"""Adapter node over real DDS: adapt on request in a worker process, hot-swap the real planner node, roll back."""
+"""Adapter node over real DDS: adapt on request, hot-swap the real planner node, roll back.
+
+Adaptation runs in a worker process.
+"""
 
 import json
 import threading

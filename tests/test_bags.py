@@ -1,4 +1,4 @@
-"""Episode bags: the recorder node writes real DDS traffic to MCAP; an independent reader decodes it.
+"""Episode bags: the recorder node writes real DDS traffic to MCAP; an independent reader reads it.
 
 Real DDS on loopback, private ROS domain; the recorder runs as its own process so it can be
 interrupted like in the field.
@@ -74,8 +74,9 @@ class Publisher:
     def tick(self, episode: int, step: int, last: bool):
         now = self.node.get_clock().now()
         stamp = now.to_msg()
-        info = dict(task="peg", variant="real", seed=100 + episode, episode=episode, step=step, reward=0.0,
-                    success=last, terminated=last, truncated=False, stamp_ns=now.nanoseconds)  # fmt: skip
+        info = dict(task="peg", variant="real", seed=100 + episode, episode=episode, step=step,
+                    reward=0.0, success=last, terminated=last, truncated=False,
+                    stamp_ns=now.nanoseconds)  # fmt: skip
         self.pubs["/simdist/episode"].publish(String(data=json.dumps(info)))
         js = JointState(name=["j0", "j1"], position=[float(step), float(episode)])
         js.header.stamp = stamp
@@ -101,7 +102,8 @@ def recorder(tmp_path, ros_domain):
 
     def start():
         proc = subprocess.Popen(
-            [RECORDER, "--ros-args", "-p", f"bag_dir:={tmp_path / 'bags'}", "-p", "checkpoint:=/ck/v1"],
+            [RECORDER, "--ros-args", "-p", f"bag_dir:={tmp_path / 'bags'}",
+             "-p", "checkpoint:=/ck/v1"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         procs.append(proc)
@@ -204,7 +206,8 @@ def _small_bag(path: pathlib.Path, n: int = 300) -> pathlib.Path:
         bag.add_topic("/joint_states", "sensor_msgs/JointState")
         for k in range(n):
             msg = t["sensor_msgs/msg/JointState"](
-                header=t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=k, nanosec=0), frame_id=""),
+                header=t["std_msgs/msg/Header"](
+                    stamp=t["builtin_interfaces/msg/Time"](sec=k, nanosec=0), frame_id=""),
                 name=["a"], position=np.array([float(k)]), velocity=np.zeros(0), effort=np.zeros(0),
             )  # fmt: skip
             bag.write("/joint_states", (k + 1) * 1000, msg)

@@ -1,4 +1,7 @@
-"""Driver nodes: MuJoCo lockstep on DDS, and the hardware backends' translation logic without hardware."""
+"""Driver nodes: MuJoCo lockstep on DDS, and the hardware backends' translation logic.
+
+The hardware backends run without hardware.
+"""
 
 import importlib.util
 import json
@@ -147,7 +150,8 @@ def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
         assert ros.spin_until(lambda: json.loads(episodes[-1].data)["episode"] == 1)
         assert json.loads(episodes[-1].data)["step"] == 0
 
-        # max_steps=2: two commands end episode 1 (the last of episodes=2); the next finishes the node
+        # max_steps=2: two commands end episode 1 (the last of episodes=2);
+        # the next finishes the node
         for k in range(2, 5):
             cmd.publish(ros_msgs.command_to_msg(action, names, t0 + k * period, 0.02))
             assert ros.spin_until(lambda: node.tick == k + 1 or node.finished.done())
