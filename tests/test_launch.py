@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 import yaml
 
+from robot_drivers.specs import robot_spec
 from simdist_adapter.bags import TYPESTORE, EpisodeBagWriter, EpisodeMeta
+from simdist_planner.planning.planner import planner_config_for
 from simdist_planner.ros import launch_description as desc
-from simdist_planner.ros import launcher
+from simdist_planner.ros import launcher, planner_node
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")
@@ -119,8 +121,11 @@ def test_launcher_cli_reports_bad_arguments():
     assert out.returncode == 2 and "must look like name:=value" in out.stderr
 
 
-def _declared(module: str):
-    return {p.name: p.default for p in importlib.import_module(module).PARAMS}
+def _declared(module: str, robot: str):
+    """The parameters a node declares, with their defaults (the planner's: for `robot`)."""
+    mod = importlib.import_module(module)
+    params = mod.node_params(robot) if hasattr(mod, "node_params") else mod.PARAMS
+    return {p.name: p.default for p in params}
 
 
 NODE_MODULES = {
@@ -146,7 +151,7 @@ def test_config_files_hold_every_declared_parameter_with_its_type(graph):
     )
     assert set(data) == nodes, f"{graph}.yaml sections {sorted(data)} != nodes {sorted(nodes)}"
     for node in sorted(nodes):
-        declared = _declared(NODE_MODULES[node])
+        declared = _declared(NODE_MODULES[node], robot)
         section = data[node]["ros__parameters"]
         assert set(section) == set(declared), (
             f"{graph}.yaml {node}: differs by {set(section) ^ set(declared)}"
@@ -157,6 +162,31 @@ def test_config_files_hold_every_declared_parameter_with_its_type(graph):
             )
     assert data["mujoco_driver"]["ros__parameters"]["robot"] == robot
     assert data["adapter"]["ros__parameters"]["robot"] == robot
+
+
+@pytest.mark.parametrize("graph", sorted(desc.GRAPHS))
+def test_the_planner_section_holds_the_planner_defaults_of_its_robot(graph):
+    """One source of truth: config/<graph>.yaml's planner values are the node's defaults for the
+    graph's robot, and its MPPI values are that robot's PlannerConfig factory's, value by value."""
+    robot = desc.GRAPHS[graph].robot
+    section = yaml.safe_load(desc.config_path(graph).read_text())["planner"]["ros__parameters"]
+    assert section["robot"] == robot
+    declared = _declared(NODE_MODULES["planner"], robot)
+    for key, value in section.items():
+        if key != "robot":
+            assert value == declared[key], (
+                f"{graph}.yaml planner.{key}: {value!r} vs {declared[key]!r}"
+            )
+    factory = planner_config_for(robot_spec(robot))
+    for field in planner_node.PLANNER_FIELDS:
+        assert section[field] == getattr(factory, field), f"{graph}.yaml planner.{field}"
+    assert section["control_rate_hz"] == robot_spec(robot).control_rate_hz
+    # the node's defaults follow the robot: a Go2 graph's planner differs from a UR5e graph's
+    other = _declared(NODE_MODULES["planner"], "ur5e" if robot == "go2" else "go2")
+    assert {k for k in declared if declared[k] != other[k]} == {
+        "control_rate_hz", "max_observation_age_s", "policy_noise_std", "temperature", "init_std",
+        "horizon",
+    }  # fmt: skip
 
 
 def test_launch_files_parse_and_read_the_shared_description():
@@ -190,9 +220,14 @@ def _replay_bag(path, seconds: int):
 
     t = TYPESTORE.types
     msg = t["sensor_msgs/msg/JointState"](
-        header=t["std_msgs/msg/Header"](stamp=t["builtin_interfaces/msg/Time"](sec=1, nanosec=0), frame_id=""),
-        name=["a"], position=np.zeros(1), velocity=np.zeros(0), effort=np.zeros(0),
-    )  # fmt: skip
+        header=t["std_msgs/msg/Header"](
+            stamp=t["builtin_interfaces/msg/Time"](sec=1, nanosec=0), frame_id=""
+        ),
+        name=["a"],
+        position=np.zeros(1),
+        velocity=np.zeros(0),
+        effort=np.zeros(0),
+    )
     with EpisodeBagWriter(path, EpisodeMeta(task="peg")) as bag:
         bag.add_topic("/joint_states", "sensor_msgs/msg/JointState")
         for k in range(seconds):
@@ -218,7 +253,8 @@ def _alive(pid: int) -> bool:
 
 def test_launcher_exits_non_zero_when_a_node_dies_and_stops_the_others(tmp_path, ros_domain):
     out = subprocess.run(
-        [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'missing'}", f"checkpoint:={tmp_path}"],
+        [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'missing'}",
+         f"checkpoint:={tmp_path}"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     log = out.stdout + out.stderr
@@ -232,7 +268,8 @@ def test_launcher_exits_non_zero_when_a_node_dies_and_stops_the_others(tmp_path,
 def test_launcher_forwards_sigint_to_every_node(tmp_path, ros_domain):
     _replay_bag(tmp_path / "ep", seconds=120)
     proc = subprocess.Popen(
-        [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'ep'}", f"checkpoint:={tmp_path}"],
+        [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'ep'}",
+         f"checkpoint:={tmp_path}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(8.0)  # every node up (planner imports torch)

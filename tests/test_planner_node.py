@@ -1,4 +1,5 @@
-"""Planner node over real DDS: parameters set as rqt does, hot swap without a dropped tick, NaN guard.
+"""Planner node over real DDS: parameters set as rqt does, hot swap without a dropped tick, NaN
+guard, parameter defaults per robot.
 
 The node runs as its own process (lockstep: one tick per observation) with a small randomly
 initialised UR5e world model; the test plays ingestion, publishing observations and reading
@@ -18,6 +19,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
 from rclpy.node import Node
+from rclpy.parameter import Parameter as NodeParameter
 from sensor_msgs.msg import Image, JointState
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
@@ -26,9 +28,17 @@ from robot_drivers import ros_msgs
 from robot_drivers.interface import Observation
 from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import save_checkpoint
-from simdist_planner.model.config import AttentionConfig, ur5e_small_config
+from simdist_planner.model.config import AttentionConfig, go2_config, ur5e_small_config
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.ros.planner_node import QOS
+from simdist_planner.planning.planner import GO2_TEMPERATURE, planner_config_for
+from simdist_planner.ros.planner_node import (
+    PLANNER_FIELDS,
+    QOS,
+    PlannerNode,
+    load_world_model,
+    node_params,
+    resolve_robot,
+)
 
 PLANNER = str(pathlib.Path(sys.executable).parent / "planner_node")
 SPEC = robot_spec("ur5e")
@@ -169,7 +179,8 @@ def planner(tmp_path, ros_domain):
 
     def start(checkpoint, *params):
         cmd = [PLANNER, "--ros-args", "-r", "__node:=planner", "-p", f"checkpoint:={checkpoint}",
-               "-p", "lockstep:=true", "-p", "num_samples:=32", "-p", "num_elites:=8", "-p", "iterations:=2"]  # fmt: skip
+               "-p", "lockstep:=true", "-p", "num_samples:=32", "-p", "num_elites:=8",
+               "-p", "iterations:=2"]  # fmt: skip
         for p in params:
             cmd += ["-p", p]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -321,10 +332,59 @@ def test_observation_with_a_foreign_proprio_layout_is_rejected_without_acting(tm
     ing.proprio.publish(bad)
 
     def rejected():
-        return any(s.name == "planner: observation" and s.level == b"\x02" and "layout differs" in s.message
+        return any(s.name == "planner: observation" and s.level == b"\x02"
+                   and "layout differs" in s.message
                    for a in ing.diags for s in a.status)  # fmt: skip
 
     assert ing.wait(rejected, 20.0)
     ing.spin(0.3)
     assert ing.actions == good, "an action was published for a rejected observation"
     assert ing.tick(), "the node stopped planning after a bad message"
+
+
+def test_parameter_defaults_are_the_planner_config_of_the_robot_the_node_plans_for(
+    tmp_path, ros_domain
+):
+    """The node's MPPI defaults come from the robot's PlannerConfig factory, for the robot named
+    by `robot` or else by the start-up checkpoint; a model of another robot is refused."""
+    ur5e = make_checkpoint(tmp_path / "ur5e")
+    go2_model = WorldModel(
+        go2_config(latent_dim=16, history=2, horizon=3, dynamics=AttentionConfig(1, 2),
+                   policy=AttentionConfig(1, 2))
+    )  # fmt: skip
+    save_checkpoint(go2_model, tmp_path / "go2")
+    go2 = str(tmp_path / "go2")
+    assert resolve_robot("", ur5e) == "ur5e" and resolve_robot("", go2) == "go2"
+    assert resolve_robot("ur5e", go2) == "ur5e"  # the parameter names it
+    assert resolve_robot("", "") == resolve_robot("", str(tmp_path / "missing")) == "ur5e"
+    for robot in ("go2", "ur5e"):
+        defaults = {p.name: p.default for p in node_params(robot)}
+        factory = planner_config_for(robot_spec(robot))
+        assert {f: defaults[f] for f in PLANNER_FIELDS} == {
+            f: getattr(factory, f) for f in PLANNER_FIELDS
+        }
+        assert defaults["control_rate_hz"] == robot_spec(robot).control_rate_hz
+    assert {p.name: p.default for p in node_params("go2")}["temperature"] == GO2_TEMPERATURE
+
+    rclpy.init()
+    try:
+        node = PlannerNode(parameter_overrides=[NodeParameter("checkpoint", value=go2)])
+        assert node.robot == "go2" and node.params["horizon"] == 25
+        assert node.params["max_observation_age_s"] == pytest.approx(0.05)
+        node.destroy_node()
+        node = PlannerNode(
+            parameter_overrides=[
+                NodeParameter("checkpoint", value=go2),
+                NodeParameter("robot", value="ur5e"),
+                NodeParameter("horizon", value=3),
+            ]
+        )
+        assert node.robot == "ur5e" and node._loaded is None  # refused, the node stays up
+        assert node.params["temperature"] == 0.4
+        with pytest.raises(
+            ValueError, match="is a go2 model; this planner's parameters are ur5e's"
+        ):
+            node._planner_config(node.params.values, load_world_model(go2, "cpu"), SPEC)
+        node.destroy_node()
+    finally:
+        rclpy.shutdown()

@@ -69,7 +69,8 @@ WARM_STARTS = ("shift", "policy")
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """MPPI settings. Field defaults are the official Go2 values (simdist config/control/mppi.yaml)."""
+    """MPPI settings. Field defaults are the official Go2 values (simdist
+    config/control/mppi.yaml); the robot factories (PLANNER_CONFIGS) set what differs."""
 
     horizon: int  # T: must equal the model's prediction length
     action_low: tuple[float, ...]  # per action dimension, raw units (RobotSpec.action_low)
@@ -87,12 +88,12 @@ class PlannerConfig:
     delay: int = 1  # warm start: shift of the previous mean, in control steps
     # Where each step's Gaussian mean starts: "shift" (TD-MPC, official) the previous mean shifted
     # by `delay`; "policy" pi's chunk, so that a drift the objective prefers cannot build up over
-    # steps (it did on the peg, docs/experiments/peg_wide.md).
+    # steps (it did on the peg, docs/notebook/peg_wide.md).
     warm_start: str = "shift"
     # Ranking cost of a candidate's distance from pi's chunk: policy_prior x the squared
     # deviation in std_scale units, summed over action dimensions, averaged over the horizon.
     # 0 = official. Ours: on the peg the objective scored chunks that drifted off pi's path
-    # above pi's own and the plan followed them (docs/experiments/peg_wide.md, session 20).
+    # above pi's own and the plan followed them (docs/notebook/peg_wide.md).
     policy_prior: float = 0.0
     seed: int = 42
     max_nonfinite_candidates: int = 0  # per step; more raises PlannerError (0 = any NaN raises)
@@ -122,7 +123,8 @@ class PlannerConfig:
             problems.append(f"iterations must be >= 1, got {self.iterations}")
         if not 1 <= self.num_elites <= self.num_candidates:
             problems.append(
-                f"num_elites must be in [1, {self.num_candidates}] (candidates), got {self.num_elites}"
+                f"num_elites must be in [1, {self.num_candidates}] (candidates), "
+                f"got {self.num_elites}"
             )
         for name in ("temperature", "init_std", "min_std"):
             if not getattr(self, name) > 0:
@@ -203,7 +205,6 @@ def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
             action_low=tuple(action_low),
             action_high=tuple(action_high),
             init_std=1.0,
-            min_std=0.05,
             policy_noise_std=0.1,
             temperature=0.4,
             std_scale=half,
@@ -212,11 +213,14 @@ def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
     )
 
 
+# The one source of the planner's defaults per robot: the planner node's parameter defaults and
+# the `planner:` sections of config/*.yaml are these factories' values (tested value by value).
 PLANNER_CONFIGS = {"go2": go2_planner_config, "ur5e": ur5e_planner_config}
 
 
 def planner_config_for(spec, **overrides) -> PlannerConfig:
-    """The robot's default planner config with the action bounds of its RobotSpec."""
+    """The robot's default planner config (PLANNER_CONFIGS) with the action bounds of its
+    RobotSpec; `overrides` replace fields by name."""
     if spec.name not in PLANNER_CONFIGS:
         raise ValueError(
             f"no planner defaults for robot {spec.name!r}; known: {sorted(PLANNER_CONFIGS)}"
@@ -530,7 +534,8 @@ class MPPIPlanner:
                 )
         if action_history.shape[-1] != self.config.action_dim:
             raise PlannerError(
-                f"action_history has action dim {action_history.shape[-1]}, expected {self.config.action_dim}"
+                f"action_history has action dim {action_history.shape[-1]}, "
+                f"expected {self.config.action_dim}"
             )
         move = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
         return {k: move(v) for k, v in obs.items()}, move(proprio_history), move(action_history)

@@ -12,12 +12,15 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
   would not finish within `deadline_fraction` of the period, the tick runs the base policy pi
   instead (cheap). In lockstep the simulator waits for the plan, so MPPI always runs and a run is
   deterministic; a re-sent tick gets the same answer again, never a second plan.
-- NaN: a non-finite plan publishes NOTHING (the supervisor then holds) and reports an ERROR.
+- NaN: a non-finite plan is never acted on: the tick sends an explicit HOLD command on
+  /simdist/action (no plan) and reports an ERROR.
 - Hot swap: `~/load_model` (std_srvs/Trigger) loads the `checkpoint` parameter's directory in a
   background thread, validates it (same inputs/outputs, finite plan on the latest observation)
   and swaps it in between two ticks; the control loop keeps ticking meanwhile.
 - Parameters: every tunable is declared with a range; a set is validated (by building the
-  PlannerConfig it implies) and applied at the start of the next tick.
+  PlannerConfig it implies) and applied at the start of the next tick. The MPPI parameters and
+  the control rate default to the robot's (`robot`, else the start-up checkpoint's):
+  planning.planner.PLANNER_CONFIGS and RobotSpec, the one source config/*.yaml repeats.
 """
 
 from __future__ import annotations
@@ -46,13 +49,14 @@ from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind, Observation, RobotSpec
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.specs import robot_spec
-from simdist_planner.model.checkpoint import load_checkpoint
+from simdist_planner.model.checkpoint import load_checkpoint, read_config
 from simdist_planner.planning.observation import (
     ObservationError,
     ObservationHistory,
     observation_to_inputs,
 )
 from simdist_planner.planning.planner import (
+    PLANNER_CONFIGS,
     WARM_STARTS,
     MPPIPlanner,
     PlannerConfig,
@@ -67,39 +71,137 @@ QOS = QoSProfile(
     durability=DurabilityPolicy.VOLATILE,
 )
 
-# PlannerConfig fields that are node parameters (same names, one source of truth for meaning).
-PLANNER_FIELDS = (
-    "num_samples", "mixture_coef", "policy_noise_std", "iterations", "num_elites", "temperature",
-    "init_std", "min_std", "momentum", "discount", "horizon", "seed", "warm_start", "policy_prior",
-)  # fmt: skip
+# The robot whose defaults a node takes when neither `robot` nor a readable checkpoint names one.
+DEFAULT_ROBOT = "ur5e"
+# Observations older than this many control periods are not planned on (real-time mode).
+MAX_OBSERVATION_AGE_PERIODS = 2.5
 
-PARAMS = (
+# Declared before the others, which take their defaults from the robot these two name.
+STARTUP_PARAMS = (
+    Param(
+        "robot",
+        "",
+        "robot whose planner defaults the other parameters take (go2, ur5e); '' = the checkpoint's",
+        read_only=True,
+        choices=("", *sorted(PLANNER_CONFIGS)),
+    ),
     Param("checkpoint", "", "world-model checkpoint directory; ~/load_model (re)loads it"),
-    Param("device", "cpu", "torch device: cpu, cuda or cuda:N (a change reloads the model)"),
-    Param("control_rate_hz", 5.0, "planning rate of the real-time timer (UR5e 5, Go2 50)", 0.5, 500.0),
-    Param("lockstep", False, "plan once per new observation (MuJoCo lockstep on /clock) instead of on the timer"),
-    Param("num_samples", 450, "MPPI Gaussian candidates per iteration", 1, 16384),
-    Param("mixture_coef", 0.05, "base-policy candidates = num_samples x mixture_coef", 0.0, 1.0),
-    Param("policy_noise_std", 0.1, "std of the noise on base-policy candidates (UR5e: in half action ranges)", 0.0, 10.0),
-    Param("iterations", 8, "MPPI iterations per control step", 1, 64),
-    Param("num_elites", 64, "elite candidates refitting the mean and std", 1, 16384),
-    Param("temperature", 0.4, "MPPI weight exp(temperature * (R - R_max))", 0.001, 100.0),
-    Param("init_std", 1.0, "sampling std at the start of every step (UR5e: in half action ranges)", 0.001, 10.0),
-    Param("min_std", 0.05, "lower bound of the sampling std (UR5e: in half action ranges)", 0.0001, 10.0),
-    Param("momentum", 0.0, "weight of the previous mean in each iteration's update", 0.0, 0.99),
-    Param("discount", 0.99, "discount gamma of the planned return", 0.5, 1.0),
-    Param("horizon", 5, "planning horizon T in control steps (must equal the model's T)", 1, 256),
-    Param("seed", 42, "planner RNG seed (re-applied at every episode start)", 0, 2**31 - 1),
-    Param("warm_start", "shift", "where each step's mean starts: shift (the previous mean, official) or policy (pi's chunk)",
-          choices=WARM_STARTS),
-    Param("policy_prior", 0.0, "ranking cost of a candidate's squared distance from pi's chunk (std units); 0 = official", 0.0, 1000.0),
-    Param("deadline_fraction", 0.9, "share of the control period MPPI may use; predicted overrun -> base policy", 0.05, 1.0),
-    Param("fallback_to_policy", True, "run the base policy pi when MPPI would miss the deadline"),
-    Param("latency_ema", 0.2, "smoothing factor of the running latency estimate", 0.01, 1.0),
-    Param("reprobe_ticks", 0, "while falling back, run MPPI once every N ticks to re-measure (0 = never; a probe overruns its tick)", 0, 100000),
-    Param("max_observation_age_s", 0.5, "observations older than this are not planned on (real-time mode)", 0.001, 60.0),
-)  # fmt: skip
+)
 
+# PlannerConfig fields that are node parameters (same names): (name, description, low, high,
+# choices). Their defaults are the robot's PlannerConfig (planning.planner.PLANNER_CONFIGS).
+PLANNER_PARAMS = (
+    ("num_samples", "MPPI Gaussian candidates per iteration", 1, 16384, ()),
+    ("mixture_coef", "base-policy candidates = num_samples x mixture_coef", 0.0, 1.0, ()),
+    (
+        "policy_noise_std",
+        "std of the noise on base-policy candidates (UR5e: in half action ranges)",
+        0.0,
+        10.0,
+        (),
+    ),
+    ("iterations", "MPPI iterations per control step", 1, 64, ()),
+    ("num_elites", "elite candidates refitting the mean and std", 1, 16384, ()),
+    ("temperature", "MPPI weight exp(temperature * (R - R_max))", 0.001, 100.0, ()),
+    (
+        "init_std",
+        "sampling std at the start of every step (UR5e: in half action ranges)",
+        0.001,
+        10.0,
+        (),
+    ),
+    ("min_std", "lower bound of the sampling std (UR5e: in half action ranges)", 0.0001, 10.0, ()),
+    ("momentum", "weight of the previous mean in each iteration's update", 0.0, 0.99, ()),
+    ("discount", "discount gamma of the planned return", 0.5, 1.0, ()),
+    ("horizon", "planning horizon T in control steps (must equal the model's T)", 1, 256, ()),
+    ("seed", "planner RNG seed (re-applied at every episode start)", 0, 2**31 - 1, ()),
+    (
+        "warm_start",
+        "where each step's mean starts: shift (the previous mean, official) or policy (pi's chunk)",
+        None,
+        None,
+        WARM_STARTS,
+    ),
+    (
+        "policy_prior",
+        "ranking cost of a candidate's squared distance from pi's chunk (std units); 0 = official",
+        0.0,
+        1000.0,
+        (),
+    ),
+)
+PLANNER_FIELDS = tuple(name for name, *_ in PLANNER_PARAMS)
+
+
+def tunable_params(robot: str) -> tuple[Param, ...]:
+    """The node's parameters after STARTUP_PARAMS, with `robot`'s defaults: its PlannerConfig
+    (planner_config_for) and its control rate (RobotSpec.control_rate_hz)."""
+    spec = robot_spec(robot)
+    planner = planner_config_for(spec)
+    rate = spec.control_rate_hz
+    return (
+        Param("device", "cpu", "torch device: cpu, cuda or cuda:N (a change reloads the model)"),
+        Param("control_rate_hz", rate, "planning rate of the real-time timer", 0.5, 500.0),
+        Param(
+            "lockstep",
+            False,
+            "plan once per new observation (MuJoCo lockstep on /clock) instead of on the timer",
+        ),
+        *(
+            Param(name, getattr(planner, name), text, low, high, choices=choices)
+            for name, text, low, high, choices in PLANNER_PARAMS
+        ),
+        Param(
+            "deadline_fraction",
+            0.9,
+            "share of the control period MPPI may use; predicted overrun -> base policy",
+            0.05,
+            1.0,
+        ),
+        Param(
+            "fallback_to_policy", True, "run the base policy pi when MPPI would miss the deadline"
+        ),
+        Param("latency_ema", 0.2, "smoothing factor of the running latency estimate", 0.01, 1.0),
+        Param(
+            "reprobe_ticks",
+            0,
+            "while falling back, run MPPI once every N ticks to re-measure "
+            "(0 = never; a probe overruns its tick)",
+            0,
+            100000,
+        ),
+        Param(
+            "max_observation_age_s",
+            MAX_OBSERVATION_AGE_PERIODS / rate,
+            "observations older than this are not planned on (real-time mode)",
+            0.001,
+            60.0,
+        ),
+    )
+
+
+def node_params(robot: str) -> tuple[Param, ...]:
+    """Every parameter the node declares when it plans for `robot`, with its default."""
+    return (*STARTUP_PARAMS, *tunable_params(robot))
+
+
+def resolve_robot(robot: str, checkpoint: str) -> str:
+    """The robot whose defaults the node takes: `robot` if given, else the checkpoint's (its
+    config.json; the weights are not read), else DEFAULT_ROBOT."""
+    if robot:
+        return robot
+    try:
+        named = read_config(checkpoint).robot if checkpoint else ""
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint is reported when it is loaded
+        named = ""
+    return named if named in PLANNER_CONFIGS else DEFAULT_ROBOT
+
+
+# Counters the planning diagnostic reports.
+REPORTED_COUNTS = (
+    "ticks", "mppi_ticks", "policy_fallbacks", "deadline_misses", "failed_plans",
+    "stale_observations", "swaps", "republished",
+)  # fmt: skip
 
 _NEVER = object()  # "no episode planned yet" (differs from every /simdist/episode id, even None)
 
@@ -127,7 +229,8 @@ class LatencyEstimate:
         self.mean, self.dev = None, 0.0
 
     def scale(self, factor: float) -> None:
-        """MPPI settings changed: its cost scales with candidates x iterations (no blind re-probe)."""
+        """MPPI settings changed: its cost scales with candidates x iterations (no blind
+        re-probe)."""
         if self.mean is not None:
             self.mean *= factor
             self.dev *= factor
@@ -181,11 +284,13 @@ def load_world_model(path: str, device: str) -> LoadedModel:
 
 
 def checked_spec(loaded: LoadedModel) -> RobotSpec:
-    """The robot spec the planner checks observations against: the robot's, with the model's cameras."""
+    """The robot spec the planner checks observations against: the robot's, with the model's
+    cameras."""
     spec = robot_spec(loaded.robot)
     if (spec.action_dim, spec.proprio_dim) != (loaded.action_dim, loaded.proprio_dim):
         raise ValueError(
-            f"checkpoint {loaded.path}: action_dim {loaded.action_dim} / proprio_dim {loaded.proprio_dim} "
+            f"checkpoint {loaded.path}: action_dim {loaded.action_dim} / "
+            f"proprio_dim {loaded.proprio_dim} "
             f"do not match the {loaded.robot} spec ({spec.action_dim} / {spec.proprio_dim})"
         )
     if loaded.has_height_map != (spec.height_map_shape is not None):
@@ -212,7 +317,13 @@ class PlannerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("planner", **kwargs)
         self._loaded: LoadedModel | None = None
-        self.params = NodeParams(self, PARAMS, check=self._check_param)
+        robot, checkpoint = (
+            self.declare_parameter(q.name, q.default, q.descriptor()).value for q in STARTUP_PARAMS
+        )
+        if robot not in STARTUP_PARAMS[0].choices:
+            raise ValueError(f"planner: parameter robot={robot!r} must be one of go2, ur5e or ''")
+        self.robot = resolve_robot(robot, checkpoint)
+        self.params = NodeParams(self, tunable_params(self.robot), check=self._check_param)
         p = self.params.values
         self.diag = Diagnostics(self, hardware_id="planner")
         self._tick_lock = (
@@ -232,9 +343,9 @@ class PlannerNode(Node):
 
         load_error = None
         try:
-            self._install(load_world_model(p["checkpoint"], p["device"]))
+            self._install(load_world_model(checkpoint, p["device"]))
         except Exception as exc:  # noqa: BLE001 - reported, the node stays up for a later load_model
-            load_error = f"cannot load checkpoint {p['checkpoint']!r}: {exc}"
+            load_error = f"cannot load checkpoint {checkpoint!r}: {exc}"
         self._pub_action = self.create_publisher(JointTrajectory, "/simdist/action", QOS)
         self._pub_plan = self.create_publisher(JointTrajectory, "/simdist/plan", QOS)
         self._pub_values = self.create_publisher(JointTrajectory, "/simdist/values", QOS)
@@ -247,7 +358,8 @@ class PlannerNode(Node):
         self.create_service(
             Trigger, "~/load_model", self._on_load_model, callback_group=ReentrantCallbackGroup()
         )
-        # own group: a fast timer must not starve the observation callbacks (executor serves timers first)
+        # own group: a fast timer must not starve the observation callbacks (the executor serves
+        # timers first)
         self._timer = self.create_timer(
             1.0 / p["control_rate_hz"],
             self._on_timer,
@@ -270,9 +382,13 @@ class PlannerNode(Node):
                 return str(exc)
         return None
 
-    @staticmethod
-    def _planner_config(values: dict, loaded: LoadedModel, spec: RobotSpec) -> PlannerConfig:
+    def _planner_config(self, values: dict, loaded: LoadedModel, spec: RobotSpec) -> PlannerConfig:
         """The PlannerConfig these parameter values imply; ValueError says what is wrong."""
+        if loaded.robot != self.robot:
+            raise ValueError(
+                f"checkpoint {loaded.path} is a {loaded.robot} model; this planner's parameters "
+                f"are {self.robot}'s (parameter robot)"
+            )
         if values["horizon"] != loaded.horizon:
             raise ValueError(
                 f"horizon={values['horizon']} must equal the model's horizon T={loaded.horizon}"
@@ -321,18 +437,27 @@ class PlannerNode(Node):
         prefix = "/simdist/observation"
         for cam in loaded.cameras:
             self.create_subscription(
-                Image, f"{prefix}/image/{cam}", lambda m, c=cam: self._on_obs(self._assembler.add_image, c, m), QOS,
+                Image,
+                f"{prefix}/image/{cam}",
+                lambda m, c=cam: self._on_obs(self._assembler.add_image, c, m),
+                QOS,
                 callback_group=self._obs_group,
-            )  # fmt: skip
+            )
         if loaded.has_height_map:
             self.create_subscription(
-                Image, f"{prefix}/height_map", lambda m: self._on_obs(self._assembler.add_height_map, m), QOS,
+                Image,
+                f"{prefix}/height_map",
+                lambda m: self._on_obs(self._assembler.add_height_map, m),
+                QOS,
                 callback_group=self._obs_group,
-            )  # fmt: skip
+            )
         self.create_subscription(
-            JointState, f"{prefix}/proprio", lambda m: self._on_obs(self._assembler.add_proprio, m), QOS,
+            JointState,
+            f"{prefix}/proprio",
+            lambda m: self._on_obs(self._assembler.add_proprio, m),
+            QOS,
             callback_group=self._obs_group,
-        )  # fmt: skip
+        )
 
     def _on_load_model(self, request, response):
         """~/load_model: load + validate in the background; answer once swapped or refused."""
@@ -350,7 +475,10 @@ class PlannerNode(Node):
                 candidate = load_world_model(path, device)
                 self._validate_candidate(candidate)
             except Exception as exc:  # noqa: BLE001 - a bad checkpoint is refused, the old model stays
-                message = f"refused checkpoint {path!r}: {exc}; still planning with {self._current_path()}"
+                message = (
+                    f"refused checkpoint {path!r}: {exc}; "
+                    f"still planning with {self._current_path()}"
+                )
                 self.diag.set("model", Level.WARN if self._loaded else Level.ERROR, message)
                 return False, message
             first = self._loaded is None
@@ -370,7 +498,8 @@ class PlannerNode(Node):
         """Same interface as the running model, a valid planner config, a finite plan."""
         if self._loaded is not None and candidate.interface() != self._loaded.interface():
             raise ValueError(
-                f"its interface {candidate.interface()} differs from the running model's {self._loaded.interface()}"
+                f"its interface {candidate.interface()} differs from the running model's "
+                f"{self._loaded.interface()}"
             )
         spec = checked_spec(candidate)
         config = self._planner_config(self.params.values, candidate, spec)
@@ -386,7 +515,7 @@ class PlannerNode(Node):
     def _current_path(self) -> str:
         return self._loaded.path if self._loaded else "no model"
 
-    # -- inputs ----------------------------------------------------------------------------------------
+    # -- inputs ------------------------------------------------------------------------------
     def _on_obs(self, add, *args) -> None:
         msg = args[-1]
         try:
@@ -419,7 +548,7 @@ class PlannerNode(Node):
         if not self.params["lockstep"]:
             self._tick()
 
-    # -- the control step ------------------------------------------------------------------------------
+    # -- the control step --------------------------------------------------------------------
     def _tick(self) -> None:
         with self._tick_lock:
             self._apply_params()
@@ -446,7 +575,8 @@ class PlannerNode(Node):
                 self.diag.set(
                     "planning",
                     Level.WARN,
-                    f"observation is {age:.3f} s old (> {p['max_observation_age_s']} s): not planned on",
+                    f"observation is {age:.3f} s old (> {p['max_observation_age_s']} s): "
+                    "not planned on",
                 )
                 return
         start = time.perf_counter()
@@ -509,7 +639,8 @@ class PlannerNode(Node):
         return False
 
     def _should_fall_back(self, period: float) -> bool:
-        """MPPI predicted to overrun the deadline? (Real time only: in lockstep the simulator waits.)"""
+        """MPPI predicted to overrun the deadline? (Real time only: in lockstep the simulator
+        waits.)"""
         p = self.params.values
         if (
             p["lockstep"]
@@ -545,7 +676,8 @@ class PlannerNode(Node):
         return CommandKind.EE_DELTA if self._spec.name == "ur5e" else CommandKind.JOINT_POSITION
 
     def _await_matched(self, timeout_s: float = 2.0) -> None:
-        """Lockstep: wait (bounded) until every subscriber the graph knows is matched to our outputs.
+        """Lockstep: wait (bounded) until every subscriber the graph knows is matched to our
+        outputs.
 
         The simulator waits for us anyway, and an answer published before, say, the recorder has
         matched would be missing from the episode bag."""
@@ -565,9 +697,12 @@ class PlannerNode(Node):
         self._pub_action.publish(action)
         plan = ros_msgs.command_to_msg(Command(kind, chunk[0]), names, stamp, period)
         plan.points = [
-            JointTrajectoryPoint(positions=row.astype(np.float64).tolist(), time_from_start=ros_msgs.duration_msg((k + 1) * period))
+            JointTrajectoryPoint(
+                positions=row.astype(np.float64).tolist(),
+                time_from_start=ros_msgs.duration_msg((k + 1) * period),
+            )
             for k, row in enumerate(chunk)
-        ]  # fmt: skip
+        ]
         self._pub_plan.publish(plan)
         self._answer = (action, plan)
         if rewards is not None:
@@ -575,13 +710,17 @@ class PlannerNode(Node):
             msg.header.stamp = ros_msgs.stamp_msg(stamp)
             msg.header.frame_id = "mppi"
             msg.points = [
-                JointTrajectoryPoint(positions=[float(r), float(v)], time_from_start=ros_msgs.duration_msg((k + 1) * period))
+                JointTrajectoryPoint(
+                    positions=[float(r), float(v)],
+                    time_from_start=ros_msgs.duration_msg((k + 1) * period),
+                )
                 for k, (r, v) in enumerate(zip(rewards, values))
-            ]  # fmt: skip
+            ]
             self._pub_values.publish(msg)
 
     def _publish_hold(self, stamp: int, period: float) -> None:
-        """The explicit safe answer to an observation that could not be planned on (no plan is sent)."""
+        """The explicit safe answer to an observation that could not be planned on (no plan is
+        sent)."""
         hold = ros_msgs.command_to_msg(
             Command(CommandKind.HOLD), ros_msgs.action_names(self._spec.name), stamp, period
         )
@@ -601,15 +740,14 @@ class PlannerNode(Node):
     def _report(self) -> dict:
         cfg = dataclasses.asdict(self.planner.config) if self._loaded else {}
         return {
-            **{k: self._stats[k] for k in ("ticks", "mppi_ticks", "policy_fallbacks", "deadline_misses",
-                                           "failed_plans", "stale_observations", "swaps", "republished")},
+            **{k: self._stats[k] for k in REPORTED_COUNTS},
             "last_latency_ms": f"{1e3 * self._last_latency_s:.2f}",
             "observation_to_action_ms": f"{1e3 * self._last_age_s:.2f}",
             "latency_estimate_ms": f"{1e3 * self.latency.predict():.2f}",
             "last_stamp": self._answered_stamp,
             "checkpoint": self._current_path(),
             **{f: cfg.get(f) for f in PLANNER_FIELDS},
-        }  # fmt: skip
+        }
 
 
 def main(args=None):
