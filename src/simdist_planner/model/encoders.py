@@ -152,7 +152,8 @@ def resnet18_backbone(weights_path: str) -> nn.Module:
         missing, unexpected = net.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(
-                f"{path}: not ResNet-18 weights (missing {missing[:3]}, unexpected {unexpected[:3]})"
+                f"{path}: not ResNet-18 weights "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
             )
     return net
 
@@ -182,7 +183,8 @@ class ImageEncoder(nn.Module):
         """(N, n_cam, 3, h, w) uint8 or [0, 1] float -> (N * n_cam, 3, H, W) ImageNet-normalised."""
         if images.dim() != 5 or images.shape[1] != self.num_cameras or images.shape[2] != 3:
             raise ValueError(
-                f"images have shape {tuple(images.shape)}, expected (B, {self.num_cameras}, 3, h, w)"
+                f"images have shape {tuple(images.shape)}, "
+                f"expected (B, {self.num_cameras}, 3, h, w)"
             )
         x = images.flatten(0, 1)
         x = x.float() / 255.0 if images.dtype == torch.uint8 else x.float()
@@ -242,7 +244,8 @@ class HistoryEncoder(nn.Module):
         self.types = nn.Parameter(torch.randn(3, d) * 0.02)
 
     def forward(self, proprio_tokens: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """proprio_tokens (B, h, D) from E's proprio MLP, normalised actions (B, h, A) -> (B, 2h, D).
+        """proprio_tokens (B, h, D) from E's proprio MLP, normalised actions (B, h, A)
+        -> (B, 2h, D).
 
         A history shorter than H uses the last h temporal embeddings, so the newest step always
         sits next to the z_t token.

@@ -122,7 +122,8 @@ class Scaler(nn.Module):
             entry = stats[name]
             if list(entry.get("shape", [])) != list(shape):
                 raise ValueError(
-                    f"{source}: scaler {name} has shape {entry.get('shape')}, model needs {list(shape)}"
+                    f"{source}: scaler {name} has shape {entry.get('shape')}, "
+                    f"model needs {list(shape)}"
                 )
             n = math.prod(shape)
             mean = np.asarray(entry.get("mean", []), dtype=np.float64)
