@@ -16,7 +16,6 @@ from robot_drivers.experts.ur5e import (
     DESCEND,
     LADDER,
     PHASE_NAMES,
-    TCP_HOME_MAT,
     Degradation,
     InsertionExpert,
     ValueFitConfig,
@@ -189,7 +188,6 @@ def test_the_spiral_search_finds_a_hole_the_estimate_misses(monkeypatch):
     alone does not."""
     task = make_task("peg", cameras=())
     expert = InsertionExpert(task, Degradation(hole_error=0.002))
-    assert not expert.tilted
 
     def successes() -> int:
         return sum(rollout(task, expert, 9000 + i)["success"] for i in range(8))
@@ -232,71 +230,6 @@ def test_a_peg_slipped_in_the_pads_is_held_while_the_gripper_reads_it():
     assert phase_after(0.03, 0.978) == ("approach", 0.0)
     assert phase_after(0.05, 0.85) == ("approach", 0.0)
     assert phase_after(0.015, 0.978)[0] == "carry"  # within 2 cm: held whatever it reads
-    task.close()
-
-
-TILT = np.radians(18.0)  # the tilted insertion as measured (docs/ur5e_sim.md)
-
-
-def test_tilted_target_puts_the_leading_corner_where_asked():
-    """The pose `_tilted_target` commands, applied to the rigidly held peg, tips it by the asked
-    angle with its +x+y bottom corner lowest and at the asked place."""
-    task = make_task("peg", cameras=())
-    expert = InsertionExpert(task)
-    yaw = np.radians(20.0)  # hand and peg turned alike: the pads square the peg to the hand
-    rz = np.array(
-        [[np.cos(yaw), -np.sin(yaw), 0.0], [np.sin(yaw), np.cos(yaw), 0.0], [0.0, 0.0, 1.0]]
-    )
-    tcp_pos, tcp_mat, obj_mat = np.r_[0.1, 0.5, 0.3], rz @ TCP_HOME_MAT, rz
-    bottom = tcp_pos - np.r_[0.0, 0.0, 2 * 0.035 - 0.015]
-    p = {"tcp_pos": tcp_pos, "tcp_mat": tcp_mat, "obj_mat": obj_mat, "obj_bottom": bottom}
-    want = np.r_[0.23, 0.51, 0.04]
-    pos, mat = expert._tilted_target(p, want, TILT)
-    in_hand = lambda x: tcp_mat.T @ (x - tcp_pos)  # noqa: E731 - the rigid grasp
-    new_obj = mat @ tcp_mat.T @ obj_mat
-    w = task.cfg.obj.half_width
-    corners = [
-        pos + mat @ in_hand(bottom + obj_mat @ np.r_[sx * w, sy * w, 0.0])
-        for sx in (-1, 1)
-        for sy in (-1, 1)
-    ]
-    lowest = min(corners, key=lambda c: c[2])
-    np.testing.assert_allclose(lowest, want, atol=1e-9)
-    assert np.degrees(np.arccos(new_obj[2, 2])) == pytest.approx(18.0)
-    assert lowest[0] + lowest[1] == pytest.approx(
-        max(c[0] + c[1] for c in corners)
-    )  # it leads to +x+y
-    # the tipped peg is squared to the hole (world axes): its bottom edges run along x and y
-    edges = new_obj[:2, :2] / np.linalg.norm(new_obj[:2, :2], axis=0)
-    assert np.allclose(np.abs(edges), np.eye(2), atol=0.1)
-    task.close()
-
-
-def test_the_tilted_insertion_lets_the_walls_do_the_last_millimetre(monkeypatch):
-    """With a hole estimate 4 mm off per axis (what a distilled latent resolves), the tipped
-    corner still enters, the slide and the straightening find the hole: the square peg's expert
-    goes tip -> dip -> slide -> straighten -> press and inserts where the vertical insertion
-    without its spiral search presses beside the hole."""
-    task = make_task("peg", cameras=())
-    monkeypatch.setattr(InsertionExpert, "TILT", TILT)
-    expert = InsertionExpert(task, Degradation(hole_error=0.004))
-    assert expert.tilted
-    seen = []
-    original = expert._tilted_action
-
-    def record(p, hole):
-        seen.append(PHASE_NAMES[expert.phase])
-        return original(p, hole)
-
-    monkeypatch.setattr(expert, "_tilted_action", record)
-    tilted = [rollout(task, expert, 9100 + i)["success"] for i in range(8)]
-    order = [ph for i, ph in enumerate(seen) if i == 0 or seen[i - 1] != ph]
-    assert order[:5] == ["tip", "dip", "slide", "straighten", "press"]
-    monkeypatch.setattr(InsertionExpert, "TILT", 0.0)
-    monkeypatch.setattr(InsertionExpert, "STALL_STEPS", 10**6)
-    vertical = InsertionExpert(task, Degradation(hole_error=0.004))
-    pressed = [rollout(task, vertical, 9100 + i)["success"] for i in range(8)]
-    assert sum(tilted) >= 7 and sum(pressed) <= 3, (tilted, pressed)
     task.close()
 
 

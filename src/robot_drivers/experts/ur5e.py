@@ -9,14 +9,6 @@ the fixture, a spiral search about the hole) -> (table leg) thread: turn clockwi
 pressing. A lost object sends it back to the approach. The expert's hole estimate is off by
 EXPERT_HOLE_ERROR per episode, so its data holds searches (see LADDER).
 
-With TILT > 0 the square peg inserts tilted instead: tipped so one bottom corner leads, that
-corner dipped into the hole (it enters anywhere within the hole's 18 mm, where an upright peg
-needs 1 mm), slid into the hole's corner (the walls stop it, not the estimate), straightened
-about it and pushed; a peg not in after a few pushes goes back up to tip and dip again. Alone it
-shrugs off a hole estimate 6 mm off (docs/ur5e_sim.md), but the data's noise bursts break its
-longer contact more often, and the pi distilled from it inserted less (0 / 50 against 4 / 50,
-docs/experiments/peg_wide.md, session 26): the default stays vertical.
-
 The hand keeps its yaw. Turning it to the peg's yaw first (as the expert of UR5E_PEG_NOTES does)
 makes every approach action depend on a yaw that a 64 x 64 image cannot show, so a policy
 distilled from it cannot tell when to close (docs/experiments/peg_wide.md). Instead the closing
@@ -47,9 +39,7 @@ from robot_drivers.tasks.ur5e_tasks import GAMMA, UR5eInsertionTask, make_ur5e_t
 from robot_drivers.ur5e.so3 import mat_to_rotvec, rotvec_to_mat, rotz, tcp_yaw, wrap_angle
 
 TCP_HOME_MAT = np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # pointing down
-APPROACH, DESCEND, CLOSE, LIFT, CARRY, LOWER, INSERT, THREAD, TIP, DIP, SLIDE, STRAIGHTEN, PRESS = (
-    range(13)
-)
+APPROACH, DESCEND, CLOSE, LIFT, CARRY, LOWER, INSERT, THREAD = range(8)
 PHASE_NAMES = (
     "approach",
     "descend",
@@ -59,11 +49,6 @@ PHASE_NAMES = (
     "lower",
     "insert",
     "thread",
-    "tip",
-    "dip",
-    "slide",
-    "straighten",
-    "press",
 )
 
 
@@ -118,14 +103,6 @@ class InsertionExpert:
     # on a spiral (SPIRAL_RATE rad per step), pressing the bottom only SEARCH_PRESS below the
     # top (a deeper press drags a half-entered peg out again; UR5E_PEG_NOTES).
     ENTERED, STALL_STEPS, SPIRAL_RATE, SEARCH_PRESS, MIN_PITCH = 0.0004, 3, 0.8, 0.001, 0.0005
-    # Tilted insertion (square peg, TILT > 0; 0 = vertical, the default: see the module
-    # docstring): the tip angle (18 deg was measured); the leading corner's aim inside the hole's
-    # centre (per axis, towards that corner); how far past the hole's corner the slide aims (the
-    # walls stop it) and for how many steps; straightening steps; pushes before a retry, and the
-    # share of its hole-estimate error the retry keeps (it has seen where the peg stopped).
-    # At 18 deg, Wide, 4 mm (per axis) hole estimate error: 16 / 16 without any search.
-    TILT, AIM, SLIDE_PAST, SLIDE_STEPS, STRAIGHTEN_STEPS = 0.0, 0.002, 0.006, 3, 3
-    PRESS_STEPS, RETRY_KEEP, TURN_CAP = 4, 0.3, 0.1  # TURN_CAP: rad per step with the corner in
     # A peg slipped up to SLIPPED from the grasp point is still held while the gripper reads
     # under EMPTY_READING (closed on nothing it reads 0.978, on the peg 0.77-0.90): opening it
     # there dropped pegs that noise bursts had shifted in the pads, mostly onto their sides.
@@ -136,7 +113,6 @@ class InsertionExpert:
         self.deg = degradation
         self.name = degradation.name
         self.round_object = task.cfg.obj.shape == "cylinder"
-        self.tilted = not self.round_object and self.TILT > 0.0
         self.reset()
 
     def reset(self, seed: int | None = None) -> None:
@@ -185,28 +161,6 @@ class InsertionExpert:
         corr = self._upright_correction(p["obj_mat"])
         offset = p["obj_bottom"] - p["tcp_pos"]
         return bottom_des - corr @ offset, corr @ p["tcp_mat"]
-
-    def _leading_corner(self, p: dict) -> np.ndarray:
-        """The held peg's bottom corner that leads towards +x+y (the one the tilt lowers)."""
-        w = self.cfg.obj.half_width
-        corners = [
-            p["obj_bottom"] + p["obj_mat"] @ np.r_[sx * w, sy * w, 0.0]
-            for sx in (-1.0, 1.0)
-            for sy in (-1.0, 1.0)
-        ]
-        return max(corners, key=lambda c: c[0] + c[1] - 10.0 * c[2])
-
-    def _tilted_target(
-        self, p: dict, corner_des: np.ndarray, tilt: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """TCP pose that puts the leading corner at `corner_des` with the peg, squared to the
-        hole, tipped by `tilt` about the horizontal axis that lowers its +x+y corner."""
-        tip = rotvec_to_mat(np.r_[-1.0, 1.0, 0.0] / np.sqrt(2.0) * tilt) @ self._upright_correction(
-            p["obj_mat"]
-        )
-        mat = tip @ p["tcp_mat"]
-        in_hand = p["tcp_mat"].T @ (self._leading_corner(p) - p["tcp_pos"])
-        return corner_des - mat @ in_hand, mat
 
     def _next(self, phase: int) -> None:
         self.phase, self.phase_steps = phase, 0
@@ -270,16 +224,11 @@ class InsertionExpert:
             pos, mat = self._carry_target(p, bottom_des)
             xy_err = np.linalg.norm(p["obj_bottom"][:2] - hole[:2])
             z_err = abs(p["obj_bottom"][2] - bottom_des[2])
-            if self.phase == CARRY and self.tilted and z_err < 0.01:
-                self._next(TIP)
-                return self._tilted_action(p, hole)
             if self.phase == CARRY and xy_err < 0.002 and z_err < 0.005:
                 self._next(LOWER)
             elif self.phase == LOWER and xy_err < self.deg.align_gate and z_err < 0.001:
                 self._next(INSERT)
             return self._move(p, pos, mat, self.COARSE if self.phase == CARRY else self.FINE, 1.0)
-        if self.phase >= TIP:
-            return self._tilted_action(p, hole)
         if self.phase == INSERT:
             if self.round_object and p["seated"][0] > 0.5:
                 self._next(THREAD)
@@ -299,49 +248,6 @@ class InsertionExpert:
         seated_grasp_z = hole[2] - c.fixture.height + 2 * c.obj.half_length - c.grasp_below_top
         dz = seated_grasp_z - 0.001 - p["tcp_pos"][2]
         return np.r_[0.0, 0.0, dz, 0.0, 0.0, -self.ROT_CAP, 1.0]
-
-    def _tilted_action(self, p: dict, hole: np.ndarray) -> np.ndarray:
-        """TIP -> DIP -> SLIDE -> STRAIGHTEN -> PRESS (the square peg; see the module docstring)."""
-        corner = self._leading_corner(p)
-        aim = hole[:2] + self.AIM
-        if self.phase == TIP:  # tipped, the corner 2 cm above its aim
-            pos, mat = self._tilted_target(p, np.r_[aim, hole[2] + 0.02], self.TILT)
-            if (
-                np.linalg.norm(corner[:2] - aim) < 0.002
-                and abs(corner[2] - hole[2] - 0.02) < 0.004
-                and abs(p["tilt"][0] - self.TILT) < 0.03
-            ):
-                self._next(DIP)
-            return self._move(p, pos, mat, self.COARSE, 1.0)
-        if self.phase == DIP:  # corner down into the hole (or onto the fixture, if it misses)
-            pos, mat = self._tilted_target(p, np.r_[aim, hole[2] - 0.004], self.TILT)
-            if corner[2] < hole[2] - 0.002 or self.phase_steps > 8:
-                self._next(SLIDE)
-            return self._move(p, pos, mat, self.FINE, 1.0)
-        if self.phase == SLIDE:  # into the hole's +x+y corner, aiming past it
-            inner = self.cfg.fixture.hole_half_width + self.cfg.fixture.clearance
-            pos, mat = self._tilted_target(
-                p, np.r_[hole[:2] + inner + self.SLIDE_PAST, hole[2] - 0.005], self.TILT
-            )
-            if self.phase_steps + 1 >= self.SLIDE_STEPS:
-                self._next(STRAIGHTEN)
-            return self._move(p, pos, mat, 0.005, 1.0)
-        if self.phase == STRAIGHTEN:  # upright about the corner, pressing it into the hole's corner
-            left = max(0.0, 1.0 - (self.phase_steps + 1) / self.STRAIGHTEN_STEPS)
-            pos, mat = self._tilted_target(
-                p, corner + np.r_[0.002, 0.002, -0.003], self.TILT * left
-            )
-            if self.phase_steps + 1 >= self.STRAIGHTEN_STEPS:
-                self._next(PRESS)
-            return self._move(p, pos, mat, 0.005, 1.0, self.TURN_CAP)
-        # PRESS: push straight down; upright and still not in after PRESS_STEPS: up, tip, dip again
-        upright = p["tilt"][0] < 0.05 or self.phase_steps >= 3 * self.PRESS_STEPS
-        if self.phase_steps >= self.PRESS_STEPS and upright and p["depth"][0] < 0.002:
-            self.hole_offset *= self.RETRY_KEEP
-            self._next(TIP)
-            return self._tilted_action(p, p["hole"] + self.hole_offset)
-        pos, mat = self._carry_target(p, p["obj_bottom"] - np.r_[0.0, 0.0, 0.006])
-        return self._move(p, pos, mat, self.FINE, 1.0, self.TURN_CAP)
 
     def _spiral(self, k: int) -> np.ndarray:
         """xy offset of search step k: an Archimedean spiral whose pitch just exceeds the hole's
