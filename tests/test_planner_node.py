@@ -291,7 +291,7 @@ def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_
     # 100 Hz with 5% of the period (0.5 ms) for MPPI: the first MPPI tick measures the latency,
     # every later tick must run pi instead (re-probing disabled). This pi also reads o^p_t.
     start(
-        make_checkpoint(tmp_path / "ck", policy_proprio_gain=True),
+        make_checkpoint(tmp_path / "ck", policy_proprio_skip=True),
         "lockstep:=false",
         "control_rate_hz:=100.0",
         "deadline_fraction:=0.05",

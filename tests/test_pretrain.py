@@ -478,22 +478,6 @@ def test_init_from_starts_from_the_checkpoint_weights(tmp_path):
         pretrain(synthetic_cfg(steps=1, warmup_steps=1, seed=7), tmp_path / "cold", progress=False)
     ).state_dict()
     assert not all(torch.equal(a[k], cold[k]) for k in a)
-    # a setting that leaves every weight's shape and role (WARM_START_FREE) may change
-    blind = load_checkpoint(
-        pretrain(
-            synthetic_cfg(
-                steps=1,
-                warmup_steps=1,
-                seed=7,
-                init_from=str(first),
-                model_overrides={**TINY, "policy_sees_history": False},
-            ),
-            tmp_path / "blind",
-            progress=False,
-        )
-    )
-    assert not blind.config.policy_sees_history
-    assert all(torch.equal(a[k], v) for k, v in blind.state_dict().items())
     # a zero-initialised addition (WARM_START_ADDED) may be switched on; it starts at zero
     gained = load_checkpoint(
         pretrain(
@@ -502,15 +486,15 @@ def test_init_from_starts_from_the_checkpoint_weights(tmp_path):
                 warmup_steps=1,
                 seed=7,
                 init_from=str(first),
-                model_overrides={**TINY, "policy_proprio_gain": True},
+                model_overrides={**TINY, "policy_proprio_skip": True},
             ),
             tmp_path / "gained",
             progress=False,
         )
     )
-    assert gained.config.policy_proprio_gain
+    assert gained.config.policy_proprio_skip
     assert all(torch.equal(a[k], gained.state_dict()[k]) for k in a)
-    assert not gained.policy_head.proprio_gain.weight.any()
+    assert not gained.policy_head.proprio_skip.weight.any()
     other = {**TINY, "latent_dim": 8}
     with pytest.raises(ValueError, match="latent_dim"):
         pretrain(

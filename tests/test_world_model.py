@@ -9,6 +9,7 @@ import torchvision
 from safetensors.torch import save_file
 
 from simdist_planner.data.synthetic import synthetic_windows
+from simdist_planner.model.checkpoint import load_checkpoint, save_checkpoint
 from simdist_planner.model.config import (
     AttentionConfig,
     ImageEncoderConfig,
@@ -150,34 +151,12 @@ def test_dynamics_is_causal_in_actions(kind):
         assert (out[:, k:] - base[:, k:]).abs().amax(dim=-1).min() > 1e-4
 
 
-@pytest.mark.parametrize("sees", [True, False])
-def test_policy_sees_the_history_only_when_configured(sees):
-    """policy_sees_history=False: pi reads z_t alone; f still reads the history. Same weights."""
-    cfg = tiny_go2(policy_sees_history=sees)
-    model = WorldModel(cfg).eval()
-    assert set(model.state_dict()) == set(WorldModel(tiny_go2()).state_dict())
-    w = synthetic_windows(cfg, 2)
-    h = cfg.history
-    z = model.encode(current_obs(w, h))
-    cmd = w["command"][:, h]
-    hist = model.encode_history(w["proprio"][:, :h], w["actions"][:, :h])
-    other = model.encode_history(w["proprio"][:, :h] + 1.0, w["actions"][:, :h] + 2.0)
-    pi = model.policy(z, hist, cmd)
-    assert torch.equal(model.policy(z, other, cmd), pi) != sees
-    assert not torch.allclose(model.policy(z + 1.0, hist, cmd), pi)
-    actions = w["actions"][:, h:]
-    assert not torch.allclose(model.dynamics(z, actions, other), model.dynamics(z, actions, hist))
-
-
-@pytest.mark.parametrize(
-    "option,module",
-    [("policy_proprio_skip", "proprio_skip"), ("policy_proprio_gain", "proprio_gain")],
-)
-def test_policy_proprio_paths_start_as_pi_and_are_linear_in_the_proprio(option, module):
-    """Both proprio paths are zero-initialised, so the chunk starts as without them; then pi's
+def test_policy_proprio_skip_starts_as_pi_and_is_linear_in_the_proprio():
+    """The proprio skip is zero-initialised, so the chunk starts as without it; then pi's
     chunk moves linearly with o^p_t (the rest of pi reads z and the history), and the path is
     part of pi (frozen with it in adaptation)."""
-    plain, cfg = tiny_go2(), tiny_go2(**{option: True})
+    module = "proprio_skip"
+    plain, cfg = tiny_go2(), tiny_go2(policy_proprio_skip=True)
     model = WorldModel(cfg).eval()
     base = WorldModel(plain).eval()
     base.load_state_dict({k: v for k, v in model.state_dict().items() if module not in k})
@@ -268,6 +247,32 @@ def test_config_round_trip_and_validation():
         go2_config(latent_dim=60)
     with pytest.raises(ValueError, match="dynamics_kind must be one of"):
         go2_config(dynamics_kind="diffusion")
+
+
+def test_checkpoints_of_removed_options_load_only_as_without_them(tmp_path):
+    """Configs written while `policy_sees_history` and `policy_proprio_gain` existed load when
+    they hold the value that meant "as without them"; one that needs either is refused by name."""
+    data = go2_config().to_dict()
+    old = {**data, "policy_sees_history": True, "policy_proprio_gain": False}
+    assert WorldModelConfig.from_dict(old) == go2_config()
+    assert "policy_proprio_gain" in old  # the caller's dict is left as it was
+    for key, value in (("policy_sees_history", False), ("policy_proprio_gain", True)):
+        with pytest.raises(ValueError, match=f"{key}={value}, an option this version removed"):
+            WorldModelConfig.from_dict({**data, key: value})
+    # a checkpoint on disk, as an earlier version wrote it
+    cfg = tiny_go2()
+    save_checkpoint(WorldModel(cfg), tmp_path / "ck")
+    config_file = tmp_path / "ck" / "config.json"
+    written = json.loads(config_file.read_text())
+    written["config"].update(policy_sees_history=True, policy_proprio_gain=False)
+    config_file.write_text(json.dumps(written))
+    assert load_checkpoint(tmp_path / "ck").config == cfg
+    written["config"]["policy_proprio_gain"] = True
+    config_file.write_text(json.dumps(written))
+    with pytest.raises(
+        ValueError, match="policy_proprio_gain=True, an option this version removed"
+    ):
+        load_checkpoint(tmp_path / "ck")
 
 
 def test_resnet_weights_load_from_local_file(tmp_path):

@@ -105,54 +105,44 @@ class LossWeights:
 class WorldModelConfig:
     """Everything needed to rebuild a world model; one source of truth for its shapes."""
 
-    robot: str
-    proprio_dim: int
-    action_dim: int
-    command_dim: int
-    history: int  # H
-    horizon: int  # T
-    latent_dim: int = 64
+    robot: str  # "go2" or "ur5e": the RobotSpec whose observations and actions the model takes
+    proprio_dim: int  # P, size of the proprio vector o^p
+    action_dim: int  # A, size of one action
+    command_dim: int  # C, size of the command (Go2 velocity command; 0 = none)
+    history: int  # H, past steps C encodes
+    horizon: int  # T, steps f, R, V and pi predict
+    latent_dim: int = 64  # D, size of z and of every transformer token
     encoder_hidden_factor: int = 2  # encoder MLP width = factor x latent
-    proprio_layers: int = 2
-    action_layers: int = 0
-    latent_layers: int = 2
+    proprio_layers: int = 2  # hidden layers of E's proprio MLP (official 2)
+    action_layers: int = 0  # hidden layers of C's action embedding (official 0: linear)
+    latent_layers: int = 2  # hidden layers of E's fusing latent MLP (official 2)
     # LayerNorm on z: keeps E's targets on the scale of f's LayerNorm outputs. Without it the
     # UR5e image encoder's latents grew to norm ~50 (predictions ~8) within 250 steps and the
     # latent loss rose tenfold. Not in the official model (checkpoints without the key: False).
     normalize_latent: bool = True
-    image: ImageEncoderConfig | None = None
-    height_map: HeightMapEncoderConfig | None = None
-    dynamics: AttentionConfig = AttentionConfig(2, 8)
-    reward: AttentionConfig = AttentionConfig(1, 4)
-    value: AttentionConfig = AttentionConfig(1, 4)
-    policy: AttentionConfig = AttentionConfig(4, 8)
-    # pi's context: C's history tokens and z_t (the paper's pi(z_t, h_t)), or z_t alone. Expert
-    # actions change slowly, so a pi that sees the history learns to continue it: the UR5e pi
-    # overshot the peg's hole by the carry's pace (docs/experiments/peg_wide.md, session 19).
-    # f, R and V see the history either way, and the weights are the same.
-    policy_sees_history: bool = True
+    image: ImageEncoderConfig | None = None  # the cameras' encoder (UR5e); None = no cameras
+    height_map: HeightMapEncoderConfig | None = None  # the height map's (Go2); None = none
+    dynamics: AttentionConfig = AttentionConfig(2, 8)  # f's transformer
+    reward: AttentionConfig = AttentionConfig(1, 4)  # R's (head_kind "transformer")
+    value: AttentionConfig = AttentionConfig(1, 4)  # V's (head_kind "transformer")
+    policy: AttentionConfig = AttentionConfig(4, 8)  # pi's decoder
     # A zero-initialised linear map from the current normalised proprio to pi's chunk, added to
     # its decoder's output. UR5e actions are deltas on the measured TCP pose, so near a fixed
     # target the action depends on the TCP position, which E's latent holds only to ~15 mm
-    # against the peg hole's 1 mm clearance (measured: the expert's xy action near the hole is
-    # only 21-33 % linear in the TCP; docs/experiments/peg_wide.md, sessions 21-22). Not in the
-    # paper (False).
+    # against the peg hole's 1 mm clearance. Not in the paper (False); ur5e_small_config sets it.
+    # Measured on the peg (together with the at_hole phase weighting): pi's mean return on Peg
+    # Wide rose from 68.2 to 89.0 (docs/notebook/peg_wide.md).
     policy_proprio_skip: bool = False
-    # pi's chunk plus G(token) o^p_t: per chunk step, a zero-initialised linear map from pi's
-    # decoder token to an (A x P) gain on the normalised proprio, so the gain can differ by phase
-    # (a fixed linear skip cannot: the TCP enters the action near a target, not while reaching
-    # for the peg).
-    policy_proprio_gain: bool = False
     dynamics_kind: str = "chunked"  # "chunked" (one pass for T steps) or "autoregressive"
     head_kind: str = "transformer"  # reward / value: "transformer" (seq2seq) or "mlp" (per step)
     mlp_head_hidden_factor: int = 4  # per-step MLP head width = factor x latent
-    dropout_mlp: float = 0.2
-    dropout_attention: float = 0.05
-    numerics: NumericsConfig = NumericsConfig()
+    dropout_mlp: float = 0.2  # dropout probability after each hidden MLP activation
+    dropout_attention: float = 0.05  # dropout probability on the attention weights
+    numerics: NumericsConfig = NumericsConfig()  # torch's; OFFICIAL_NUMERICS for imported weights
     # R's first input step reads the context's z_t token (z_t + temporal[H] + type[latent], the
     # official encoding["latent"]) instead of the bare z_t; later steps read f's latents either way.
     reward_reads_latent_token: bool = False
-    loss: LossWeights = field(default_factory=LossWeights)
+    loss: LossWeights = field(default_factory=LossWeights)  # Eq. 2 weights
     reconstruction_image_size: int = 16  # decoder target resolution per camera (reconstruction > 0)
     # Size of the privileged task state the state head predicts (loss.state); 0 = no head. Set
     # from the dataset layout by pretraining, never read at inference.
@@ -163,8 +153,8 @@ class WorldModelConfig:
 
     @property
     def policy_reads_proprio(self) -> bool:
-        """pi's chunk depends on o^p_t directly (policy_proprio_skip / _gain)."""
-        return self.policy_proprio_skip or self.policy_proprio_gain
+        """pi's chunk depends on o^p_t directly (policy_proprio_skip)."""
+        return self.policy_proprio_skip
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting that cannot build a model."""
@@ -270,6 +260,13 @@ class WorldModelConfig:
                 f"world-model config format_version is {version!r}, this code reads "
                 f"{CONFIG_FORMAT_VERSION}"
             )
+        for key, off in REMOVED_OPTIONS.items():
+            value = data.pop(key, off)
+            if value != off:
+                raise ValueError(
+                    f"world-model config sets {key}={value!r}, an option this version removed "
+                    f"({REMOVED_WHY[key]}); only {off!r} loads. Use the version that wrote it."
+                )
         for key, legacy in LEGACY_DEFAULTS.items():
             *parents, leaf = key.split(".")
             node = data
@@ -286,13 +283,23 @@ LEGACY_DEFAULTS = {
     "normalize_latent": False,
     "state_dim": 0,
     "loss.state": 0.0,
-    "policy_sees_history": True,
     "policy_proprio_skip": False,
-    "policy_proprio_gain": False,
     "numerics": {"gelu_approximate": "none", "layer_norm_eps": 1e-5, "scaler_eps": 0.0},
     "reward_reads_latent_token": False,
     "height_map.padding": "symmetric",
     "height_map.flip": False,
+}
+
+# Options of earlier versions that are gone, with the value that meant "as without them": a
+# checkpoint may hold them only with that value (it then builds the same network as today).
+REMOVED_OPTIONS = {"policy_sees_history": True, "policy_proprio_gain": False}
+REMOVED_WHY = {
+    # pi reading z_t alone (f, R and V kept the history): on the peg its mean return fell from
+    # 87.5 to 51.8, no insertions either way
+    "policy_sees_history": "pi reading z_t without the history; measured worse on the peg",
+    # a per-step proprio gain from pi's decoder token: its weights stayed near zero and pi's
+    # insertions did not change (1 / 50 against 0 / 50)
+    "policy_proprio_gain": "pi's per-step proprio gain; no measured benefit",
 }
 
 
@@ -408,7 +415,8 @@ def ur5e_small_config(**overrides) -> WorldModelConfig:
     H = 14, not 5: the data's expert holds still and closed for 11 steps before it lifts
     (InsertionExpert.CLOSE_STEPS), and only a history longer than that shows when to lift.
     pi reads the proprio directly too (`policy_proprio_skip`): a UR5e action is a delta on the
-    measured TCP, which z holds to a centimetre and the proprio to 0.2 mm (docs/experiments/peg_wide.md).
+    measured TCP, which z holds to a centimetre and the proprio to 0.2 mm
+    (docs/notebook/peg_wide.md).
     """
     base = ur5e_config(
         image=ImageEncoderConfig(cameras=UR5E_CAMERAS, height=64, width=64, backbone="small_cnn"),

@@ -115,14 +115,11 @@ class PolicyHead(nn.Module):
             self.query = nn.Parameter(torch.randn(cfg.horizon, d) * 0.02)
         self.decoder = TransformerDecoder(d, cfg.policy, cfg.dropout_attention, cfg.dropout_mlp)
         self.out = nn.Linear(d, cfg.action_dim)
-        # WorldModelConfig.policy_proprio_skip / _gain: zero at first, so pi starts as without them
+        # WorldModelConfig.policy_proprio_skip: zero at first, so pi starts as without it
         self.proprio_skip = (
             _zero_linear(cfg.proprio_dim, cfg.horizon * cfg.action_dim)
             if cfg.policy_proprio_skip
             else None
-        )
-        self.proprio_gain = (
-            _zero_linear(d, cfg.action_dim * cfg.proprio_dim) if cfg.policy_proprio_gain else None
         )
 
     def forward(
@@ -133,7 +130,7 @@ class PolicyHead(nn.Module):
         proprio: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`steps` <= T actions; `commands` (B, >= steps, C) when the robot has a command;
-        `proprio` (B, P) normalised o^p_t, needed with either proprio path."""
+        `proprio` (B, P) normalised o^p_t, needed with the proprio skip."""
         if steps > self.horizon:
             raise ValueError(
                 f"policy chunk of {steps} steps is longer than the horizon {self.horizon}"
@@ -142,23 +139,15 @@ class PolicyHead(nn.Module):
             queries = self.query(commands[:, :steps])
         else:
             queries = self.query[:steps].expand(context.shape[0], steps, -1)
-        tokens = self.decoder(queries, context)
-        actions = self.out(tokens)
-        if self.proprio_skip is None and self.proprio_gain is None:
+        actions = self.out(self.decoder(queries, context))
+        if self.proprio_skip is None:
             return actions
         if proprio is None:
             raise ValueError(
-                "this policy reads the proprio (policy_proprio_skip / _gain): pass the current proprio"
+                "this policy reads the proprio (policy_proprio_skip): pass the current proprio"
             )
-        if self.proprio_skip is not None:
-            actions = (
-                actions
-                + self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])[:, :steps]
-            )
-        if self.proprio_gain is not None:
-            gain = self.proprio_gain(tokens).view(*actions.shape, proprio.shape[-1])
-            actions = actions + torch.einsum("bsap,bp->bsa", gain, proprio)
-        return actions
+        skip = self.proprio_skip(proprio).view(-1, self.horizon, actions.shape[-1])
+        return actions + skip[:, :steps]
 
 
 class ObservationDecoder(nn.Module):

@@ -164,7 +164,6 @@ def official_config(cfg: Mapping) -> WorldModelConfig:
             reward=attention("reward"),
             value=attention("value"),
             policy=attention("policy"),
-            policy_sees_history=True,
             dynamics_kind="chunked",
             head_kind="transformer",
             # official modules.MLP puts dropout only between hidden layers, and every MLP given

@@ -96,7 +96,8 @@ class WorldModel(nn.Module):
         want = ", ".join(lead + [str(d) for d in tail])
         _need(
             ok,
-            f"{self.config.robot} world model: {name} has shape {tuple(x.shape)}, expected ({want})",
+            f"{self.config.robot} world model: {name} has shape {tuple(x.shape)}, "
+            f"expected ({want})",
         )
 
     def _obs_parts(self, obs: dict):
@@ -113,7 +114,8 @@ class WorldModel(nn.Module):
             hm = obs["height_map"]
             _need(
                 tuple(hm.shape) == (*lead_shape, *cfg.height_map.shape),
-                f"height_map has shape {tuple(hm.shape)}, expected {(*lead_shape, *cfg.height_map.shape)}",
+                f"height_map has shape {tuple(hm.shape)}, "
+                f"expected {(*lead_shape, *cfg.height_map.shape)}",
             )
             hm = self.scaler.normalize("height_map", hm.float())
         if cfg.image is not None:
@@ -141,7 +143,8 @@ class WorldModel(nn.Module):
         _need(command is not None, f"{self.config.robot} world model needs the command (B, {c})")
         _need(
             command.dim() in (2, 3) and command.shape[0] == batch and command.shape[-1] == c,
-            f"command has shape {tuple(command.shape)}, expected ({batch}, {c}) or ({batch}, {steps}, {c})",
+            f"command has shape {tuple(command.shape)}, "
+            f"expected ({batch}, {c}) or ({batch}, {steps}, {c})",
         )
         command = self.scaler.normalize("command", command.float())
         if command.dim() == 2:
@@ -174,8 +177,6 @@ class WorldModel(nn.Module):
         return self.value_head(torch.cat(x, dim=-1))
 
     def policy_n(self, z, history, commands_n, steps: int, proprio_n=None) -> torch.Tensor:
-        if not self.config.policy_sees_history:
-            history = history[:, :0]  # pi reads z_t alone
         return self.policy_head(self.context(z, history), commands_n, steps, proprio_n)
 
     # ------------------------------------------------------------------ public API, raw units
@@ -189,7 +190,8 @@ class WorldModel(nn.Module):
         self._check_tail("history actions", actions, (self.config.action_dim,), 3)
         _need(
             proprio.shape[:2] == actions.shape[:2],
-            f"history proprio {tuple(proprio.shape)} and actions {tuple(actions.shape)} differ in (B, h)",
+            f"history proprio {tuple(proprio.shape)} and actions {tuple(actions.shape)} "
+            "differ in (B, h)",
         )
         return self.history_n(
             self.scaler.normalize("proprio", proprio.float()),
@@ -223,7 +225,8 @@ class WorldModel(nn.Module):
         if context is not None:
             _need(
                 context.tokens.shape[0] in (1, z.shape[0]),
-                f"dynamics context batch {context.tokens.shape[0]} is neither 1 nor z batch {z.shape[0]}",
+                f"dynamics context batch {context.tokens.shape[0]} is neither 1 "
+                f"nor z batch {z.shape[0]}",
             )
         return self.dynamics_n(
             z, self.scaler.normalize("actions", actions.float()), history, context
@@ -236,7 +239,8 @@ class WorldModel(nn.Module):
         b, t1 = latents.shape[:2]
         _need(
             actions.shape[:2] == (b, t1 - 1),
-            f"reward: latents {tuple(latents.shape)} need actions ({b}, {t1 - 1}, A), got {tuple(actions.shape)}",
+            f"reward: latents {tuple(latents.shape)} need actions ({b}, {t1 - 1}, A), "
+            f"got {tuple(actions.shape)}",
         )
         r = self.reward_n(
             latents,
@@ -257,7 +261,7 @@ class WorldModel(nn.Module):
         self, z: torch.Tensor, history: torch.Tensor, command=None, proprio=None
     ) -> torch.Tensor:
         """z (B, D), history (B, 2h, D) [, command] [, proprio o^p_t (B, P), needed with
-        policy_proprio_skip / _gain] -> action chunk a^_{t..t+T-1} (B, T, A)."""
+        policy_proprio_skip] -> action chunk a^_{t..t+T-1} (B, T, A)."""
         self._check_inputs(z, history)
         commands = self._commands_n(command, self.config.horizon, z.shape[0])
         proprio_n = None

@@ -45,13 +45,9 @@ from simdist_planner.training.train_state import (
     weights_sha256,
 )
 
-# Model settings a warm start (`init_from`) may change: they leave every weight's shape and role.
-WARM_START_FREE = ("policy_sees_history",)
-
-
 # Settings that add zero-initialised parameters: a warm start may switch them on (the model then
 # computes what the earlier one did, and the new parameters start at their initial values).
-WARM_START_ADDED = ("policy_proprio_skip", "policy_proprio_gain")
+WARM_START_ADDED = ("policy_proprio_skip",)
 
 
 def lr_at(cfg: PretrainConfig, step: int) -> float:
@@ -91,15 +87,12 @@ def pretrain(
     fit_scaler(model, cfg, source)
     if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
         earlier = read_config(cfg.init_from)
-        free = {k: getattr(earlier, k) for k in WARM_START_FREE}
         added = {
             k: False
             for k in WARM_START_ADDED
             if getattr(model.config, k) and not getattr(earlier, k)
         }
-        loaded = load_checkpoint(
-            cfg.init_from, expect=model.config.replace(**free, **added)
-        ).state_dict()
+        loaded = load_checkpoint(cfg.init_from, expect=model.config.replace(**added)).state_dict()
         new = set(model.state_dict()) - set(loaded)
         missing, unexpected = model.load_state_dict(loaded, strict=not added)
         if unexpected or set(missing) != new:
