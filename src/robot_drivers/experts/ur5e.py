@@ -11,7 +11,7 @@ EXPERT_HOLE_ERROR per episode, so its data holds searches (see LADDER).
 
 The hand keeps its yaw. Turning it to the peg's yaw first (as the expert of UR5E_PEG_NOTES does)
 makes every approach action depend on a yaw that a 64 x 64 image cannot show, so a policy
-distilled from it cannot tell when to close (docs/experiments/peg_wide.md). Instead the closing
+distilled from it cannot tell when to close (docs/notebook/peg_wide.md). Instead the closing
 pads turn the standing peg square (up to 12 control steps at +-30 deg; a peg caught on its edges
 stays so), and the expert holds still and closed for a fixed CLOSE_STEPS before it lifts.
 Lifting when the privileged state showed the peg square (with a gripper reading in a band 0.005
@@ -67,9 +67,9 @@ class Degradation:
 
 
 # The expert's own hole estimate is off by about what a learned latent resolves (a few mm,
-# docs/experiments/peg_wide.md), so the data shows the spiral search that recovers from a
+# docs/notebook/peg_wide.md), so the data shows the spiral search that recovers from a
 # missed hole; an exact expert never misses, and a policy distilled from it presses beside the
-# hole for good. (3 mm made the searches longer and pi worse, session 25.)
+# hole for good. A larger error (3 mm) makes the searches longer and pi worse.
 EXPERT_HOLE_ERROR = 0.0015  # m
 
 LADDER = (

@@ -386,13 +386,13 @@ def step_phases(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     expert's lift follows the reading less (34 of 45 clean lifts off the flat band, against 8 of
     64 in first grasps), and a fine-tuning that drew them as often as first grasps did not teach
     pi to hold on a half-turned peg, where one drawing first grasps only did
-    (docs/experiments/peg_wide.md).
+    (docs/notebook/peg_wide.md).
 
     "at_hole" (only with this task's privileged state, STATE_TERMS, in `rows["state"]`): held
     with its bottom within AT_HOLE_XY of the hole in xy and at most AT_HOLE_Z above its top:
     the last centimetre, where the expert corrects by millimetres before it pushes in. Few
     windows of expert data lie there, and pi shrank its corrections there to a fifth of the
-    expert's (docs/experiments/peg_wide.md).
+    expert's (docs/notebook/peg_wide.md).
     """
     phases = {"closing": _closing_phase(rows["action"])}
     state = rows.get("state")
