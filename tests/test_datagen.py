@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -272,10 +273,46 @@ def test_resume_after_a_real_kill_equals_uninterrupted(tmp_path):
     deadline = time.time() + 120
     while time.time() < deadline and (not shard.exists() or shard.stat().st_size < 200_000):
         time.sleep(0.05)
+    # the kill hits a running generator with part of its shard written
+    assert proc.poll() is None, "the generator ended before it could be killed"
+    assert shard.stat().st_size >= 200_000, "the generator wrote too little before the kill"
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    assert proc.wait() == -signal.SIGKILL
+    assert shard.stat().st_size < (tmp_path / "full" / shard_name(0)).stat().st_size
     subprocess.run(base + ["--out", str(tmp_path / "part"), "--resume"], check=True, env=env)
     assert_same(contents(tmp_path / "full"), contents(tmp_path / "part"))
+
+
+def _process(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state letter, start time in clock ticks) of a live process, None once gone."""
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def _spawned_workers(parent: int) -> dict[int, int]:
+    """{pid: start time} of the multiprocessing "spawn" children of `parent`."""
+    workers = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        info = _process(int(entry.name))
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if info is not None and info[0] == parent and b"spawn_main" in cmdline:
+            workers[int(entry.name)] = info[2]
+    return workers
+
+
+def _running(pid: int, start: int) -> bool:
+    """The process that had this pid and start time still runs (a zombie has ended)."""
+    info = _process(pid)
+    return info is not None and info[2] == start and info[1] not in "ZX"
 
 
 def test_workers_stop_when_the_generator_is_killed(tmp_path):
@@ -302,9 +339,17 @@ def test_workers_stop_when_the_generator_is_killed(tmp_path):
         p.exists() and p.stat().st_size > 50_000 for p in shards
     ):
         time.sleep(0.05)
+    # the kill hits the generator mid-generation: it and both its workers run, both shards grow
+    workers = _spawned_workers(proc.pid)
+    assert proc.poll() is None, "the generator ended before it could be killed"
+    assert len(workers) == 2 and all(_running(*w) for w in workers.items()), workers
+    assert all(p.stat().st_size > 50_000 for p in shards), "the workers wrote too little"
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    time.sleep(3.0)  # the workers notice within a second
+    assert proc.wait() == -signal.SIGKILL
+    deadline = time.time() + 10  # the workers notice within a second
+    while time.time() < deadline and any(_running(*w) for w in workers.items()):
+        time.sleep(0.1)
+    assert not any(_running(*w) for w in workers.items()), "a worker outlived its generator"
     sizes = [p.stat().st_size for p in shards]
     time.sleep(2.0)
     assert [p.stat().st_size for p in shards] == sizes  # nobody writes any more

@@ -172,7 +172,55 @@ def test_expert_observation_terms_numerically(flat):
     assert fz.sum() == pytest.approx(-weight, rel=0.1)
     np.testing.assert_allclose(x[S["feet_height"]], s.foot_clearance - 0.023, atol=1e-6)
     assert np.all(np.abs(x[S["feet_height"]]) < 0.01)  # feet on the floor
-    np.testing.assert_allclose(x[S["projected_gravity"]], obs.privileged["projected_gravity"])
+    # gravity in the base frame, from the base quaternion (not from the backend's rotation matrix)
+    g = gravity_in_base(flat.data.qpos[3:7])
+    assert np.linalg.norm(g[:2]) > 0.02  # the trunk is not level (a few degrees): a real check
+    np.testing.assert_allclose(x[S["projected_gravity"]], g, atol=1e-6)
+    np.testing.assert_allclose(obs.privileged["projected_gravity"], g, atol=1e-6)
+
+
+def gravity_in_base(quat_wxyz) -> np.ndarray:
+    """World gravity (0, 0, -1) in the base frame: v rotated by the conjugate (w, -u) of the base's
+    unit quaternion (w, u), as v + w t + (-u) x t with t = 2 (-u) x v."""
+    w, *u = np.asarray(quat_wxyz, dtype=np.float64) / np.linalg.norm(quat_wxyz)
+    u, v = -np.asarray(u), np.array([0.0, 0.0, -1.0])
+    t = 2.0 * np.cross(u, v)
+    return v + w * t + np.cross(u, t)
+
+
+def quat_zyx(roll: float, pitch: float, yaw: float) -> tuple[float, ...]:
+    """wxyz quaternion q_z(yaw) q_y(pitch) q_x(roll)."""
+    cr, sr, cp, sp, cy, sy = (f(a / 2) for a in (roll, pitch, yaw) for f in (np.cos, np.sin))
+    return (
+        cr * cp * cy + sr * sp * sy,
+        sr * cp * cy - cr * sp * sy,
+        cr * sp * cy + sr * cp * sy,
+        cr * cp * sy - sr * sp * cy,
+    )
+
+
+def test_projected_gravity_follows_a_known_tilt(flat):
+    flat.reset(0)
+    roll, pitch, yaw = 0.3, -0.2, 1.1
+    sr, cr, sp, cp = np.sin(roll), np.cos(roll), np.sin(pitch), np.cos(pitch)
+    for (r, p, y), expected in (
+        ((roll, 0.0, 0.0), [0.0, -sr, -cr]),  # right side down
+        ((0.0, pitch, 0.0), [sp, 0.0, -cp]),  # nose up (pitch < 0)
+        ((0.0, 0.0, yaw), [0.0, 0.0, -1.0]),  # yaw leaves gravity alone
+        ((roll, pitch, yaw), [sp, -cp * sr, -cp * cr]),  # minus the last row of R_z R_y R_x
+    ):
+        quat = quat_zyx(r, p, y)
+        flat.data.qpos[3:7] = quat
+        mujoco.mj_forward(flat.model, flat.data)
+        obs = flat.observe()
+        np.testing.assert_allclose(obs.privileged["projected_gravity"], expected, atol=1e-9)
+        np.testing.assert_allclose(gravity_in_base(quat), expected, atol=1e-12)
+        np.testing.assert_allclose(
+            obs.privileged["expert_obs"][EXPERT_OBS_SLICES["projected_gravity"]],
+            expected,
+            atol=1e-6,
+        )
+        np.testing.assert_allclose(obs.proprio[6:9], expected, atol=1e-6)  # the planner's view
 
 
 def test_base_velocity_is_rotated_into_the_base_frame(flat):

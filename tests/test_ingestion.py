@@ -1,4 +1,5 @@
-"""Ingestion: checks, resize, alignment, staleness (core) and the node's bad-input behaviour on DDS."""
+"""Ingestion: checks, resize, alignment, staleness (core) and the node's bad-input behaviour on
+DDS."""
 
 import math
 
@@ -17,14 +18,65 @@ from robot_drivers.safety_node import SafetyNode
 from robot_ros_helpers import RosHarness, diagnostics_text
 
 
-def test_resize_block_average_and_bilinear():
-    img = np.zeros((4, 4, 3), np.uint8)
-    img[:2, :2] = 200  # top-left 2x2 block
-    small = resize(img, (2, 2))
-    assert small[0, 0].tolist() == [200] * 3 and small[1, 1].tolist() == [0] * 3
+def _bilinear_reference(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Bilinear resize one output pixel at a time: pixel (i, j) samples the input at
+    ((i + 0.5) h / th - 0.5, (j + 0.5) w / tw - 0.5) clamped to the image (half-pixel centres,
+    OpenCV's INTER_LINEAR convention), rounded half up."""
+    h, w = image.shape[:2]
+    th, tw = size
+    img = image.astype(np.float64)
+    out = np.zeros((th, tw, image.shape[2]))
+    for i in range(th):
+        y = min(max((i + 0.5) * h / th - 0.5, 0.0), h - 1.0)
+        y0, fy = int(y), y - int(y)
+        y1 = min(y0 + 1, h - 1)
+        for j in range(tw):
+            x = min(max((j + 0.5) * w / tw - 0.5, 0.0), w - 1.0)
+            x0, fx = int(x), x - int(x)
+            x1 = min(x0 + 1, w - 1)
+            top = img[y0, x0] * (1 - fx) + img[y0, x1] * fx
+            bottom = img[y1, x0] * (1 - fx) + img[y1, x1] * fx
+            out[i, j] = top * (1 - fy) + bottom * fy
+    return np.floor(out + 0.5).astype(np.uint8)
+
+
+def test_resize_integer_downscale_is_the_exact_block_average():
+    """4x down-scale: the mean of each 4x4 block, rounded half up. Nearest-neighbour would return
+    one pixel of the block and bilinear (samples at 4i + 1.5) the mean of its middle 2x2 only."""
+    img = np.random.default_rng(0).integers(0, 256, (8, 12, 3), dtype=np.uint8)
+    img[:4, :4] = np.array(
+        [[255, 0, 0, 255], [0, 10, 10, 0], [0, 10, 10, 0], [255, 0, 0, 255]], np.uint8
+    )[:, :, None]
+    img[4:, :4] = np.array([0, 1] * 8, np.uint8).reshape(4, 4, 1)  # mean 0.5: rounds up to 1
+    out = resize(img, (2, 3))
+    assert out.shape == (2, 3, 3) and out.dtype == np.uint8
+    assert out[0, 0].tolist() == [66] * 3  # (4 x 255 + 4 x 10) / 16 = 66.25; nearest 255 or 10
+    assert out[1, 0].tolist() == [1] * 3
+    blocks = img.astype(np.float64).reshape(2, 4, 3, 4, 3).mean(axis=(1, 3))
+    np.testing.assert_array_equal(out, np.floor(blocks + 0.5).astype(np.uint8))
     flat = np.full((30, 50, 3), 77, np.uint8)
-    out = resize(flat, (224, 224))
-    assert out.shape == (224, 224, 3) and np.all(out == 77)
+    assert np.all(resize(flat, (224, 224)) == 77) and resize(flat, (224, 224)).shape == (
+        224,
+        224,
+        3,
+    )
+
+
+def test_resize_other_scales_are_bilinear_with_half_pixel_centres():
+    # 2 -> 4 columns: samples at x = 0 (clamped), 0.25, 0.75, 1 (clamped); nearest gives 0 0 200 200
+    up = resize(np.array([[0, 200]], np.uint8)[:, :, None].repeat(3, 2), (1, 4))
+    assert up[0, :, 0].tolist() == [0, 50, 150, 200]
+    # 5 -> 2 columns: samples at x = 0.75 and 3.25; nearest gives 100 0 (or 0 0), a box average
+    # over [0, 2.5) and [2.5, 5) gives 40 80
+    down = resize(np.array([[0, 100, 0, 0, 200]], np.uint8)[:, :, None].repeat(3, 2), (1, 2))
+    assert down[0, :, 0].tolist() == [75, 50]
+    img = np.random.default_rng(1).integers(0, 256, (30, 50, 3), dtype=np.uint8)
+    for size in ((7, 11), (45, 64), (224, 224)):
+        out = resize(img, size)
+        ref = _bilinear_reference(img, size)
+        # float32 in the code, float64 here: a value at exactly .5 may round either way
+        assert out.shape == ref.shape and np.abs(out.astype(int) - ref).max() <= 1, size
+        assert np.mean(out == ref) > 0.99, size
     ramp = np.tile(np.linspace(0, 255, 64).astype(np.uint8)[None, :, None], (8, 1, 3))
     half = resize(ramp, (5, 40))
     assert np.all(np.diff(half[0, :, 0].astype(int)) >= 0)  # monotone ramp stays monotone

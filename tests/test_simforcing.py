@@ -1,8 +1,10 @@
-"""SimForcing core: conditioning, objective, scheduler, guidance, data, checkpoints, tiny train + infer."""
+"""SimForcing core: conditioning, objective, scheduler, guidance, data, checkpoints, tiny train +
+infer, DDP."""
 
+import copy
+import hashlib
 import json
 import os
-import random
 import subprocess
 import sys
 
@@ -144,7 +146,8 @@ def test_corruption_probability_and_range():
     cfg = ObjectiveConfig(corrupt_prob=0.0)
     assert torch.equal(corrupt_sim_latent(z, cfg), z)
     out = corrupt_sim_latent(z, ObjectiveConfig(corrupt_prob=1.0), torch.Generator().manual_seed(0))
-    # alpha in [0.5, 0.9] and |(1 - alpha) sigma eta| small: every sample is changed, mean near alpha
+    # alpha in [0.5, 0.9] and |(1 - alpha) sigma eta| small: every sample is changed, mean near
+    # alpha
     per_sample_mean = out.mean(dim=(1, 2, 3, 4))
     assert (out != z).all()
     assert per_sample_mean.min() > 0.35 and per_sample_mean.max() < 1.05
@@ -313,7 +316,8 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     assert all(
         (tmp_path / "eval" / f).is_file() for f in ("results.json", "results.md", "qualitative.png")
     )
-    # resume: a finished run is skipped (weights unchanged), a longer one continues from its last step
+    # resume: a finished run is skipped (weights unchanged), a longer one continues from its last
+    # step
     before = {k: v.clone() for k, v in teacher.denoiser.state_dict().items()}
     run(cfg, data, out, ["autoencoder", "teacher"], [], resume=True)
     after = load_bundle(os.path.join(out, "teacher")).denoiser.state_dict()
@@ -334,12 +338,82 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     assert any(not torch.equal(before[k], resumed[k]) for k in before)
 
 
-@pytest.mark.slow
-def test_torchrun_ddp_gloo_two_ranks(tmp_path):
+# sim_video_world_model.train under torchrun; after each stage every rank writes the digest of the
+# weights it holds to $DIGEST_DIR/<stage>-rank<RANK>.txt (the training itself is untouched)
+DDP_ENTRY = """
+import hashlib, os, sys
+from sim_video_world_model import train
+
+fit = train.fit
+
+
+def fit_then_digest(name, module, *args, **kwargs):
+    fit(name, module, *args, **kwargs)
+    path = os.path.join(os.environ["DIGEST_DIR"], f"{name}-rank{os.environ['RANK']}.txt")
+    with open(path, "w") as f:
+        f.write(weights_digest(module.parameters()))
+
+
+def weights_digest(params):
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+train.fit = fit_then_digest
+train.main(sys.argv[1:])
+"""
+
+
+def weights_digest(params) -> str:
+    h = hashlib.sha256()
+    for p in params:
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def joint_batch_autoencoder(cfg: RunConfig, data: str, world: int = 2):
+    """(trained, untrained) autoencoder of the DDP run's stage, computed in one process: each step
+    averages the reconstruction loss over the batches all ranks draw (DistributedSampler's epoch-0
+    permutation, rank r taking every world-th index), then AdamW with the run's schedule."""
+    t = cfg.autoencoder_train
+    torch.manual_seed(cfg.teacher_train.seed)  # run() seeds before building the backbone
+    autoencoder, _ = build_backbone(cfg.backbone)
+    untrained = copy.deepcopy(autoencoder)
+    dataset = PairedVideoDataset(PairedWindows.load(data))
+    perm = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(t.seed)).tolist()
+    per_rank = [perm[r::world] for r in range(world)]
+    params = list(autoencoder.parameters())
+    opt = torch.optim.AdamW(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: warmup_cosine(s, t.steps, t.warmup_frac)
+    )
+    autoencoder.train()
+    for step in range(t.steps):
+        batch = [
+            i for ids in per_rank for i in ids[step * t.batch_size : (step + 1) * t.batch_size]
+        ]
+        items = [dataset[i] for i in batch]
+        video = torch.stack([x["sim"] for x in items] + [x["real"] for x in items])
+        loss = torch.nn.functional.mse_loss(autoencoder.reconstruct(video), video)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        opt.step()
+        sched.step()
+    return autoencoder, untrained
+
+
+@pytest.mark.e2e
+def test_torchrun_ddp_ranks_agree_and_equal_one_process_with_their_joint_batch(tmp_path):
+    """Two gloo ranks, every stage: both ranks end each stage with identical weights, rank 0 saves
+    those, and the autoencoder (a deterministic loss: 5-frame windows leave one crop) equals a
+    one-process run whose batch joins the two ranks' batches (DDP averages the gradients)."""
     data = str(tmp_path / "pairs.h5")
     synthetic_pairs(
         4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0
-    ).save(data)
+    ).save(data)  # 8 windows: 2 steps of 2 per rank are one epoch
     config = tmp_path / "run.json"
     tiny = {k: (list(v) if isinstance(v, tuple) else v) for k, v in TINY.__dict__.items()}
     small = {"steps": 2, "batch_size": 2, "log_every": 1}
@@ -353,17 +427,18 @@ def test_torchrun_ddp_gloo_two_ranks(tmp_path):
             }
         )
     )
-    out = tmp_path / "run"
+    out, digests = tmp_path / "run", tmp_path / "digests"
+    digests.mkdir()
+    entry = tmp_path / "ddp_entry.py"
+    entry.write_text(DDP_ENTRY)
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",
         "--nproc_per_node",
         "2",
-        "--master_port",
-        str(random.randint(20000, 40000)),
-        "-m",
-        "sim_video_world_model.train",
+        str(entry),
         "--data",
         data,
         "--out",
@@ -373,12 +448,32 @@ def test_torchrun_ddp_gloo_two_ranks(tmp_path):
         "--variant",
         "full",
     ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DIGEST_DIR": str(digests)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / "student_full" / "train_state.json") as f:
         assert json.load(f)["complete"]
+
+    saved = {
+        "autoencoder": load_bundle(str(out / "autoencoder")).autoencoder,
+        "teacher": load_bundle(str(out / "teacher")).denoiser,
+        "student_full": load_bundle(str(out / "student_full")).denoiser,
+    }
+    for stage, module in saved.items():
+        rank0, rank1 = ((digests / f"{stage}-rank{r}.txt").read_text() for r in (0, 1))
+        assert rank0 == rank1, f"{stage}: the ranks end with different weights"
+        assert weights_digest(module.parameters()) == rank0, f"{stage}: rank 0 saved others"
+
+    expected, untrained = joint_batch_autoencoder(
+        RunConfig.from_json(json.loads(config.read_text())), data
+    )
+    moved = 0.0
+    for a, b, c in zip(
+        saved["autoencoder"].parameters(), expected.parameters(), untrained.parameters()
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        moved = max(moved, float((b - c).detach().abs().max()))
+    assert moved > 1e-5  # two steps of training moved the weights
 
 
 def test_metrics_zero_for_identical_and_growing_with_corruption(tmp_path):
