@@ -1,24 +1,10 @@
-"""Simulation dataset generation (Algorithm 2 of SimDist) and the `simdist-generate` CLI.
+"""simdist-generate: the simulation dataset (Algorithm 2 of SimDist) as HDF5 shards.
 
-Each episode: with probability `expert_prob` the expert acts, else a sub-optimal checkpoint
-drawn uniformly from the rest of `expert_ladder(task)`; a per-episode diagonal action-noise
-std sigma ~ U[sigma_min, sigma_max] (per action dimension) is added in bursts that alternate
-with clean stretches (lengths uniform over inclusive integer ranges); a small fraction of
-episodes is never noised. The expert flag of a step is 1 only when the expert acted without
-noise. Rewards come from the task (privileged), values from `expert_value(task)`.
+    simdist-generate --task peg --episodes 400 --workers 2 --out DIR
+    torchrun --nproc_per_node 4 -m simdist_planner.cli.generate --task go2_slope --out DIR
 
-Observations are recorded clean; their randomisation (per-term noise, image appearance) is
-applied at training time as augmentation, with the per-term noise stds stored in the shard
-(`config.robot.obs_noise`), as the official code does.
-
-With a `learner` (a world-model checkpoint), every episode is driven by the learner's base policy
-pi instead, and the expert takes over in stretches (DAgger, Ross et al. 2011): the expert
-labels, by acting, the states pi itself leads to, such as a peg lowered a centimetre short of
-the hole. Learner steps have expert flag 0, so only the expert's stretches are targets for pi.
-
-Every episode has its own random stream seeded by (seed, episode id), so its content does not
-depend on the number of workers or on interruptions; worker k of W writes the episodes with
-id % W == k to `shard-{k:05d}.h5`.
+The method (experts, checkpoint ladder, noise bursts, learner take-overs) and the shard layout:
+`simdist_planner.evaluation.datagen`, docs/dataset.md.
 """
 
 from __future__ import annotations

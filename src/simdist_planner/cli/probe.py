@@ -1,27 +1,9 @@
-"""Chunk-ranking probe (`simdist-probe`): does a model's planner objective order action chunks the
-way the simulator does?
-
-MPPI can only execute what its objective ranks first. When the planner fails, either no good
-chunk was among its candidates (the search) or the objective ranked a bad one above it (the
-model). The probe tells which. Along one driver's rollout (the privileged expert, or the first
-model's base policy pi) it stops every `every` control steps and scores the same candidate chunks
-three ways:
-
-- truth: the chunk executed open loop in a copy of the task: discounted task rewards plus
-  gamma^n V^e at the end, nothing after a failure (a fall);
-- model: the planner's own objective (`MPPIPlanner.score`: R and V over f's predicted latents);
-- oracle f: the same R and V over the encoded latents of the observations the chunk really
-  produced, i.e. what a perfect f would give with this model's E, R and V (which Algorithm 1
-  keeps frozen).
-
-Candidates: the expert's own next T actions (a look-ahead in a copy of the task), the first
-model's pi chunk, and noised pi chunks. Simulation tasks only. A look-ahead starts from a deep
-copy of the task; a task that cannot be copied (the UR5e's holds an MjSpec) needs a `twin` built
-the same way, which replays the episode's seed and actions (MuJoCo steps deterministically; a
-replay that does not reproduce the driver's observation raises).
+"""simdist-probe: does a model's planner objective order action chunks the way the simulator does?
 
     simdist-probe --task slippery_slope --variant real --checkpoint pre=PRETRAINED \\
         --checkpoint adapted=ADAPTED --driver expert --seeds 0,1,2,3 --max-steps 400
+
+The method and its outputs: `simdist_planner.evaluation.probe`.
 """
 
 from __future__ import annotations

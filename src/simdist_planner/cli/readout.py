@@ -1,20 +1,9 @@
-"""How much of the privileged task state a pretrained latent holds, and how closely pi follows
-the expert, on held-out data (`simdist-readout`).
+"""simdist-readout: how much of the privileged task state a pretrained latent holds, and how
+closely pi follows the expert, on held-out data.
 
     simdist-readout --checkpoint RUN/model --data HELD_OUT_SHARDS [--windows 512]
 
-The state head (LossWeights.state, docs/world_model.md) reads the task state from z_t = E(o_t).
-On windows it was not trained on, its error per state term says what the encoder sees; the
-training loss averages that away. Each term is scored on all windows and on the quarter where
-the term is largest (for the UR5e's `tcp_to_grasp`: the approach, where the peg must be found
-in the images), beside the error of always predicting the mean (what a blind latent scores),
-then again on the windows in each phase the task names.
-
-pi is scored on windows whose first action is a clean expert action: its first action against the
-expert's, per action dimension, overall and in each phase the task names (the UR5e peg's
-"at_hole": the last centimetre), beside the error of always acting the mean. Ten seconds of this
-tells a pi that follows the expert there from one that does not; fifty closed-loop episodes
-that succeed a few times do not (measurements: docs/notebook/peg_wide.md).
+The method and its outputs: `simdist_planner.evaluation.readout`.
 """
 
 from __future__ import annotations

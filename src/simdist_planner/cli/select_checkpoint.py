@@ -1,18 +1,9 @@
-"""Closed-loop checkpoint selection (`simdist-select-checkpoint`): of a run's kept checkpoints,
-the one whose base policy pi does best on seeded simulation episodes becomes the run's model.
+"""simdist-select-checkpoint: of a run's kept checkpoints, the one whose base policy pi does
+best on seeded simulation episodes becomes the run's model.
 
     simdist-select-checkpoint --run RUN --task peg --region wide --episodes 20 --workers 2
 
-Why: on Peg Wide pi's success swings between checkpoints 250 steps apart while every training
-loss agrees to three digits, so the last step's weights are a draw (measurements:
-docs/notebook/peg_wide.md). pi alone is scored, not the planner: the planner starts from pi's
-chunks and stays close to them, and pi's episodes run faster (on the peg about 17 against 10 a
-minute per process).
-
-Checkpoints are ranked by success rate, then mean return, then the later step. The scores of
-every checkpoint go to RUN/selection.json; RUN/model is rewritten with the chosen weights (the
-last step's stay in RUN/checkpoints and RUN/train_state). A checkpoint that does not load is
-reported and skipped.
+The method and its outputs: `simdist_planner.evaluation.checkpoint_selection`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Simulation dataset generation (Algorithm 2 of SimDist) and the `simdist-generate` CLI.
+"""Simulation dataset generation (Algorithm 2 of SimDist) (run by `simdist-generate`).
 
 Each episode: with probability `expert_prob` the expert acts, else a sub-optimal checkpoint
 drawn uniformly from the rest of `expert_ladder(task)`; a per-episode diagonal action-noise
