@@ -17,8 +17,8 @@ CONFIG_FORMAT_VERSION = 1
 
 DYNAMICS_KINDS = ("chunked", "autoregressive")
 HEAD_KINDS = ("transformer", "mlp")
-IMAGE_BACKBONES = ("resnet18", "small_cnn", "keypoint_cnn")
-SMALL_BACKBONES = ("small_cnn", "keypoint_cnn")  # trained from scratch at the rendered size
+IMAGE_BACKBONES = ("resnet18", "small_cnn")
+SMALL_BACKBONES = ("small_cnn",)  # trained from scratch at the rendered size
 GELU_APPROXIMATIONS = ("none", "tanh")
 CONV_PADDINGS = ("symmetric", "same")
 
@@ -39,14 +39,12 @@ class ImageEncoderConfig:
     cameras: tuple[str, ...]
     height: int
     width: int
-    # "resnet18" (ImageNet layout, 512 features), "small_cnn" (flattened conv features) or
-    # "keypoint_cnn" (the same convs, spatial-softmax keypoints: where things are in the image)
+    # "resnet18" (ImageNet layout, 512 features) or "small_cnn" (flattened conv features)
     backbone: str = "resnet18"
     weights_path: str = (
         ""  # local torchvision ResNet-18 weights (.safetensors or .pth); "" = random
     )
-    small_cnn_channels: tuple[int, ...] = (16, 32, 64, 64)  # 3x3 convs (stride 2; keypoint_cnn:
-    # stride 2 for the first two, 1 after, so keypoints keep a quarter of the resolution)
+    small_cnn_channels: tuple[int, ...] = (16, 32, 64, 64)  # 3x3 convs, stride 2
     small_cnn_features: int = 128  # small-CNN output features per camera
 
 

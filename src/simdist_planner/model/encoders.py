@@ -103,34 +103,6 @@ class SmallCNN(nn.Module):
         return self.proj(self.cnn(x).flatten(1))
 
 
-class KeypointCNN(nn.Module):
-    """3x3 convs ending in a spatial softmax: each channel's expected (x, y) image position.
-
-    Flattened features make the position of a small object (a 16 mm peg is 1-2 pixels of a 64 x
-    64 overhead view) one of thousands of inputs; keypoints make it explicit (Levine et al. 2016,
-    "End-to-end training of deep visuomotor policies").
-    """
-
-    def __init__(self, cfg: ImageEncoderConfig):
-        super().__init__()
-        strides = [2 if i < 2 else 1 for i in range(len(cfg.small_cnn_channels))]
-        self.cnn, prev, h, w = _conv_stack(
-            cfg.small_cnn_channels, strides, cfg.height, cfg.width, last_activation=False
-        )
-        ys, xs = torch.meshgrid(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w), indexing="ij")
-        self.register_buffer(
-            "grid", torch.stack([xs.reshape(-1), ys.reshape(-1)], 1), persistent=False
-        )
-        self.log_temperature = nn.Parameter(torch.zeros(()))
-        self.proj = nn.Linear(2 * prev, cfg.small_cnn_features)
-        self.out_features = cfg.small_cnn_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = self.cnn(x).flatten(2)  # (N, C, h * w)
-        attention = torch.softmax(f * self.log_temperature.exp(), dim=-1)
-        return self.proj((attention @ self.grid).flatten(1))  # (N, C, 2) -> features
-
-
 def resnet18_backbone(weights_path: str) -> nn.Module:
     """torchvision ResNet-18 without its classifier (512 features); local weights if given.
 
@@ -169,7 +141,7 @@ class ImageEncoder(nn.Module):
             self.backbone = resnet18_backbone(cfg.weights_path)
             per_camera = 512
         else:
-            self.backbone = SmallCNN(cfg) if cfg.backbone == "small_cnn" else KeypointCNN(cfg)
+            self.backbone = SmallCNN(cfg)
             per_camera = self.backbone.out_features
         self.out_features = per_camera * self.num_cameras
         self.register_buffer(
