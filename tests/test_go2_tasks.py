@@ -171,12 +171,37 @@ def check_expert_bar(ladder, seeds, seconds):
         r, v = out.last, out.mean_velocity
         assert not r.info["fallen"] and r.success and r.truncated, f"seed {seed} fell"
         assert 0.4 < v[0] < 0.6 and abs(v[1]) < 0.1, f"seed {seed}: mean velocity {v}"
+        assert abs(r.info["speed"] - 0.5) <= 0.2  # go2_flat's success is the walk criterion
         rmses.append(r.info["vel_rmse"])
     print(
         f"expert 0.5 m/s, {len(seeds)} seeds x {seconds} s: tracking RMSE "
         f"{np.mean(rmses):.3f} m/s (max {np.max(rmses):.3f})"
     )
     assert max(rmses) < 0.2
+
+
+def test_go2_flat_success_is_walking_at_the_commanded_speed():
+    """Standing still for the whole episode survives but does not walk; `speed` is the mean
+    forward speed over the last speed_window_s, from the distances of the steps."""
+    task = make_task("go2_flat", "sim", episode_s=1.0, speed_window_s=0.5)
+    assert task.config.walk_tolerance == 0.2
+    task.reset(0)
+    distances, result = [0.0], None
+    for _ in range(task.max_steps):
+        result = task.step(np.zeros(12))  # hold the default pose
+        distances.append(result.info["distance"])
+    n = 25  # 0.5 s at 50 Hz
+    assert result.info["speed"] == pytest.approx((distances[-1] - distances[-1 - n]) / (n * 0.02))
+    assert result.truncated and not result.info["fallen"]
+    assert abs(result.info["speed"]) < 0.1 and not result.success
+    # with no speed criterion, the same episode succeeds by surviving
+    task = make_task("go2_flat", "sim", episode_s=1.0, walk_tolerance=None)
+    task.reset(0)
+    for _ in range(task.max_steps):
+        result = task.step(np.zeros(12))
+    assert result.success
+    with pytest.raises(ValueError, match="walk_tolerance"):
+        make_task("go2_flat", "sim", walk_tolerance=0.0)
 
 
 def test_expert_walks_fast_bar(ladder):

@@ -121,10 +121,11 @@ def test_launcher_cli_reports_bad_arguments():
     assert out.returncode == 2 and "must look like name:=value" in out.stderr
 
 
-def _declared(module: str, robot: str):
-    """The parameters a node declares, with their defaults (the planner's: for `robot`)."""
+def _declared(module: str, robot: str, preset: str = ""):
+    """The parameters a node declares, with their defaults (the planner's: for `robot` with
+    `preset`)."""
     mod = importlib.import_module(module)
-    params = mod.node_params(robot) if hasattr(mod, "node_params") else mod.PARAMS
+    params = mod.node_params(robot, preset) if hasattr(mod, "node_params") else mod.PARAMS
     return {p.name: p.default for p in params}
 
 
@@ -165,22 +166,31 @@ def test_config_files_hold_every_declared_parameter_with_its_type(graph):
 
 
 @pytest.mark.parametrize("graph", sorted(desc.GRAPHS))
-def test_the_planner_section_holds_the_planner_defaults_of_its_robot(graph):
+def test_the_planner_section_holds_the_planner_defaults_of_its_preset(graph):
     """One source of truth: config/<graph>.yaml's planner values are the node's defaults for the
-    graph's robot, and its MPPI values are that robot's PlannerConfig factory's, value by value."""
+    graph's robot and named preset, and its MPPI values are that preset's PlannerConfig factory's,
+    value by value."""
     robot = desc.GRAPHS[graph].robot
     section = yaml.safe_load(desc.config_path(graph).read_text())["planner"]["ros__parameters"]
     assert section["robot"] == robot
-    declared = _declared(NODE_MODULES["planner"], robot)
+    preset = section["planner_preset"]
+    assert preset == ("official" if graph == "go2_flat" else robot)
+    declared = _declared(NODE_MODULES["planner"], robot, preset)
     for key, value in section.items():
-        if key != "robot":
+        if key not in ("robot", "planner_preset"):
             assert value == declared[key], (
                 f"{graph}.yaml planner.{key}: {value!r} vs {declared[key]!r}"
             )
-    factory = planner_config_for(robot_spec(robot))
+    factory = planner_config_for(robot_spec(robot), preset)
     for field in planner_node.PLANNER_FIELDS:
         assert section[field] == getattr(factory, field), f"{graph}.yaml planner.{field}"
     assert section["control_rate_hz"] == robot_spec(robot).control_rate_hz
+    if preset == "official":  # the official controller differs from the self-trained Go2 preset
+        own = _declared(NODE_MODULES["planner"], robot)
+        assert {k for k in declared if declared[k] != own[k]} == {
+            "temperature", "warm_start", "value_discount_offset", "clamp_actions"
+        }  # fmt: skip
+        return
     # the node's defaults follow the robot: a Go2 graph's planner differs from a UR5e graph's
     other = _declared(NODE_MODULES["planner"], "ur5e" if robot == "go2" else "go2")
     assert {k for k in declared if declared[k] != other[k]} == {

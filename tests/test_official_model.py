@@ -13,15 +13,20 @@ import os
 import pathlib
 import re
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch import nn
 
 from conftest import ROOT
+from robot_drivers.registry import make_task
+from robot_drivers.specs import robot_spec
 from simdist_planner.cli import import_official as cli
-from simdist_planner.model.checkpoint import load_checkpoint, read_metrics
+from simdist_planner.evaluation.agents import build_agents
+from simdist_planner.model.checkpoint import load_checkpoint, read_metrics, save_checkpoint
 from simdist_planner.model.config import (
     LEGACY_DEFAULTS,
     OFFICIAL_NUMERICS,
@@ -43,11 +48,25 @@ from simdist_planner.model.official import (
     reference_outputs,
 )
 from simdist_planner.model.world_model import WorldModel
+from simdist_planner.planning.planner import GO2_TEMPERATURE, default_preset, planner_config_for
+from simdist_planner.ros.planner_node import (
+    PLANNER_FIELDS,
+    node_params,
+    resolve_preset,
+    resolve_robot,
+)
 
 EXPORT = pathlib.Path(
     os.environ.get("SIMDIST_GO2_WORLD_MODEL", ROOT.parent / "shared" / "simdist_go2_world_model")
 )
-FILES = ("weights.npz", "model_config.yaml", "reference_io.npz", "param_index.txt", "LICENSE")
+FILES = (
+    "weights.npz",
+    "model_config.yaml",
+    "reference_io.npz",
+    "param_index.txt",
+    "LICENSE",
+    "mppi.yaml",
+)
 SCRIPT = ROOT / "scripts" / "export_official_orbax.py"
 
 
@@ -219,6 +238,55 @@ def test_the_written_checkpoint_loads_and_reproduces_the_reference(
     assert info["license"] == "MIT"
     assert info["license_notice"] == (export / "LICENSE").read_text()
     assert set(info["reference_check"]["max_abs_error"]) == set(outputs)
+
+
+# mppi.yaml key -> PlannerConfig field
+CONTROLLER_FIELDS = {
+    "num_samples": "num_samples",
+    "iterations": "iterations",
+    "delay": "delay",
+    "mixture_coef": "mixture_coef",
+    "min_std": "min_std",
+    "base_act_std": "policy_noise_std",
+    "init_std": "init_std",
+    "num_elites": "num_elites",
+    "temperature": "temperature",
+    "momentum": "momentum",
+    "discount": "discount",
+    "seed": "seed",
+}
+
+
+def test_an_imported_model_plans_with_the_official_controller_settings(export, model, tmp_path):
+    controller = yaml.safe_load((export / "mppi.yaml").read_text())
+    assert set(controller) == set(CONTROLLER_FIELDS)
+    assert default_preset("go2", model.config) == "official"
+    assert default_preset("go2", go2_config()) == "go2"
+    official = planner_config_for(robot_spec("go2"), "official")
+    for key, field in CONTROLLER_FIELDS.items():
+        assert getattr(official, field) == controller[key], key
+    # MppiController's return and warm start, which mppi.yaml does not hold
+    assert (official.value_discount_offset, official.warm_start, official.clamp_actions) == (
+        1, "roll", False
+    )  # fmt: skip
+    # chosen without being named: by the evaluation agents and by the planner node
+    task = make_task("go2_flat")
+    try:
+        agent = build_agents(["planner"], task, model)["planner"]
+        assert agent.planner.config == replace(official, horizon=model.config.horizon)
+        named = build_agents(["planner"], task, model, preset="go2")["planner"]
+        assert named.planner.config.temperature == GO2_TEMPERATURE
+    finally:
+        task.close()
+    save_checkpoint(model, tmp_path / "official")
+    checkpoint = str(tmp_path / "official")
+    assert resolve_robot("", checkpoint) == "go2"
+    assert resolve_preset("", "go2", checkpoint) == "official"
+    assert resolve_preset("go2", "go2", checkpoint) == "go2"  # the parameter names it
+    defaults = {p.name: p.default for p in node_params("go2", "official")}
+    assert {f: defaults[f] for f in PLANNER_FIELDS} == {
+        f: getattr(official, f) for f in PLANNER_FIELDS
+    }
 
 
 def test_verify_exits_nonzero_above_the_tolerance(export, reference, tmp_path, capsys):

@@ -22,10 +22,12 @@ from simdist_planner.model.config import (
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning.planner import (
     GO2_TEMPERATURE,
+    PROJECT_RETURN,
     MPPIPlanner,
     PlannerConfig,
     PlannerError,
     go2_planner_config,
+    official_planner_config,
     ur5e_planner_config,
 )
 from test_world_model import count_kv_rows
@@ -83,8 +85,13 @@ class QuadraticToyModel:
 
 
 def make(model, horizon=5, **overrides):
+    """A planner on the toy model with the project's return (PROJECT_RETURN) unless overridden."""
     settings = dict(
-        horizon=horizon, action_low=(-1.0,) * A, action_high=(1.0,) * A, num_samples=256
+        horizon=horizon,
+        action_low=(-1.0,) * A,
+        action_high=(1.0,) * A,
+        num_samples=256,
+        **PROJECT_RETURN,
     )
     settings.update(overrides)
     model.horizon = horizon
@@ -107,13 +114,16 @@ def test_action_converges_to_known_optimum():
     assert result.timings.total_s >= result.timings.optimise_s > 0
 
 
-def test_value_tail_and_discount_match_hand_computation():
-    # T = 2, 1-D trade-off: J(a) = -(a0-1)^2 - g (a1-1)^2 - g^2 wv (a0 + a1 - b)^2.
+@pytest.mark.parametrize("offset", [0, 1])
+def test_value_tail_and_discount_match_hand_computation(offset):
+    # T = 2, 1-D trade-off: J(a) = -(a0-1)^2 - g (a1-1)^2 - g^(2+o) wv (a0 + a1 - b)^2, with
+    # o = value_discount_offset (0: METHOD_NOTES, 1: the official controller).
     gamma, wv, b = 0.5, 1.0, -1.0
     model = QuadraticToyModel([1.0, 1.0], value_weight=wv, value_target=[b, b])
     planner = make(
         model,
         horizon=2,
+        value_discount_offset=offset,
         discount=gamma,
         num_samples=1000,
         num_elites=64,
@@ -123,7 +133,7 @@ def test_value_tail_and_discount_match_hand_computation():
     )
     result = planner.plan(*inputs())
     # Stationary point of J per dimension: solve the 2x2 linear system.
-    g2w = gamma**2 * wv
+    g2w = gamma ** (2 + offset) * wv
     M = np.array([[1 + g2w, g2w], [g2w, gamma + g2w]])
     optimum = np.linalg.solve(M, [1 + g2w * b, gamma + g2w * b])
     np.testing.assert_allclose(result.mean, np.stack([optimum, optimum], axis=1), atol=0.01)
@@ -135,7 +145,7 @@ def test_value_tail_and_discount_match_hand_computation():
     np.testing.assert_allclose(result.rewards, r, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(result.values, v, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(
-        result.expected_return, r[0] + gamma * r[1] + gamma**2 * v[-1], rtol=1e-5
+        result.expected_return, r[0] + gamma * r[1] + gamma ** (2 + offset) * v[-1], rtol=1e-5
     )
 
 
@@ -173,6 +183,27 @@ def test_warm_start_shifts_previous_mean_by_delay():
     planner.plan(*inputs())
     first_candidates = model.recorded[0]
     torch.testing.assert_close(first_candidates.mean(0), expected, atol=1e-5, rtol=0)
+
+
+def test_roll_warm_start_keeps_the_last_rows_first_and_zeros_the_rest():
+    """The official controller: jnp.roll(prev, delay) then zero from `delay` on."""
+    model = QuadraticToyModel([0.0, 0.0])
+    planner = make(
+        model,
+        horizon=6,
+        warm_start="roll",
+        mixture_coef=0.0,
+        init_std=1e-6,
+        min_std=1e-6,
+        delay=2,
+        num_elites=8,
+    )
+    planner._mean.copy_(torch.linspace(-0.6, 0.6, 12).view(6, 2))
+    expected = torch.zeros(6, 2)
+    expected[:2] = planner._mean[4:]
+    model.recorded = []
+    planner.plan(*inputs())
+    torch.testing.assert_close(model.recorded[0].mean(0), expected, atol=1e-5, rtol=0)
 
 
 def test_policy_warm_start_starts_every_step_at_pi_chunk():
@@ -302,6 +333,17 @@ def test_actions_respect_bounds():
     np.testing.assert_allclose(result.action, [0.8, -0.5], atol=0.02)
 
 
+def test_unclamped_planner_leaves_the_bounds_to_the_objective():
+    """clamp_actions=False (official): candidates and the mean go where the objective wants."""
+    model = QuadraticToyModel([3.0, -3.0])
+    planner = make(model, clamp_actions=False, init_std=2.0, iterations=8)
+    model.recorded = []
+    for _ in range(6):
+        result = planner.plan(*inputs())
+    assert torch.cat(model.recorded).abs().max() > 1.0
+    np.testing.assert_allclose(result.action, [3.0, -3.0], atol=0.1)
+
+
 def test_deterministic_per_seed():
     def run(seed):
         planner = make(QuadraticToyModel([0.3, -0.2]), num_samples=64, iterations=2, num_elites=8)
@@ -409,6 +451,23 @@ def test_config_defaults_and_validation():
         0.4,
     )
     assert ur5e.num_samples == 100
+    assert (go2.warm_start, go2.value_discount_offset, go2.clamp_actions) == ("shift", 0, True)
+    assert (ur5e.warm_start, ur5e.value_discount_offset, ur5e.clamp_actions) == ("shift", 0, True)
+    # the official preset is mppi.yaml and MppiController as released
+    official = official_planner_config([-5.0] * 12, [5.0] * 12)
+    assert (official.num_samples, official.iterations, official.num_elites) == (450, 8, 64)
+    assert (official.temperature, official.mixture_coef, official.policy_noise_std) == (
+        0.25, 0.05, 0.05
+    )  # fmt: skip
+    assert (official.init_std, official.min_std, official.discount, official.delay) == (
+        2.0, 0.05, 0.99, 1
+    )  # fmt: skip
+    assert (official.warm_start, official.value_discount_offset, official.clamp_actions) == (
+        "roll", 1, False
+    )  # fmt: skip
+    assert (official.momentum, official.seed, official.horizon) == (0.0, 42, 25)
+    with pytest.raises(ValueError, match="value_discount_offset"):
+        PlannerConfig(horizon=5, action_low=(-1.0,), action_high=(1.0,), value_discount_offset=2)
     with pytest.raises(ValueError, match="num_elites"):
         PlannerConfig(
             horizon=5, action_low=(-1.0,), action_high=(1.0,), num_samples=10, num_elites=64

@@ -2,7 +2,7 @@
 
 | task | variant "sim" | variant "real" (hardware stand-in) |
 |---|---|---|
-| go2_flat | flat floor, survive 20 s | - (no stand-in) |
+| go2_flat | flat floor, walk: no fall, speed over the last 8 s within 0.2 m/s of vx | - |
 | go2_slope | panels 3.0 deg + 5.7 deg, nominal friction; success 1.82 m | - (slippery_slope) |
 | slippery_slope | same course as go2_slope | PTFE-like panels (`SLIPPERY_SLOPE_GAP`); 1.82 m |
 | foam | two overlapping 5 cm rigid pads | compliant foam pads (`FOAM_GAP`); success 3.00 m |
@@ -11,6 +11,11 @@ The reward is the official task's velocity-tracking terms plus its base-stabilit
 privileged state, scaled by the control period as IsaacLab's reward manager does. The command
 holds the start heading (the official WalkStraightCommand's yaw feedback) so that long straight
 runs stay straight: wz = wz_cmd + heading_gain * wrap(heading_ref - yaw).
+
+Every step reports `speed`: the mean forward speed along the start heading over the last
+`speed_window_s` (or the whole episode while it is shorter). On go2_flat success means walking:
+no fall (which includes base or thigh contact) for the whole episode and `speed` within
+`walk_tolerance` of the commanded vx at its end.
 """
 
 from __future__ import annotations
@@ -104,6 +109,9 @@ class Go2TaskConfig:
     max_wz: float = 1.0  # the trained yaw-rate range
     episode_s: float = 20.0
     success_distance: float | None = None  # m along the start heading; None = survive the episode
+    # With success_distance None: also |speed - vx| <= walk_tolerance at the end (None = survive)
+    walk_tolerance: float | None = None
+    speed_window_s: float = 8.0  # window of the reported mean forward speed
     go2: Go2Config = Go2Config()
     reward: Go2RewardConfig = Go2RewardConfig()
 
@@ -123,6 +131,10 @@ class Go2TaskConfig:
             )
         if self.episode_s <= 0 or self.heading_gain < 0:
             raise ValueError("episode_s must be > 0 and heading_gain >= 0")
+        if self.speed_window_s <= 0 or (
+            self.walk_tolerance is not None and self.walk_tolerance <= 0
+        ):
+            raise ValueError("speed_window_s and walk_tolerance must be > 0")
 
 
 def _wrap(a: float) -> float:
@@ -152,6 +164,7 @@ class Go2Task(Task):
         self._heading0 = self._heading_ref = float(obs.privileged["yaw"][0])
         self._steps, self._prev_action = 0, np.zeros(12)
         self._vel_err_sq = []
+        self._distances = [0.0]  # distance() after each step, from the start
         self.backend.set_command(self._command(self.backend.yaw()))
         self._obs = self.backend.observe()
         return self._obs
@@ -169,6 +182,14 @@ class Go2Task(Task):
         """Displacement along the start heading (m)."""
         d = self.backend.data.qpos[:2] - self._start
         return float(d @ np.array([np.cos(self._heading0), np.sin(self._heading0)]))
+
+    def speed(self) -> float:
+        """Mean forward speed (m/s) along the start heading over the last speed_window_s."""
+        dt = self.config.go2.control_dt
+        n = min(len(self._distances) - 1, int(round(self.config.speed_window_s / dt)))
+        if n == 0:
+            return 0.0
+        return (self._distances[-1] - self._distances[-1 - n]) / (n * dt)
 
     def reward(self, obs: Observation, command: np.ndarray, action: np.ndarray) -> float:
         """Privileged reward of the transition that ended in `obs` under `command`."""
@@ -204,12 +225,21 @@ class Go2Task(Task):
         self._vel_err_sq.append(float(v_err @ v_err))
         fallen = self.backend.fallen()
         distance = self.distance()
-        target = self.config.success_distance
+        self._distances.append(distance)
+        speed = self.speed()
+        cfg = self.config
+        target = cfg.success_distance
         truncated = self._steps >= self.max_steps
-        success = not fallen and (distance >= target if target is not None else truncated)
+        if target is not None:
+            success = not fallen and distance >= target
+        else:
+            error = abs(speed - self._base_command[0])
+            tracks = cfg.walk_tolerance is None or error <= cfg.walk_tolerance
+            success = not fallen and truncated and tracks
         self._obs = obs
         info = {  # plain Python values: the driver node publishes it as JSON
             "distance": distance,
+            "speed": speed,
             "fallen": bool(fallen),
             "vel_rmse": float(np.sqrt(np.mean(self._vel_err_sq))),
             "command": [float(c) for c in self._base_command],
@@ -259,7 +289,7 @@ def make_go2_task(name: str, variant: str = "sim", **overrides) -> Go2Task:
             "'slippery_slope' and 'foam' (variant='real')"
         )
     base = {
-        "go2_flat": dict(),
+        "go2_flat": dict(walk_tolerance=0.2),
         "go2_slope": dict(terrain=SLOPE_COURSE, success_distance=1.82),
         "slippery_slope": dict(
             terrain=SLOPE_COURSE,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from simdist_planner.planning.planner import (
-    WARM_STARTS,
-)
+from simdist_planner.planning.planner import PLANNER_PRESETS, WARM_STARTS
 
-# CLI flag -> PlannerConfig field; shared by simdist-eval and simdist-adapt-experiment.
+# CLI flag -> PlannerConfig field (and `preset`, the factory the others override); shared by
+# simdist-eval and simdist-adapt-experiment.
 PLANNER_FLAGS = {
+    "planner_preset": "preset",
     "samples": "num_samples",
     "iterations": "iterations",
     "elites": "num_elites",
@@ -23,7 +23,14 @@ PLANNER_FLAGS = {
 
 
 def add_planner_arguments(p: argparse.ArgumentParser) -> None:
-    """The planner's settings as flags (each defaults to the robot's PlannerConfig)."""
+    """The planner's settings as flags (each defaults to the preset's PlannerConfig)."""
+    p.add_argument(
+        "--planner-preset",
+        choices=sorted(PLANNER_PRESETS),
+        default=None,
+        help="planner settings the other planner flags override (default: official for an "
+        "imported official model, else the robot's; docs/planner.md)",
+    )
     p.add_argument(
         "--samples", type=int, default=None, help="planner Gaussian samples (default: official)"
     )
@@ -59,7 +66,8 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         "--warm-start",
         choices=WARM_STARTS,
         default=None,
-        help="where each step's planner mean starts: the shifted previous mean or pi's chunk",
+        help="where each step's planner mean starts: the previous mean rolled (official) or "
+        "shifted (TD-MPC), or pi's chunk",
     )
     p.add_argument(
         "--policy-prior",
@@ -71,7 +79,8 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def planner_overrides(args) -> dict:
-    """The PlannerConfig overrides the user set (flags left at None keep the robot's value)."""
+    """The PlannerConfig overrides the user set (flags left at None keep the preset's value);
+    `preset` names the preset itself."""
     return {
         field: getattr(args, arg)
         for arg, field in PLANNER_FLAGS.items()

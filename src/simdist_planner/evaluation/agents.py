@@ -15,6 +15,7 @@ from simdist_planner.planning.observation import (
 from simdist_planner.planning.planner import (
     MPPIPlanner,
     PlannerError,
+    default_preset,
     planner_config_for,
 )
 
@@ -101,9 +102,10 @@ def policy_chunk(model, inputs, proprio, actions) -> np.ndarray:
 
 
 def build_agents(
-    names, task: Task, model=None, device="cpu", **planner_overrides
+    names, task: Task, model=None, device="cpu", preset: str = "", **planner_overrides
 ) -> dict[str, Policy]:
-    """Agents by name; `policy` and `planner` need a world model."""
+    """Agents by name; `policy` and `planner` need a world model. The planner takes `preset`'s
+    settings (default: planner.default_preset for the model) with `planner_overrides`."""
     agents: dict[str, Policy] = {}
     for name in names:
         if name not in AGENTS:
@@ -116,7 +118,10 @@ def build_agents(
         planner = None
         if name == "planner":
             config = planner_config_for(
-                task.spec, horizon=model.config.horizon, **planner_overrides
+                task.spec,
+                preset or default_preset(task.spec.name, model.config),
+                horizon=model.config.horizon,
+                **planner_overrides,
             )
             planner = MPPIPlanner(model, config, device)
         agents[name] = Agent(model, task.spec, planner, device)

@@ -41,6 +41,7 @@ class AgentSummary:
     success_rate: float
     mean_return: float
     mean_distance: float
+    mean_speed: float  # the task's last reported `speed` (Go2), NaN where it reports none
     mean_steps: float
     episodes_per_minute: float
     errors: int
@@ -74,12 +75,14 @@ def run_episode(task: Task, policy: Policy, seed: int) -> EpisodeStats:
 def summarize(agent: str, stats: list[EpisodeStats]) -> AgentSummary:
     seconds = sum(s.seconds for s in stats)
     distances = [s.distance for s in stats if not math.isnan(s.distance)]
+    speeds = [s.end["speed"] for s in stats if "speed" in s.end]
     return AgentSummary(
         agent=agent,
         episodes=len(stats),
         success_rate=float(np.mean([s.success for s in stats])),
         mean_return=float(np.mean([s.episode_return for s in stats])),
         mean_distance=float(np.mean(distances)) if distances else math.nan,
+        mean_speed=float(np.mean(speeds)) if speeds else math.nan,
         mean_steps=float(np.mean([s.steps for s in stats])),
         episodes_per_minute=60.0 * len(stats) / seconds if seconds > 0 else math.inf,
         errors=sum(bool(s.error) for s in stats),
@@ -112,14 +115,15 @@ def evaluate(
 
 def format_table(summaries: list[AgentSummary], title: str) -> str:
     header = (
-        f"{'agent':10} {'success':>8} {'return':>9} {'distance':>9} {'steps':>7} "
+        f"{'agent':10} {'success':>8} {'return':>9} {'distance':>9} {'speed':>6} {'steps':>7} "
         f"{'ep/min':>8} {'errors':>6}"
     )
     lines = [title, header, "-" * len(header)]
     for s in summaries:
         dist = "-" if math.isnan(s.mean_distance) else f"{s.mean_distance:.2f}"
+        speed = "-" if math.isnan(s.mean_speed) else f"{s.mean_speed:.3f}"
         lines.append(
-            f"{s.agent:10} {s.success_rate:8.2f} {s.mean_return:9.2f} {dist:>9} "
+            f"{s.agent:10} {s.success_rate:8.2f} {s.mean_return:9.2f} {dist:>9} {speed:>6} "
             f"{s.mean_steps:7.1f} {s.episodes_per_minute:8.1f} {s.errors:6d}"
         )
     return "\n".join(lines)

@@ -37,7 +37,7 @@ from robot_drivers.registry import expert_ladder, expert_value
 from robot_drivers.tasks.base import Task
 from simdist_planner.evaluation.agents import policy_chunk
 from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs
-from simdist_planner.planning.planner import MPPIPlanner, planner_config_for
+from simdist_planner.planning.planner import MPPIPlanner, default_preset, planner_config_for
 
 DRIVERS = ("expert", "policy")
 EXPERT, PI = 0, 1  # candidate indices; noised pi chunks follow
@@ -182,9 +182,17 @@ class ChunkProbe:
         self._actions: list[np.ndarray] = []  # the driver's actions this episode (for the twin)
         self.reference = next(iter(models.values()))
         self.horizon = self.reference.config.horizon
+        preset = planner_overrides.pop("preset", "")
         self.planners = {
             name: MPPIPlanner(
-                m, planner_config_for(task.spec, horizon=self.horizon, **planner_overrides), device
+                m,
+                planner_config_for(
+                    task.spec,
+                    preset or default_preset(task.spec.name, m.config),
+                    horizon=self.horizon,
+                    **planner_overrides,
+                ),
+                device,
             )
             for name, m in models.items()
         }

@@ -6,14 +6,17 @@ of the `iterations` then scores every candidate action chunk in one batched call
 (`expand`ed latents, no Python loop over candidates or horizon). Candidates are Gaussian samples
 around the running mean plus base-policy chunks noised once per step. The elites'
 exp(temperature * (R - R_max)) weights give the next mean and std; the mean's first action is
-executed and the mean is shifted by the delay to warm-start the next step. With a positive
+executed and the mean warm-starts the next step (`warm_start`). With a positive
 `policy_prior` (not official) a candidate is ranked by its return less a quadratic cost of its
 distance from pi's chunk: the objective then moves the plan off pi only where it gains more than
 the cost, which bounds how far an objective that is flat or wrong off the data can pull it.
 
-Return of a chunk: sum_{s=0}^{T-1} gamma^s r^_{t+s} + gamma^T v^_{t+T} (METHOD_NOTES; the official
-JAX code uses gamma^(T+1) on the value, and its warm start rolls the mean the wrong way round; we
-follow the notes and TD-MPC2: mean[:-d] = prev[d:], tail zero).
+Return of a chunk: sum_{s=0}^{T-1} gamma^s r^_{t+s} + gamma^(T+o) v^_{t+T}. The `official` preset
+is the released JAX controller as it is: o = 1, its warm start rolls the previous mean forward
+(mean = [prev[-d:], 0, ...]) and nothing is clamped; the imported official model walks with it
+(docs/official_model.md). The presets of the self-pretrained models follow METHOD_NOTES and
+TD-MPC2 (o = 0, mean[:-d] = prev[d:] with a zero tail, candidates clamped into the bounds), the
+settings they were measured with.
 
 Non-finite model outputs never become an action: every check is accumulated on the device and
 resolved with one host transfer per step, which raises `PlannerError` naming what went wrong.
@@ -28,6 +31,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from simdist_planner.model.official import is_official
 
 
 class PlannerError(RuntimeError):
@@ -64,13 +69,14 @@ class WorldModelLike(Protocol):
     ) -> torch.Tensor: ...  # (B, T, A); proprio: o^p_t (B, P)
 
 
-WARM_STARTS = ("shift", "policy")
+WARM_STARTS = ("roll", "shift", "policy")
 
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    """MPPI settings. Field defaults are the official Go2 values (simdist
-    config/control/mppi.yaml); the robot factories (PLANNER_CONFIGS) set what differs."""
+    """MPPI settings. Field defaults are the official controller's (simdist
+    config/control/mppi.yaml and control/mppi.py), the `official` preset; the other presets
+    (PLANNER_PRESETS) set what differs."""
 
     horizon: int  # T: must equal the model's prediction length
     action_low: tuple[float, ...]  # per action dimension, raw units (RobotSpec.action_low)
@@ -86,10 +92,18 @@ class PlannerConfig:
     momentum: float = 0.0  # weight of the previous mean in the per-iteration update
     discount: float = 0.99
     delay: int = 1  # warm start: shift of the previous mean, in control steps
-    # Where each step's Gaussian mean starts: "shift" (TD-MPC, official) the previous mean shifted
-    # by `delay`; "policy" pi's chunk, so that a drift the objective prefers cannot build up over
-    # steps (it did on the peg, docs/notebook/peg_wide.md).
-    warm_start: str = "shift"
+    # Where each step's Gaussian mean starts. "roll" (official MppiController): the previous mean
+    # rolled forward by `delay` (its last `delay` rows come first) and zero after them. "shift"
+    # (TD-MPC): the previous mean advanced by `delay`, zero tail. "policy": pi's chunk, so that a
+    # drift the objective prefers cannot build up over steps (it did on the peg,
+    # docs/notebook/peg_wide.md).
+    warm_start: str = "roll"
+    # The value of the last predicted latent is weighted discount^(horizon + value_discount_offset)
+    # in the return; the official controller uses 1 (gamma^(T+1)).
+    value_discount_offset: int = 1
+    # Clamp candidates and the mean into [action_low, action_high]; the official controller
+    # does not (its actions are raw policy units with no bounds).
+    clamp_actions: bool = False
     # Ranking cost of a candidate's distance from pi's chunk: policy_prior x the squared
     # deviation in std_scale units, summed over action dimensions, averaged over the horizon.
     # 0 = official. Ours: on the peg the objective scored chunks that drifted off pi's path
@@ -138,6 +152,10 @@ class PlannerConfig:
             problems.append(f"discount must be in (0, 1], got {self.discount}")
         if not 1 <= self.delay <= self.horizon:
             problems.append(f"delay must be in [1, horizon={self.horizon}], got {self.delay}")
+        if not 0 <= self.value_discount_offset <= 1:
+            problems.append(
+                f"value_discount_offset must be 0 or 1, got {self.value_discount_offset}"
+            )
         if self.warm_start not in WARM_STARTS:
             problems.append(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
         if self.std_scale and (
@@ -175,15 +193,33 @@ class PlannerConfig:
 GO2_TEMPERATURE = 30.0
 
 
+# What the presets of the self-pretrained models change from the official controller: the
+# TD-MPC warm start, gamma^T on the value and candidates clamped into the action bounds. They are
+# the settings those models were measured with (docs/planner.md).
+PROJECT_RETURN = dict(warm_start="shift", value_discount_offset=0, clamp_actions=True)
+
+
+def official_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
+    """The official SimDist controller on the Go2 (mppi.yaml and MppiController as released):
+    450 + 22 candidates, 8 iterations, 64 elites, temperature 0.25, H = T = 25, the "roll" warm
+    start, gamma^(T+1) on the value, no clamping. For imported official models (model.official)."""
+    return replace(
+        PlannerConfig(horizon=25, action_low=tuple(action_low), action_high=tuple(action_high)),
+        **overrides,
+    )
+
+
 def go2_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
-    """Go2 MPPI: the official mppi.yaml (450 + 22 candidates, 8 iterations, 64 elites,
-    H = T = 25) except the temperature, which fits our reward units (GO2_TEMPERATURE)."""
+    """Go2 MPPI for self-pretrained models: the official sample, elite and iteration counts with
+    the project's return (PROJECT_RETURN) and a temperature that fits their reward units
+    (GO2_TEMPERATURE)."""
     return replace(
         PlannerConfig(
             horizon=25,
             action_low=tuple(action_low),
             action_high=tuple(action_high),
             temperature=GO2_TEMPERATURE,
+            **PROJECT_RETURN,
         ),
         **overrides,
     )
@@ -196,7 +232,7 @@ def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
     +-0.5 rad per step) a std of 1.0 would put nearly every sample on a bound and the policy
     noise of 0.1 would drown pi's 1-2 cm steps. The official release ships one MPPI file (Go2);
     the sample, elite and iteration counts not fixed by the notes are taken from it unchanged
-    (450 + 22 candidates, 64 elites, 8 iterations).
+    (450 + 22 candidates, 64 elites, 8 iterations), with the project's return (PROJECT_RETURN).
     """
     half = tuple((hi - lo) / 2.0 for lo, hi in zip(action_low, action_high))
     return replace(
@@ -208,24 +244,40 @@ def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
             policy_noise_std=0.1,
             temperature=0.4,
             std_scale=half,
+            **PROJECT_RETURN,
         ),
         **overrides,
     )
 
 
-# The one source of the planner's defaults per robot: the planner node's parameter defaults and
-# the `planner:` sections of config/*.yaml are these factories' values (tested value by value).
+# The one source of the planner's defaults: a preset per robot (its self-pretrained models) and
+# the official controller's (Go2). The planner node's parameter defaults and the `planner:`
+# sections of config/*.yaml are these factories' values (tested value by value).
 PLANNER_CONFIGS = {"go2": go2_planner_config, "ur5e": ur5e_planner_config}
+OFFICIAL_PRESET = "official"
+PLANNER_PRESETS = {**PLANNER_CONFIGS, OFFICIAL_PRESET: official_planner_config}
+PRESET_ROBOT = {"go2": "go2", "ur5e": "ur5e", OFFICIAL_PRESET: "go2"}  # the robot of each preset
 
 
-def planner_config_for(spec, **overrides) -> PlannerConfig:
-    """The robot's default planner config (PLANNER_CONFIGS) with the action bounds of its
+def default_preset(robot: str, model_config=None) -> str:
+    """The preset a model plans with unless one is named: the official controller's for an
+    imported official model (model.official.is_official), else its robot's."""
+    if model_config is not None and is_official(model_config):
+        return OFFICIAL_PRESET
+    return robot
+
+
+def planner_config_for(spec, preset: str = "", **overrides) -> PlannerConfig:
+    """A preset's PlannerConfig (default: the robot's own) with the action bounds of the robot's
     RobotSpec; `overrides` replace fields by name."""
-    if spec.name not in PLANNER_CONFIGS:
+    preset = preset or spec.name
+    if preset not in PLANNER_PRESETS:
+        raise ValueError(f"unknown planner preset {preset!r}; known: {sorted(PLANNER_PRESETS)}")
+    if PRESET_ROBOT[preset] != spec.name:
         raise ValueError(
-            f"no planner defaults for robot {spec.name!r}; known: {sorted(PLANNER_CONFIGS)}"
+            f"planner preset {preset!r} is for the {PRESET_ROBOT[preset]}, not the {spec.name}"
         )
-    return PLANNER_CONFIGS[spec.name](spec.action_low, spec.action_high, **overrides)
+    return PLANNER_PRESETS[preset](spec.action_low, spec.action_high, **overrides)
 
 
 @dataclass(frozen=True)
@@ -271,7 +323,7 @@ class MPPIPlanner:
         self._low = torch.tensor(c.action_low, dtype=torch.float32, device=dev)
         self._high = torch.tensor(c.action_high, dtype=torch.float32, device=dev)
         self._discounts = c.discount ** torch.arange(T, dtype=torch.float32, device=dev)
-        self._tail_discount = c.discount**T
+        self._tail_discount = c.discount ** (T + c.value_discount_offset)
         self._discounts_np = self._discounts.cpu().numpy()
         unit = torch.tensor(c.std_scale or (1.0,) * A, dtype=torch.float32, device=dev)
         self._init_std, self._min_std = c.init_std * unit, c.min_std * unit
@@ -343,12 +395,16 @@ class MPPIPlanner:
         z_all, history_all = z.expand(N, -1), history.expand(N, -1, -1)
         command_all = None if command is None else command.expand(N, -1)
 
-        # Warm start: shift by the delay, zero tail (clamped into bounds), or pi's chunk; std
-        # restarts wide.
-        if c.warm_start == "shift":
+        # Warm start (see PlannerConfig.warm_start); the std restarts wide.
+        d = c.delay
+        if c.warm_start == "roll":
             self._prev_mean.copy_(self._mean)
-            self._mean[: T - c.delay].copy_(self._prev_mean[c.delay :])
-            self._mean[T - c.delay :].zero_()
+            self._mean[:d].copy_(self._prev_mean[T - d :])
+            self._mean[d:].zero_()
+        elif c.warm_start == "shift":
+            self._prev_mean.copy_(self._mean)
+            self._mean[: T - d].copy_(self._prev_mean[d:])
+            self._mean[T - d :].zero_()
         else:
             self._mean.copy_(policy_chunk[0])
         self._clamp(self._mean)
@@ -511,6 +567,8 @@ class MPPIPlanner:
         torch.maximum(new_std, self._min_std, out=self._std)
 
     def _clamp(self, actions: torch.Tensor) -> None:
+        if not self.config.clamp_actions:
+            return
         torch.maximum(actions, self._low, out=actions)
         torch.minimum(actions, self._high, out=actions)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import yaml
 
@@ -49,7 +49,9 @@ class GraphSpec:
     name: str
     robot: str  # "ur5e" | "go2"
     config: str  # file name under config/
-    sim_tasks: tuple[tuple[str, str], ...]  # variant -> MuJoCo task name (robot:=sim)
+    # variant -> MuJoCo task name (robot:=sim); the variants the graph accepts, the first is the
+    # default unless "real" is among them
+    sim_tasks: tuple[tuple[str, str], ...]
     nodes: tuple[NodeSpec, ...]
 
 
@@ -187,6 +189,9 @@ GRAPHS: dict[str, GraphSpec] = {
         (("sim", "table_leg"), ("real", "table_leg")),
         _nodes("ur5e"),
     ),
+    "go2_flat": GraphSpec(
+        "go2_flat", "go2", "go2_flat.yaml", (("sim", "go2_flat"),), _nodes("go2")
+    ),
     "go2_slope": GraphSpec(
         "go2_slope",
         "go2",
@@ -203,7 +208,14 @@ GRAPHS: dict[str, GraphSpec] = {
 def graph_args(graph: str) -> tuple[LaunchArg, ...]:
     """Every argument a graph accepts (what `ros2 launch ... --show-args` lists)."""
     spec = _graph(graph)
-    return COMMON_ARGS + (UR5E_ARGS if spec.robot == "ur5e" else GO2_ARGS)
+    variants = tuple(v for v, _ in spec.sim_tasks)
+    common = tuple(
+        replace(a, choices=variants, default=a.default if a.default in variants else variants[0])
+        if a.name == "variant"
+        else a
+        for a in COMMON_ARGS
+    )
+    return common + (UR5E_ARGS if spec.robot == "ur5e" else GO2_ARGS)
 
 
 def config_dir() -> pathlib.Path:

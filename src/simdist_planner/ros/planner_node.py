@@ -19,8 +19,9 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
   and swaps it in between two ticks; the control loop keeps ticking meanwhile.
 - Parameters: every tunable is declared with a range; a set is validated (by building the
   PlannerConfig it implies) and applied at the start of the next tick. The MPPI parameters and
-  the control rate default to the robot's (`robot`, else the start-up checkpoint's):
-  planning.planner.PLANNER_CONFIGS and RobotSpec, the one source config/*.yaml repeats.
+  the control rate default to the planner preset's (`planner_preset`, else `official` for an
+  imported official model, else the robot's: `robot`, else the start-up checkpoint's):
+  planning.planner.PLANNER_PRESETS and RobotSpec, the one source config/*.yaml repeats.
 """
 
 from __future__ import annotations
@@ -57,10 +58,13 @@ from simdist_planner.planning.observation import (
 )
 from simdist_planner.planning.planner import (
     PLANNER_CONFIGS,
+    PLANNER_PRESETS,
+    PRESET_ROBOT,
     WARM_STARTS,
     MPPIPlanner,
     PlannerConfig,
     PlannerError,
+    default_preset,
     planner_config_for,
 )
 
@@ -86,6 +90,14 @@ STARTUP_PARAMS = (
         choices=("", *sorted(PLANNER_CONFIGS)),
     ),
     Param("checkpoint", "", "world-model checkpoint directory; ~/load_model (re)loads it"),
+    Param(
+        "planner_preset",
+        "",
+        "MPPI settings the other parameters default to (go2, ur5e, official); '' = official "
+        "for an imported official model, else the robot's",
+        read_only=True,
+        choices=("", *sorted(PLANNER_PRESETS)),
+    ),
 )
 
 # PlannerConfig fields that are node parameters (same names): (name, description, low, high,
@@ -117,11 +129,20 @@ PLANNER_PARAMS = (
     ("seed", "planner RNG seed (re-applied at every episode start)", 0, 2**31 - 1, ()),
     (
         "warm_start",
-        "where each step's mean starts: shift (the previous mean, official) or policy (pi's chunk)",
+        "where each step's mean starts: roll (the previous mean, official), shift (TD-MPC) or "
+        "policy (pi's chunk)",
         None,
         None,
         WARM_STARTS,
     ),
+    (
+        "value_discount_offset",
+        "the last value is weighted discount^(horizon + this); 1 = official",
+        0,
+        1,
+        (),
+    ),
+    ("clamp_actions", "clamp candidates into the action bounds (official: no)", None, None, ()),
     (
         "policy_prior",
         "ranking cost of a candidate's squared distance from pi's chunk (std units); 0 = official",
@@ -133,11 +154,12 @@ PLANNER_PARAMS = (
 PLANNER_FIELDS = tuple(name for name, *_ in PLANNER_PARAMS)
 
 
-def tunable_params(robot: str) -> tuple[Param, ...]:
-    """The node's parameters after STARTUP_PARAMS, with `robot`'s defaults: its PlannerConfig
-    (planner_config_for) and its control rate (RobotSpec.control_rate_hz)."""
+def tunable_params(robot: str, preset: str = "") -> tuple[Param, ...]:
+    """The node's parameters after STARTUP_PARAMS, with the defaults of `preset` (default: the
+    robot's) on `robot`: its PlannerConfig (planner_config_for) and the robot's control rate
+    (RobotSpec.control_rate_hz)."""
     spec = robot_spec(robot)
-    planner = planner_config_for(spec)
+    planner = planner_config_for(spec, preset)
     rate = spec.control_rate_hz
     return (
         Param("device", "cpu", "torch device: cpu, cuda or cuda:N (a change reloads the model)"),
@@ -180,21 +202,35 @@ def tunable_params(robot: str) -> tuple[Param, ...]:
     )
 
 
-def node_params(robot: str) -> tuple[Param, ...]:
-    """Every parameter the node declares when it plans for `robot`, with its default."""
-    return (*STARTUP_PARAMS, *tunable_params(robot))
+def node_params(robot: str, preset: str = "") -> tuple[Param, ...]:
+    """Every parameter the node declares when it plans for `robot` with `preset`."""
+    return (*STARTUP_PARAMS, *tunable_params(robot, preset))
 
 
-def resolve_robot(robot: str, checkpoint: str) -> str:
-    """The robot whose defaults the node takes: `robot` if given, else the checkpoint's (its
-    config.json; the weights are not read), else DEFAULT_ROBOT."""
+def _checkpoint_config(checkpoint: str):
+    """The checkpoint's config.json (the weights are not read), or None if it cannot be read."""
+    try:
+        return read_config(checkpoint) if checkpoint else None
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint is reported when it is loaded
+        return None
+
+
+def resolve_robot(robot: str, checkpoint: str, preset: str = "") -> str:
+    """The robot whose defaults the node takes: `robot` if given, else the preset's, else the
+    checkpoint's, else DEFAULT_ROBOT."""
     if robot:
         return robot
-    try:
-        named = read_config(checkpoint).robot if checkpoint else ""
-    except Exception:  # noqa: BLE001 - an unreadable checkpoint is reported when it is loaded
-        named = ""
+    if preset:
+        return PRESET_ROBOT[preset]
+    config = _checkpoint_config(checkpoint)
+    named = config.robot if config is not None else ""
     return named if named in PLANNER_CONFIGS else DEFAULT_ROBOT
+
+
+def resolve_preset(preset: str, robot: str, checkpoint: str) -> str:
+    """The planner preset the node's defaults come from: `preset` if given, else
+    planner.default_preset for the start-up checkpoint on `robot`."""
+    return preset or default_preset(robot, _checkpoint_config(checkpoint))
 
 
 # Counters the planning diagnostic reports.
@@ -317,13 +353,19 @@ class PlannerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("planner", **kwargs)
         self._loaded: LoadedModel | None = None
-        robot, checkpoint = (
+        robot, checkpoint, preset = (
             self.declare_parameter(q.name, q.default, q.descriptor()).value for q in STARTUP_PARAMS
         )
-        if robot not in STARTUP_PARAMS[0].choices:
-            raise ValueError(f"planner: parameter robot={robot!r} must be one of go2, ur5e or ''")
-        self.robot = resolve_robot(robot, checkpoint)
-        self.params = NodeParams(self, tunable_params(self.robot), check=self._check_param)
+        for q, value in zip(STARTUP_PARAMS, (robot, checkpoint, preset)):
+            if q.choices and value not in q.choices:
+                raise ValueError(
+                    f"planner: parameter {q.name}={value!r} must be one of {q.choices}"
+                )
+        self.robot = resolve_robot(robot, checkpoint, preset)
+        self.preset = resolve_preset(preset, self.robot, checkpoint)
+        self.params = NodeParams(
+            self, tunable_params(self.robot, self.preset), check=self._check_param
+        )
         p = self.params.values
         self.diag = Diagnostics(self, hardware_id="planner")
         self._tick_lock = (
@@ -393,7 +435,7 @@ class PlannerNode(Node):
             raise ValueError(
                 f"horizon={values['horizon']} must equal the model's horizon T={loaded.horizon}"
             )
-        return planner_config_for(spec, **{f: values[f] for f in PLANNER_FIELDS})
+        return planner_config_for(spec, self.preset, **{f: values[f] for f in PLANNER_FIELDS})
 
     def _apply_params(self) -> None:
         """Called at the start of a tick: accepted parameter changes take effect now."""
