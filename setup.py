@@ -36,6 +36,7 @@ setup(
             "simdist-select-checkpoint = simdist_planner.cli.select_checkpoint:main",
             "simdist-import-official = simdist_planner.cli.import_official:main",
             "simdist-adapt-experiment = simdist_adapter.experiment:main",
+            "simdist-episode-report = simdist_adapter.episode_report:main",
             "simforcing-train = sim_video_world_model.train:main",
             "simforcing-eval = sim_video_world_model.evaluate:main",
             "simdist = simdist_planner.cli.simdist:main",

@@ -1,7 +1,12 @@
 """`make demo`: Algorithm 1's real-world loop, short, through the full ROS graph.
 
-1. A small pretrained Go2 world model, made by the project's own commands the first time
-   (`simdist-generate --task go2_slope` then `simdist-pretrain --preset go2`), cached after.
+1. The world model: the SimDist authors' pretrained Go2 model when its export is present
+   (SIMDIST_GO2_WORLD_MODEL, default ../shared/simdist_go2_world_model), imported with
+   `simdist-import-official` and verified against its reference outputs; planned with the
+   official controller's settings (planner preset `official`). Without the export, a small Go2
+   model made by the project's own commands (`simdist-generate --task go2_slope` then
+   `simdist-pretrain --preset go2`) with the `go2` preset. Either is cached after the first run;
+   the demo says which it uses.
 2. `simdist launch go2_slope robot:=sim variant:=real record:=true adapt:=true`: the MuJoCo
    "real" Slippery Slope robot in lockstep, ingestion, safety supervisor, planner, recorder and
    adapter, on a private ROS domain.
@@ -10,6 +15,8 @@
    (automatically, every `--episodes` bags), gates and hot-swaps the planner; the next
    `--episodes` episodes run with the adapted model. It prints zero-shot vs adapted success, the
    held-out latent loss before/after and where the bags, the model registry and the plot are.
+   While it runs it prints the episode, its step, the elapsed time and an upper estimate of the
+   time left (from the measured time per step and the steps the planned episodes can still take).
 
 Demo-sized settings (fewer MPPI samples than the official 450, a short pretraining) keep it under
 20 minutes on two CPU cores; `simdist-adapt-experiment` runs the full measurement.
@@ -31,10 +38,17 @@ import rclpy
 import yaml
 from std_msgs.msg import String
 
+from robot_drivers.specs import robot_spec
+from simdist_planner.planning.planner import OFFICIAL_PRESET, planner_config_for
 from simdist_planner.ros.launch_description import config_path
+from simdist_planner.ros.planner_node import PLANNER_FIELDS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent
+OFFICIAL_EXPORT = pathlib.Path(
+    os.environ.get("SIMDIST_GO2_WORLD_MODEL", ROOT.parent / "shared" / "simdist_go2_world_model")
+)
+PROGRESS_PERIOD_S = 20.0  # seconds between two progress lines
 
 # Demo-sized overrides of config/go2_slope.yaml (the defaults' single source); the rest as there.
 DEMO_PARAMS = {
@@ -44,6 +58,8 @@ DEMO_PARAMS = {
     "planner": {"num_samples": 64, "iterations": 2, "num_elites": 16},
     "adapter": {"batch_size": 32, "lr": 1e-3, "warmup_steps": 50, "max_steps": 300, "holdout": 0.2},
 }
+# The planner's demo size for the official model (the official controller: 450 x 8).
+OFFICIAL_DEMO_PLANNER = {"num_samples": 64, "iterations": 2, "num_elites": 16}
 
 
 def run(cmd: list[str], what: str) -> float:
@@ -53,6 +69,41 @@ def run(cmd: list[str], what: str) -> float:
     seconds = time.perf_counter() - start
     print(f"[demo] {what} took {seconds:.0f} s", flush=True)
     return seconds
+
+
+def official_checkpoint(out: pathlib.Path, export: pathlib.Path) -> pathlib.Path | None:
+    """The official model imported from `export` (cached), or None when there is no export."""
+    weights, config = export / "weights.npz", export / "model_config.yaml"
+    if not (weights.is_file() and config.is_file()):
+        return None
+    model = out / "official"
+    if (model / "config.json").is_file():
+        print(f"[demo] using the cached import of the official model {model}", flush=True)
+        return model
+    cmd = [
+        str(BIN / "simdist-import-official"),
+        "--weights",
+        str(weights),
+        "--config",
+        str(config),
+        "--out",
+        str(model),
+    ]
+    if (export / "reference_io.npz").is_file():
+        cmd += ["--verify", str(export / "reference_io.npz")]
+    run(cmd, "importing the official model")
+    return model
+
+
+def official_planner_params(overrides: dict) -> dict:
+    """The planner section for the official model: the official preset's values (the go2 graph's
+    file holds the go2 preset's) with the demo-sized `overrides`."""
+    preset = planner_config_for(robot_spec("go2"), OFFICIAL_PRESET)
+    return {
+        "planner_preset": OFFICIAL_PRESET,
+        **{f: getattr(preset, f) for f in PLANNER_FIELDS},
+        **overrides,
+    }
 
 
 def pretrained_checkpoint(out: pathlib.Path, episodes: int, steps: int) -> pathlib.Path:
@@ -119,10 +170,20 @@ def demo_params(
     return path
 
 
-class Watcher:
-    """Counts finished episodes per phase from the graph's own topics."""
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
-    def __init__(self, node):
+
+class Watcher:
+    """Counts finished episodes per phase from the graph's own topics, and reports progress."""
+
+    def __init__(self, node, episodes: int = 0, max_steps: int = 0):
+        self.episodes, self.max_steps = episodes, max_steps  # per phase; steps per episode
+        self.start = time.monotonic()
+        self._first_step: float | None = None  # when the first step was reported
+        self._steps_done = 0  # steps of the finished episodes
+        self.step = 0  # the running episode's step
+        self._last_progress = self.start
         self.phase = "zero_shot"
         self.results: dict[str, list[bool]] = {
             "zero_shot": [],
@@ -138,15 +199,49 @@ class Watcher:
 
     def _on_episode(self, msg) -> None:
         tick = json.loads(msg.data)
+        if self._first_step is None and tick.get("step", 0) > 0:
+            self._first_step = time.monotonic()
+        if tick["episode"] != self._current:
+            self.step = int(tick.get("step", 0))
         if tick.get("terminated") or tick.get("truncated"):
             if tick["episode"] != self._current:
                 self._current = tick["episode"]
+                self._steps_done += self.step
+                self.step = 0
                 self.results[self.phase].append(bool(tick.get("success")))
                 print(
                     f"[demo] episode {tick['episode']} ({self.phase}, seed {tick['seed']}): "
                     f"{'success' if tick.get('success') else 'failure'}",
                     flush=True,
                 )
+
+    def episodes_left(self) -> int:
+        """Episodes still to run: the zero-shot ones, then the adapted ones."""
+        r = self.results
+        return max(0, self.episodes - len(r["zero_shot"])) + max(
+            0, self.episodes - len(r["adapted"])
+        )
+
+    def progress(self, now: float | None = None) -> str | None:
+        """A progress line every PROGRESS_PERIOD_S (None in between): the episode, its step, the
+        elapsed time and an upper estimate of the time left (time per step measured so far x
+        the steps the remaining episodes can take; adaptation runs beside them)."""
+        now = time.monotonic() if now is None else now
+        if now - self._last_progress < PROGRESS_PERIOD_S:
+            return None
+        self._last_progress = now
+        finished = sum(len(v) for v in self.results.values())
+        steps = self._steps_done + self.step
+        if self._first_step is None or steps == 0:
+            left = "unknown until the first step"
+        else:
+            per_step = (now - self._first_step) / steps
+            remaining = max(0, self.episodes_left() * self.max_steps - self.step)
+            left = f"at most {_minutes(per_step * remaining)} ({per_step:.2f} s per step)"
+        return (
+            f"[demo] {self.phase} episode {finished + 1} ({self.episodes_left()} to go), "
+            f"step {self.step}/{self.max_steps}, elapsed {_minutes(now - self.start)}, left {left}"
+        )
 
     def _on_status(self, msg) -> None:
         status = json.loads(msg.data)
@@ -201,11 +296,15 @@ def run_graph(
     graph = subprocess.Popen(cmd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
     rclpy.init()
     node = rclpy.create_node("demo_watcher")
-    watcher = Watcher(node)
+    max_steps = yaml.safe_load(params.read_text())["mujoco_driver"]["ros__parameters"]["max_steps"]
+    watcher = Watcher(node, episodes, max_steps)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline and graph.poll() is None:
             rclpy.spin_once(node, timeout_sec=0.2)
+            line = watcher.progress()
+            if line:
+                print(line, flush=True)
             if len(watcher.results["adapted"]) >= episodes:
                 break
     finally:
@@ -271,8 +370,23 @@ def main(argv=None) -> int:
         if path.exists():
             subprocess.run(["rm", "-rf", str(path)], check=True)
     start = time.perf_counter()
-    checkpoint = pretrained_checkpoint(out, a.sim_episodes, a.pretrain_steps)
-    watcher = run_graph(out, checkpoint, a.episodes, a.timeout)
+    checkpoint = official_checkpoint(out, OFFICIAL_EXPORT)
+    overrides = DEMO_PARAMS
+    if checkpoint is not None:
+        print(
+            f"[demo] world model: the SimDist authors' pretrained Go2 model ({OFFICIAL_EXPORT}), "
+            "planner preset official",
+            flush=True,
+        )
+        overrides = {**DEMO_PARAMS, "planner": official_planner_params(OFFICIAL_DEMO_PLANNER)}
+    else:
+        print(
+            f"[demo] world model: no official export at {OFFICIAL_EXPORT} "
+            "(SIMDIST_GO2_WORLD_MODEL); falling back to a small self-pretrained model",
+            flush=True,
+        )
+        checkpoint = pretrained_checkpoint(out, a.sim_episodes, a.pretrain_steps)
+    watcher = run_graph(out, checkpoint, a.episodes, a.timeout, overrides)
     r = watcher.results
     rate = lambda xs: f"{sum(xs)}/{len(xs)}" if xs else "n/a"  # noqa: E731
     print("\n== SimDist-ROS demo: Slippery Slope (MuJoCo 'real' stand-in) ==")

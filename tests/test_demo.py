@@ -1,0 +1,69 @@
+"""`make demo`'s pieces that run without the graph: its model choice and its progress report
+(the whole demo runs as `make demo`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import rclpy
+from std_msgs.msg import String
+
+from robot_drivers.specs import robot_spec
+from simdist_adapter import demo
+from simdist_planner.planning.planner import planner_config_for
+
+
+@pytest.fixture()
+def node():
+    rclpy.init()
+    n = rclpy.create_node("demo_watcher_test")
+    yield n
+    n.destroy_node()
+    rclpy.shutdown()
+
+
+def tick(episode, step, done=False, success=False):
+    return String(
+        data=json.dumps(
+            {"episode": episode, "seed": episode, "step": step, "truncated": done,
+             "success": success}
+        )
+    )  # fmt: skip
+
+
+def test_progress_reports_episode_step_elapsed_and_an_upper_estimate_of_what_is_left(node):
+    w = demo.Watcher(node, episodes=2, max_steps=100)
+    t0 = w.start
+    assert w.progress(t0 + 1.0) is None  # not before PROGRESS_PERIOD_S
+    assert "unknown until the first step" in w.progress(t0 + demo.PROGRESS_PERIOD_S)
+    w._on_episode(tick(0, 1))
+    first = w._first_step
+    for k in range(2, 51):
+        w._on_episode(tick(0, k))
+    line = w.progress(first + 2 * demo.PROGRESS_PERIOD_S)
+    # 50 steps in 2 periods; 4 episodes planned x 100 steps, 50 done in the running one
+    per_step = 2 * demo.PROGRESS_PERIOD_S / 50
+    assert "zero_shot episode 1 (4 to go), step 50/100" in line
+    assert f"({per_step:.2f} s per step)" in line
+    assert demo._minutes(per_step * 350) in line
+    w._on_episode(tick(0, 100, done=True, success=True))
+    w._on_episode(tick(0, 100, done=True, success=True))  # a re-sent last tick counts once
+    assert w.results["zero_shot"] == [True] and w.episodes_left() == 3
+    w._on_episode(tick(1, 3))
+    line = w.progress(first + 3 * demo.PROGRESS_PERIOD_S)
+    assert "zero_shot episode 2 (3 to go), step 3/100" in line
+
+
+def test_the_official_model_plans_with_the_official_preset_at_demo_size():
+    section = demo.official_planner_params(demo.OFFICIAL_DEMO_PLANNER)
+    official = planner_config_for(robot_spec("go2"), "official")
+    assert section["planner_preset"] == "official"
+    for field in ("temperature", "warm_start", "value_discount_offset", "clamp_actions"):
+        assert section[field] == getattr(official, field)
+    for field, value in demo.OFFICIAL_DEMO_PLANNER.items():
+        assert section[field] == value
+
+
+def test_without_an_export_the_demo_falls_back_to_pretraining(tmp_path):
+    assert demo.official_checkpoint(tmp_path / "out", tmp_path / "no_export") is None
