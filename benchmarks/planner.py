@@ -2,13 +2,16 @@
 
     python benchmarks/planner.py [--device cuda] [--steps 200] [--robots go2,ur5e]
                                  [--dynamics chunked,autoregressive] [--threads N]
+                                 [--checkpoint DIR [--planner-preset NAME]]
 
 Each row builds a randomly initialised WorldModel of the official size (Go2: latent 64,
 H = T = 25, height map; UR5e: three 224x224 cameras through ResNet-18, H = T = 5), the official
 MPPI setting (450 + 22 = 472 candidates, 8 iterations, 64 elites) and times `plan()` end to end,
 observation encoding and the host transfer of the action included. Latency does not depend on the
 weights, so no checkpoint is needed. Prints min / median / p95 / max and the control rate
-(1 / median) beside the rate each robot runs at.
+(1 / median) beside the rate each robot runs at. `--checkpoint` times one more row: that
+checkpoint with the planner preset it plans with (planner.default_preset: `official` for an
+imported official model), e.g. the official model at the official controller's settings.
 """
 
 from __future__ import annotations
@@ -20,9 +23,18 @@ import time
 import numpy as np
 import torch
 
+from robot_drivers.specs import robot_spec
+from simdist_planner.model.checkpoint import load_checkpoint
 from simdist_planner.model.config import go2_config, ur5e_config
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.planning.planner import MPPIPlanner, go2_planner_config, ur5e_planner_config
+from simdist_planner.planning.planner import (
+    PLANNER_PRESETS,
+    MPPIPlanner,
+    default_preset,
+    go2_planner_config,
+    planner_config_for,
+    ur5e_planner_config,
+)
 
 # Robot -> (model config factory, planner config factory, control rate the robot runs at in Hz).
 ROBOTS = {
@@ -53,6 +65,21 @@ def bench(robot: str, dynamics: str, device: torch.device, steps: int) -> dict:
     torch.manual_seed(0)
     model = WorldModel(cfg).to(device).eval()
     planner_cfg = planner_factory([-1.0] * cfg.action_dim, [1.0] * cfg.action_dim)
+    return time_planner(model, planner_cfg, device, steps, robot, dynamics, rate_hz)
+
+
+def bench_checkpoint(path: str, preset: str, device: torch.device, steps: int) -> dict:
+    """The row of a checkpoint with `preset` (default: the one it plans with)."""
+    model = load_checkpoint(path, device=device).eval()
+    spec = robot_spec(model.config.robot)
+    preset = preset or default_preset(spec.name, model.config)
+    planner_cfg = planner_config_for(spec, preset, horizon=model.config.horizon)
+    label = f"{model.config.dynamics_kind} ({preset})"
+    return time_planner(model, planner_cfg, device, steps, spec.name, label, spec.control_rate_hz)
+
+
+def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz) -> dict:
+    cfg = model.config
     planner = MPPIPlanner(model, planner_cfg, device)
     inputs = random_inputs(cfg, device, torch.Generator().manual_seed(0))
     for _ in range(WARMUP_STEPS):
@@ -65,7 +92,7 @@ def bench(robot: str, dynamics: str, device: torch.device, steps: int) -> dict:
     ms = np.array(latencies) * 1e3
     return {
         "robot": robot,
-        "dynamics": dynamics,
+        "dynamics": label,
         "candidates": planner_cfg.num_candidates,
         "iterations": planner_cfg.iterations,
         "HT": f"{cfg.history}/{cfg.horizon}",
@@ -90,6 +117,13 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads (0: torch default)"
     )
+    parser.add_argument("--checkpoint", default=None, help="also time this checkpoint")
+    parser.add_argument(
+        "--planner-preset",
+        default="",
+        choices=("", *sorted(PLANNER_PRESETS)),
+        help="preset of the --checkpoint row (default: the one the model plans with)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be >= 1")
@@ -112,22 +146,23 @@ def main(argv=None) -> None:
         f"{args.steps} timed steps after {WARMUP_STEPS} warm-up"
     )
     header = (
-        f"{'robot':6} {'dynamics':14} {'cand':>5} {'iter':>4} {'H/T':>6} {'cams':>4} "
+        f"{'robot':6} {'dynamics':24} {'cand':>5} {'iter':>4} {'H/T':>6} {'cams':>4} "
         f"{'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'rate Hz':>8} {'needs':>6}"
     )
     print(header)
     print("-" * len(header))
-    for robot in robots:
-        for kind in kinds:
-            row = bench(robot, kind, device, args.steps)
-            ok = "ok" if row["rate"] >= row["target"] else "SLOW"
-            print(
-                f"{row['robot']:6} {row['dynamics']:14} {row['candidates']:5d} "
-                f"{row['iterations']:4d} {row['HT']:>6} {row['cameras']:4d} "
-                f"{row['min']:9.1f} {row['median']:9.1f} {row['p95']:9.1f} {row['max']:9.1f} "
-                f"{row['rate']:8.1f} {row['target']:4.0f}Hz {ok}",
-                flush=True,
-            )
+    rows = (bench(robot, kind, device, args.steps) for robot in robots for kind in kinds)
+    if args.checkpoint:
+        rows = [*rows, bench_checkpoint(args.checkpoint, args.planner_preset, device, args.steps)]
+    for row in rows:
+        ok = "ok" if row["rate"] >= row["target"] else "SLOW"
+        print(
+            f"{row['robot']:6} {row['dynamics']:24} {row['candidates']:5d} "
+            f"{row['iterations']:4d} {row['HT']:>6} {row['cameras']:4d} "
+            f"{row['min']:9.1f} {row['median']:9.1f} {row['p95']:9.1f} {row['max']:9.1f} "
+            f"{row['rate']:8.1f} {row['target']:4.0f}Hz {ok}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
