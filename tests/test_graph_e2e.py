@@ -9,6 +9,7 @@ the re-run through the whole replayed graph is the slow variant.
 """
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robot_ros_helpers import RosHarness
 from simdist_adapter.bags import EpisodeBag, list_episode_bags
+from simdist_adapter.episode_report import episode_report
+from simdist_planner.cli.import_official import main as import_official_main
 from simdist_planner.ros.planner_node import QOS, PlannerNode
 from test_planner_node import make_checkpoint
 
@@ -227,3 +230,47 @@ def test_peg_graph_episode_recorded_and_replayed(tmp_path, ros_domain, check_pla
         np.testing.assert_allclose(
             theirs, ours, rtol=0, atol=1e-6, err_msg=f"plan at stamp {stamp}"
         )
+
+
+GO2_STEPS = 50  # 1 s at 50 Hz
+
+
+@pytest.mark.e2e
+def test_go2_flat_graph_walks_the_official_model_and_the_supervisor_passes_its_gait(
+    tmp_path, ros_domain
+):
+    """The go2_flat graph (official planner preset) with the imported official model, lockstep,
+    recorded: the robot walks off without falling and the safety supervisor forwards every plan
+    unchanged. CPU-sized MPPI (the whole 450 x 8 walk is measured in docs/official_model.md)."""
+    export = pathlib.Path(
+        os.environ.get(
+            "SIMDIST_GO2_WORLD_MODEL", ROOT.parent / "shared" / "simdist_go2_world_model"
+        )
+    )
+    if not (export / "weights.npz").is_file():
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"official Go2 world model export missing at {export}")
+        pytest.skip(f"no official Go2 world model export at {export} (SIMDIST_GO2_WORLD_MODEL)")
+    checkpoint = tmp_path / "official"
+    assert import_official_main(
+        ["--weights", str(export / "weights.npz"), "--config", str(export / "model_config.yaml"),
+         "--out", str(checkpoint)]
+    ) == 0  # fmt: skip
+    data = yaml.safe_load((ROOT / "config" / "go2_flat.yaml").read_text())
+    assert data["planner"]["ros__parameters"]["planner_preset"] == "official"
+    data["planner"]["ros__parameters"].update(num_samples=64, num_elites=16, iterations=2)
+    data["mujoco_driver"]["ros__parameters"].update(max_steps=GO2_STEPS)
+    params = tmp_path / "go2_flat_test.yaml"
+    params.write_text(yaml.safe_dump(data))
+    out = subprocess.run(
+        [SIMDIST, "launch", "go2_flat", f"checkpoint:={checkpoint}", f"params_file:={params}",
+         f"domain:={ros_domain}", "record:=true", "episodes:=1", f"bag_dir:={tmp_path / 'bags'}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:] + out.stdout[-4000:]
+    (bag_dir,) = list_episode_bags(tmp_path / "bags")
+    report = episode_report(bag_dir)
+    assert report.task == "go2_flat" and report.steps == GO2_STEPS and not report.fallen
+    assert report.distance > 0.1, report  # it walks off (pi alone: about 0.25 m in 1 s)
+    assert report.commands >= GO2_STEPS - 1
+    assert (report.changed, report.replaced) == (0, 0), report
