@@ -50,6 +50,7 @@ def test_progress_reports_episode_step_elapsed_and_an_upper_estimate_of_what_is_
     w._on_episode(tick(0, 100, done=True, success=True))
     w._on_episode(tick(0, 100, done=True, success=True))  # a re-sent last tick counts once
     assert w.results["zero_shot"] == [True] and w.episodes_left() == 3
+    assert len(w.tick_rates) == 1 and w.tick_rates[0] > 0  # ticks per wall second, per episode
     w._on_episode(tick(1, 3))
     line = w.progress(first + 3 * demo.PROGRESS_PERIOD_S)
     assert "zero_shot episode 2 (3 to go), step 3/100" in line

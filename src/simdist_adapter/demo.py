@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import random
@@ -183,6 +184,8 @@ class Watcher:
         self._first_step: float | None = None  # when the first step was reported
         self._steps_done = 0  # steps of the finished episodes
         self.step = 0  # the running episode's step
+        self._episode_start: float | None = None  # when the running episode's first tick came
+        self.tick_rates: list[float] = []  # lockstep ticks per wall second, per finished episode
         self._last_progress = self.start
         self.phase = "zero_shot"
         self.results: dict[str, list[bool]] = {
@@ -199,19 +202,26 @@ class Watcher:
 
     def _on_episode(self, msg) -> None:
         tick = json.loads(msg.data)
+        now = time.monotonic()
         if self._first_step is None and tick.get("step", 0) > 0:
-            self._first_step = time.monotonic()
+            self._first_step = now
         if tick["episode"] != self._current:
+            if tick.get("step", 0) <= 1 or self._episode_start is None:
+                self._episode_start = now  # the episode's first tick
             self.step = int(tick.get("step", 0))
         if tick.get("terminated") or tick.get("truncated"):
             if tick["episode"] != self._current:
                 self._current = tick["episode"]
                 self._steps_done += self.step
-                self.step = 0
+                seconds = now - self._episode_start
+                rate = self.step / seconds if seconds > 0 else math.inf
+                self.tick_rates.append(rate)
+                self.step, self._episode_start = 0, None
                 self.results[self.phase].append(bool(tick.get("success")))
                 print(
                     f"[demo] episode {tick['episode']} ({self.phase}, seed {tick['seed']}): "
-                    f"{'success' if tick.get('success') else 'failure'}",
+                    f"{'success' if tick.get('success') else 'failure'}, "
+                    f"{tick.get('step', 0)} steps, {rate:.1f} ticks/s",
                     flush=True,
                 )
 
@@ -400,12 +410,18 @@ def main(argv=None) -> int:
                 f"{rd['heldout_candidate']:.4f} "
                 f"({'deployed ' + rd['version'] if rd['deployed'] else 'refused by the gate'})"
             )
+    rates = " ".join(f"{x:.1f}" for x in watcher.tick_rates) or "n/a"
+    print(f"lockstep ticks/s         {rates} (per episode)")
     print(f"episode bags             {out / 'bags'}")
     print(f"model registry           {out / 'registry'} (history.json lists every version)")
     print(f"plot                     {plot(out, watcher)}")
     print(f"total time               {time.perf_counter() - start:.0f} s")
     (out / "demo_results.json").write_text(
-        json.dumps({"results": r, "rounds": watcher.rounds}, indent=1, default=str)
+        json.dumps(
+            {"results": r, "rounds": watcher.rounds, "ticks_per_s": watcher.tick_rates},
+            indent=1,
+            default=str,
+        )
     )
     ok = bool(r["zero_shot"]) and bool(watcher.rounds)
     return 0 if ok else 1
