@@ -17,8 +17,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import rclpy
 import torch
 import yaml
+from rclpy.parameter import Parameter as NodeParameter
 from torch import nn
 
 from conftest import ROOT
@@ -51,6 +53,7 @@ from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning.planner import GO2_TEMPERATURE, default_preset, planner_config_for
 from simdist_planner.ros.planner_node import (
     PLANNER_FIELDS,
+    PlannerNode,
     node_params,
     resolve_preset,
     resolve_robot,
@@ -287,6 +290,22 @@ def test_an_imported_model_plans_with_the_official_controller_settings(export, m
     assert {f: defaults[f] for f in PLANNER_FIELDS} == {
         f: getattr(official, f) for f in PLANNER_FIELDS
     }
+    rclpy.init()
+    try:
+        node = PlannerNode(parameter_overrides=[NodeParameter("checkpoint", value=checkpoint)])
+        assert (node.robot, node.preset) == ("go2", "official")
+        assert node.planner.config == official
+        node.destroy_node()
+        node = PlannerNode(
+            parameter_overrides=[
+                NodeParameter("checkpoint", value=checkpoint),
+                NodeParameter("planner_preset", value="go2"),
+            ]
+        )
+        assert node.preset == "go2" and node.planner.config.temperature == GO2_TEMPERATURE
+        node.destroy_node()
+    finally:
+        rclpy.shutdown()
 
 
 def test_verify_exits_nonzero_above_the_tolerance(export, reference, tmp_path, capsys):
