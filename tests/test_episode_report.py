@@ -51,15 +51,15 @@ def write_episode(path, actions, observe_until=None):
 def test_the_report_counts_what_the_supervisor_changed(tmp_path):
     actions = np.zeros((6, 12))
     actions[2, 0] = 100.0  # FR hip far beyond its joint limit: clipped
-    actions[4, 4] = 3.0  # FL thigh jumps 0.75 rad in one step (limit 0.5): clipped
+    actions[4, 4] = 6.0  # FL thigh jumps 1.5 rad in one step (limit 1.0): clipped
     write_episode(tmp_path / "ep", actions)
     r = episode_report(tmp_path / "ep")
     assert (r.task, r.seed, r.steps, r.success, r.fallen) == ("go2_flat", 3, 6, True, False)
     assert r.speed == 0.5 and r.distance == pytest.approx(0.05)
     assert (r.commands, r.changed, r.replaced) == (6, 2, 0)
     assert r.changed_elements == {NAMES[0]: 1, NAMES[4]: 1}
-    # the hip target moves at most 0.5 rad from the default -0.1: action (0.4 + 0.1) / 0.25 = 2
-    assert r.max_change == pytest.approx(100.0 - 2.0, abs=1e-3)
+    # the hip target moves at most 1.0 rad from the default -0.1: action 1.0 / 0.25 = 4
+    assert r.max_change == pytest.approx(100.0 - 4.0, abs=1e-3)
 
 
 def test_a_walking_gait_within_the_limits_passes_unchanged_and_hold_is_counted(tmp_path, capsys):

@@ -18,7 +18,14 @@ from trajectory_msgs.msg import JointTrajectory
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind
-from robot_drivers.safety import GO2_DEFAULT_POSE, GO2_JOINT_HIGH, SafetyConfig, SafetySupervisor
+from robot_drivers.safety import (
+    GO2_DEFAULT_POSE,
+    GO2_JOINT_HIGH,
+    GO2_TARGET_HIGH,
+    GO2_TARGET_MARGIN,
+    SafetyConfig,
+    SafetySupervisor,
+)
 from robot_drivers.safety_node import SafetyNode
 from robot_ros_helpers import RosHarness, diagnostics_text
 
@@ -73,11 +80,34 @@ def test_go2_joint_limits_and_target_step():
     a[0] = 100.0  # FR hip far beyond +1.0472 rad
     d = sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.01)
     target = np.asarray(GO2_DEFAULT_POSE) + 0.25 * d.command.values
-    assert "joint_limits" in d.clipped and target[0] == pytest.approx(GO2_JOINT_HIGH[0], abs=1e-5)
+    assert "joint_limits" in d.clipped and target[0] == pytest.approx(GO2_TARGET_HIGH[0], abs=1e-5)
     back = sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.02)
     target2 = np.asarray(GO2_DEFAULT_POSE) + 0.25 * back.command.values
     assert "max_target_step" in back.clipped
-    assert target2[0] == pytest.approx(GO2_JOINT_HIGH[0] - 0.2, abs=1e-5)
+    assert target2[0] == pytest.approx(GO2_TARGET_HIGH[0] - 0.2, abs=1e-5)
+
+
+def test_go2_defaults_pass_a_walking_gait_and_stop_garbage():
+    """The default target limits are the joint range widened by GO2_TARGET_MARGIN: the official
+    model's gait (calf targets up to 0.16 rad past the stop, steps up to 0.67 rad per tick)
+    passes unchanged, a target 0.5 rad past the stop or a 1.2 rad jump does not."""
+    sup = go2()
+    calf_stop = GO2_JOINT_HIGH[2]
+    to_action = lambda target: (target - GO2_DEFAULT_POSE[2]) / 0.25  # noqa: E731
+    a = np.zeros(12, np.float32)
+    a[2] = to_action(calf_stop + 0.16)
+    assert sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.01).status == "pass"
+    a[2] = to_action(calf_stop + 0.16 - 0.67)
+    assert sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.02).status == "pass"
+    a[2] = to_action(calf_stop + 0.5)  # 0.2 rad past the widened limit
+    d = sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.03)
+    target = GO2_DEFAULT_POSE[2] + 0.25 * d.command.values[2]
+    assert d.clipped == ["joint_limits"] and target == pytest.approx(calf_stop + 0.3, abs=1e-5)
+    assert GO2_TARGET_HIGH[2] == pytest.approx(calf_stop + GO2_TARGET_MARGIN)
+    a[2] = to_action(calf_stop - 0.9)  # a 1.2 rad jump inside the joint range
+    d = sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.04)
+    target = GO2_DEFAULT_POSE[2] + 0.25 * d.command.values[2]
+    assert d.clipped == ["max_target_step"] and target == pytest.approx(calf_stop - 0.7, abs=1e-5)
 
 
 def test_watchdog_hold_then_damp_and_stale_observation():

@@ -30,6 +30,17 @@ GO2_JOINT_HIGH = tuple(
     for v in (_HIP, _THIGH_FRONT if leg == "F" else _THIGH_REAR, _CALF)
 )
 GO2_DEFAULT_POSE = (-0.1, 0.8, -1.5, 0.1, 0.8, -1.5, -0.1, 1.0, -1.5, 0.1, 1.0, -1.5)
+# The joint-target limits are the joint range widened by this margin (rad). A PD target past a
+# stop only sets how hard the joint presses on it, and a walking gait does that: the official
+# model's gait (docs/official_model.md) puts calf targets up to 0.16 rad past their upper stop on
+# about half of its steps. The margin keeps about twice that, so the limits catch garbage, not
+# the gait.
+GO2_TARGET_MARGIN = 0.3
+GO2_TARGET_LOW = tuple(round(v - GO2_TARGET_MARGIN, 5) for v in GO2_JOINT_LOW)
+GO2_TARGET_HIGH = tuple(round(v + GO2_TARGET_MARGIN, 5) for v in GO2_JOINT_HIGH)
+# Largest joint-target change per control step (rad): the same gait steps its calf targets by up
+# to 0.67 rad in 20 ms; 1.0 leaves 1.5x that.
+GO2_MAX_TARGET_STEP = 1.0
 
 
 @dataclass
@@ -49,9 +60,9 @@ class SafetyConfig:
     # Go2
     action_scale: float = 0.25  # joint target = default_pose + action_scale * action
     default_pose: tuple[float, ...] = GO2_DEFAULT_POSE
-    joint_low: tuple[float, ...] = GO2_JOINT_LOW
-    joint_high: tuple[float, ...] = GO2_JOINT_HIGH
-    max_target_step: float = 0.5  # rad per control step between consecutive joint targets
+    joint_low: tuple[float, ...] = GO2_TARGET_LOW  # joint-target limits (GO2_TARGET_MARGIN)
+    joint_high: tuple[float, ...] = GO2_TARGET_HIGH
+    max_target_step: float = GO2_MAX_TARGET_STEP  # rad per control step between joint targets
 
     def __post_init__(self) -> None:
         if self.robot not in ("ur5e", "go2"):

@@ -27,8 +27,9 @@ from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.safety import (
     GO2_DEFAULT_POSE,
-    GO2_JOINT_HIGH,
-    GO2_JOINT_LOW,
+    GO2_MAX_TARGET_STEP,
+    GO2_TARGET_HIGH,
+    GO2_TARGET_LOW,
     Decision,
     SafetyConfig,
     SafetySupervisor,
@@ -90,11 +91,23 @@ PARAMS = (
     Param(
         "action_scale", 0.25, "Go2: joint target = default_pose + action_scale * action", 0.01, 2.0
     ),
-    Param("max_target_step", 0.5, "Go2: max joint-target change per control step (rad)", 0.01, 3.0),
-    Param("default_pose", list(GO2_DEFAULT_POSE), "Go2: default joint pose (rad), Unitree order"),
-    Param("joint_low", list(GO2_JOINT_LOW), "Go2: lower joint-target limits (rad), Unitree order"),
     Param(
-        "joint_high", list(GO2_JOINT_HIGH), "Go2: upper joint-target limits (rad), Unitree order"
+        "max_target_step",
+        GO2_MAX_TARGET_STEP,
+        "Go2: max joint-target change per control step (rad)",
+        0.01,
+        3.0,
+    ),
+    Param("default_pose", list(GO2_DEFAULT_POSE), "Go2: default joint pose (rad), Unitree order"),
+    Param(
+        "joint_low",
+        list(GO2_TARGET_LOW),
+        "Go2: lower joint-target limits (rad), Unitree order: the joint range less a margin",
+    ),
+    Param(
+        "joint_high",
+        list(GO2_TARGET_HIGH),
+        "Go2: upper joint-target limits (rad), Unitree order: the joint range plus a margin",
     ),
 )
 CONFIG_FIELDS = [f.name for f in dataclasses.fields(SafetyConfig)]
