@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import Parameter as ParameterMsg
 from rcl_interfaces.msg import ParameterType, ParameterValue
@@ -297,3 +298,18 @@ def test_diagnostics_levels_immediate_publish_and_stale(ros_domain):
         assert last == {"diag_user: link": 2, "diag_user: beat": 3}
     finally:
         ros.close()
+
+
+def test_a_misspelt_parameter_is_an_error_naming_the_closest_one():
+    """ROS 2 ignores a value for an undeclared parameter; the nodes refuse it by name."""
+    rclpy.init()
+    try:
+        with pytest.raises(
+            ValueError, match="unknown parameter 'max_target_stepp'.*'max_target_step'"
+        ):
+            SafetyNode(parameter_overrides=[Parameter("max_target_stepp", value=0.5)])
+        node = SafetyNode(parameter_overrides=[Parameter("max_target_step", value=0.5)])
+        assert node.params["max_target_step"] == 0.5
+        node.destroy_node()
+    finally:
+        rclpy.shutdown()

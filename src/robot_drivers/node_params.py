@@ -3,10 +3,14 @@
 Each node lists its tunables once as `Param`s; `NodeParams` declares them with a description and
 a range (rqt_reconfigure shows sliders), rejects bad values at set time with the reason, and
 queues accepted ones so the node applies them at the start of its next tick, never mid-tick.
+A value given for a parameter the node does not declare (a misspelt key in a parameter file or a
+`-p name:=value`) is an error that names it and the closest declared name: ROS 2 would otherwise
+ignore it silently.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import threading
 from dataclasses import dataclass
@@ -49,6 +53,23 @@ class Param:
         return d
 
 
+def unknown_parameters(node) -> list[str]:
+    """One message per value given to `node` (parameter file, -p, overrides) for a parameter it
+    has not declared, naming the closest declared parameter. Call after declaring them all."""
+    # rclpy keeps the given values and the declared parameters only in these attributes
+    # (rclpy.node.Node); there is no public accessor for either
+    given = getattr(node, "_parameter_overrides", {})
+    declared = list(getattr(node, "_parameters", {}))
+    problems = []
+    for name in sorted(given):
+        if node.has_parameter(name) or name.startswith("qos_overrides."):
+            continue
+        close = difflib.get_close_matches(name, declared, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        problems.append(f"unknown parameter {name!r} (not declared by this node){hint}")
+    return problems
+
+
 # check(name, value, all current values) -> None or the reason the value is rejected
 Check = Callable[[str, object, dict], "str | None"]
 
@@ -65,6 +86,9 @@ class NodeParams:
         self.values: dict[str, object] = {}
         for p in params:
             self.values[p.name] = node.declare_parameter(p.name, p.default, p.descriptor()).value
+        unknown = unknown_parameters(node)
+        if unknown:
+            raise ValueError(f"{node.get_name()}: " + "; ".join(unknown))
         for name, value in self.values.items():
             reason = self._validate(name, value, self.values)
             if reason:
