@@ -21,6 +21,7 @@ from simdist_adapter.bags import TYPESTORE, EpisodeBagWriter, EpisodeMeta
 from simdist_planner.planning.planner import planner_config_for
 from simdist_planner.ros import launch_description as desc
 from simdist_planner.ros import launcher, planner_node
+from test_planner_node import make_checkpoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")
@@ -262,9 +263,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_launcher_exits_non_zero_when_a_node_dies_and_stops_the_others(tmp_path, ros_domain):
+    checkpoint = make_checkpoint(tmp_path / "ck")
     out = subprocess.run(
         [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'missing'}",
-         f"checkpoint:={tmp_path}"],
+         f"checkpoint:={checkpoint}"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     log = out.stdout + out.stderr
@@ -275,11 +277,25 @@ def test_launcher_exits_non_zero_when_a_node_dies_and_stops_the_others(tmp_path,
     assert not any(_alive(p) for p in pids.values()), "a node outlived the launcher"
 
 
+def test_a_checkpoint_that_cannot_be_loaded_ends_the_graph_with_one_line(tmp_path, ros_domain):
+    _replay_bag(tmp_path / "ep", seconds=120)
+    out = subprocess.run(
+        [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'ep'}",
+         f"checkpoint:={tmp_path / 'nonexistent'}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    log = out.stdout + out.stderr
+    assert out.returncode == 1, log
+    assert "planner: cannot load checkpoint" in log and "wait_for_checkpoint" in log
+    assert "node planner died with exit code 1" in log and "[planner] Traceback" not in log
+
+
 def test_launcher_forwards_sigint_to_every_node(tmp_path, ros_domain):
     _replay_bag(tmp_path / "ep", seconds=120)
+    checkpoint = make_checkpoint(tmp_path / "ck")
     proc = subprocess.Popen(
         [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'ep'}",
-         f"checkpoint:={tmp_path}"],
+         f"checkpoint:={checkpoint}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(8.0)  # every node up (planner imports torch)

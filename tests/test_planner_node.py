@@ -368,18 +368,28 @@ def test_parameter_defaults_are_the_planner_config_of_the_robot_the_node_plans_f
 
     rclpy.init()
     try:
-        node = PlannerNode(parameter_overrides=[NodeParameter("checkpoint", value=go2)])
+        node = PlannerNode(
+            parameter_overrides=[
+                NodeParameter("checkpoint", value=go2),  # T = 3: refused by the go2 horizon 25
+                NodeParameter("wait_for_checkpoint", value=True),
+            ]
+        )
         assert node.robot == "go2" and node.params["horizon"] == 25
         assert node.params["max_observation_age_s"] == pytest.approx(0.05)
         node.destroy_node()
+        mismatch = [
+            NodeParameter("checkpoint", value=go2),
+            NodeParameter("robot", value="ur5e"),
+            NodeParameter("horizon", value=3),
+        ]
+        with pytest.raises(ValueError, match="cannot load checkpoint.*wait_for_checkpoint"):
+            PlannerNode(parameter_overrides=mismatch)  # a start-up error ends the node
+        with pytest.raises(ValueError, match="cannot load checkpoint"):
+            PlannerNode(parameter_overrides=[NodeParameter("checkpoint", value=str(tmp_path))])
         node = PlannerNode(
-            parameter_overrides=[
-                NodeParameter("checkpoint", value=go2),
-                NodeParameter("robot", value="ur5e"),
-                NodeParameter("horizon", value=3),
-            ]
+            parameter_overrides=[*mismatch, NodeParameter("wait_for_checkpoint", value=True)]
         )
-        assert node.robot == "ur5e" and node._loaded is None  # refused, the node stays up
+        assert node.robot == "ur5e" and node._loaded is None  # refused, the node waits
         assert node.params["temperature"] == 0.4
         with pytest.raises(
             ValueError, match="is a go2 model; this planner's parameters are ur5e's"

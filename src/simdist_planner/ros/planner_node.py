@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -90,6 +91,13 @@ STARTUP_PARAMS = (
         choices=("", *sorted(PLANNER_CONFIGS)),
     ),
     Param("checkpoint", "", "world-model checkpoint directory; ~/load_model (re)loads it"),
+    Param(
+        "wait_for_checkpoint",
+        False,
+        "start without a model when `checkpoint` cannot be loaded and wait for ~/load_model; "
+        "false = exit with the error",
+        read_only=True,
+    ),
     Param(
         "planner_preset",
         "",
@@ -353,10 +361,10 @@ class PlannerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("planner", **kwargs)
         self._loaded: LoadedModel | None = None
-        robot, checkpoint, preset = (
+        robot, checkpoint, wait_for_checkpoint, preset = (
             self.declare_parameter(q.name, q.default, q.descriptor()).value for q in STARTUP_PARAMS
         )
-        for q, value in zip(STARTUP_PARAMS, (robot, checkpoint, preset)):
+        for q, value in zip(STARTUP_PARAMS, (robot, checkpoint, wait_for_checkpoint, preset)):
             if q.choices and value not in q.choices:
                 raise ValueError(
                     f"planner: parameter {q.name}={value!r} must be one of {q.choices}"
@@ -386,8 +394,13 @@ class PlannerNode(Node):
         load_error = None
         try:
             self._install(load_world_model(checkpoint, p["device"]))
-        except Exception as exc:  # noqa: BLE001 - reported, the node stays up for a later load_model
+        except Exception as exc:  # noqa: BLE001 - reported; with wait_for_checkpoint the node stays up
             load_error = f"cannot load checkpoint {checkpoint!r}: {exc}"
+            if not wait_for_checkpoint:
+                raise ValueError(
+                    f"planner: {load_error} (set wait_for_checkpoint to start without a model "
+                    "and load one later with ~/load_model)"
+                ) from None
         self._pub_action = self.create_publisher(JointTrajectory, "/simdist/action", QOS)
         self._pub_plan = self.create_publisher(JointTrajectory, "/simdist/plan", QOS)
         self._pub_values = self.create_publisher(JointTrajectory, "/simdist/values", QOS)
@@ -794,7 +807,12 @@ class PlannerNode(Node):
 
 def main(args=None):
     rclpy.init(args=args)
-    node = PlannerNode()
+    try:
+        node = PlannerNode()
+    except ValueError as exc:  # a start-up error the user can fix: one line, no traceback
+        print(exc, file=sys.stderr)
+        rclpy.try_shutdown()
+        raise SystemExit(1) from None
     executor = MultiThreadedExecutor(num_threads=3)
     executor.add_node(node)
     try:
