@@ -1,6 +1,7 @@
 """Checkpoints: exact round trip, atomic replacement, and clear refusals of bad files."""
 
 import json
+import pathlib
 import pickle
 
 import pytest
@@ -12,6 +13,7 @@ from simdist_planner.model.checkpoint import (
     CheckpointError,
     load_checkpoint,
     read_metrics,
+    recover_dir,
     save_checkpoint,
 )
 from simdist_planner.model.config import AttentionConfig, go2_config
@@ -66,6 +68,32 @@ def test_save_replaces_atomically_and_leaves_no_temporaries(saved, tmp_path):
     assert torch.equal(
         loaded.f.decoder.layers[0].mlp.net[0].weight, model.f.decoder.layers[0].mlp.net[0].weight
     )
+
+
+def test_a_save_killed_between_its_renames_loses_nothing_but_itself(saved, tmp_path, monkeypatch):
+    """replace_dir renames the old version away, then the new one in; a kill between the two
+    leaves no checkpoint directory. Loading puts the previous version back."""
+    model, path, _ = saved
+    before = load_checkpoint(path).state_dict()
+    real_rename = pathlib.Path.rename
+
+    def killed_after_first(self, target):
+        if ".tmp-" in self.name:  # the second rename: the process dies here
+            raise KeyboardInterrupt
+        return real_rename(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "rename", killed_after_first)
+    with torch.no_grad():
+        model.f.decoder.layers[0].mlp.net[0].weight.add_(1.0)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(model, path)
+    monkeypatch.undo()
+    assert not path.exists() and any(p.name.startswith(".ckpt.old-") for p in tmp_path.iterdir())
+    assert recover_dir(tmp_path / "missing") is None  # nothing to recover
+    loaded = load_checkpoint(path)  # recovers the previous version
+    after = loaded.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert recover_dir(path) is None  # present: nothing to do
 
 
 def test_truncated_weights_are_refused(saved):

@@ -66,7 +66,9 @@ def _write_json(path: pathlib.Path, data) -> None:
 
 
 def replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
-    """Move the finished directory `tmp` to `final`, replacing what was there by renames only."""
+    """Move the finished directory `tmp` to `final`, replacing what was there by renames only.
+    A kill between the two renames leaves no `final` but the previous version beside it as
+    `.<name>.old-*`; `recover_dir(final)` puts that back."""
     old = None
     if final.exists():
         old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
@@ -74,6 +76,22 @@ def replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
     tmp.rename(final)
     if old is not None:
         shutil.rmtree(old)
+
+
+def recover_dir(final) -> pathlib.Path | None:
+    """If `final` is missing because `replace_dir` was killed between its renames, move the
+    previous version (the newest `.<name>.old-*` beside it) back; returns it, else None."""
+    final = pathlib.Path(final)
+    if final.exists():
+        return None
+    olds = sorted(final.parent.glob(f".{final.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    if not olds:
+        return None
+    try:
+        olds[-1].rename(final)
+    except FileNotFoundError:  # another process (a DDP rank) recovered it first
+        return None
+    return olds[-1]
 
 
 def save_checkpoint(model, path, metrics: dict | None = None) -> pathlib.Path:
@@ -148,6 +166,7 @@ def _config_diff(a: WorldModelConfig, b: WorldModelConfig) -> list[str]:
 def load_checkpoint(path, device="cpu", expect: WorldModelConfig | None = None) -> WorldModel:
     """Rebuild the model saved at `path`; with `expect`, refuse a checkpoint of another config."""
     path = pathlib.Path(path)
+    recover_dir(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: checkpoint directory does not exist")
     config = read_config(path)

@@ -30,7 +30,12 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from simdist_planner.model.checkpoint import load_checkpoint, read_config, save_checkpoint
+from simdist_planner.model.checkpoint import (
+    load_checkpoint,
+    read_config,
+    recover_dir,
+    save_checkpoint,
+)
 from simdist_planner.model.losses import TERMS, near_field_slices, world_model_loss
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.training.config import PretrainConfig
@@ -102,6 +107,8 @@ def pretrain(
     if check_model is not None and rank == 0:
         check_model(model)
     model.to(dev)
+    if recover_dir(out / "train_state") is not None:  # a save was killed between its renames
+        print(f"pretrain: recovered {out / 'train_state'} from the save before the interrupted one")
     resuming = (out / "train_state" / "state.json").is_file()
     stage = cfg.encoder_stage
     if stage is not None and not resuming:  # the stage's result lives on in the model's weights
