@@ -14,10 +14,14 @@ import time
 
 import numpy as np
 import pytest
+import rclpy
 import yaml
+from rclpy.parameter import Parameter
 
+from robot_drivers import ros_msgs
 from robot_drivers.specs import robot_spec
 from simdist_adapter.bags import TYPESTORE, EpisodeBagWriter, EpisodeMeta
+from simdist_adapter.replay_node import ReplayNode
 from simdist_planner.planning.planner import planner_config_for
 from simdist_planner.ros import launch_description as desc
 from simdist_planner.ros import launcher, planner_node
@@ -307,3 +311,39 @@ def test_launcher_forwards_sigint_to_every_node(tmp_path, ros_domain):
     assert "escalating" not in stderr, "a node ignored SIGINT"
     pids = _started_pids(stderr)
     assert len(pids) == 3 and not any(_alive(p) for p in pids.values())
+
+
+@pytest.mark.parametrize("graph", sorted(desc.GRAPHS))
+def test_replay_defaults_to_the_drivers_topics(graph):
+    """A replayed graph recomputes what follows the driver: the replay publishes only the
+    driver's topics, never recorded observations or actions on top of the recomputed ones."""
+    section = yaml.safe_load(desc.config_path(graph).read_text())["replay"]["ros__parameters"]
+    robot = desc.GRAPHS[graph].robot
+    assert section["topics"] == ros_msgs.driver_topics(robot_spec(robot))
+    assert not any(
+        t.startswith(("/simdist/observation", "/simdist/action")) for t in section["topics"]
+    )
+
+
+def test_replay_skips_listed_topics_the_bag_lacks_and_refuses_a_list_it_has_none_of(tmp_path):
+    _replay_bag(tmp_path / "ep", seconds=2)
+    rclpy.init()
+    try:
+        driver = ros_msgs.driver_topics(robot_spec("ur5e"))
+        node = ReplayNode(
+            parameter_overrides=[
+                Parameter("bag", value=str(tmp_path / "ep")),
+                Parameter("topics", value=driver),
+            ]
+        )
+        assert node.topics == ["/joint_states"]  # the bag's only driver topic
+        node.destroy_node()
+        with pytest.raises(ValueError, match="none of the topics"):
+            ReplayNode(
+                parameter_overrides=[
+                    Parameter("bag", value=str(tmp_path / "ep")),
+                    Parameter("topics", value=["/tcp_pose"]),
+                ]
+            )
+    finally:
+        rclpy.shutdown()

@@ -266,6 +266,18 @@ def episode_msg(**fields) -> String:
 
 
 # --- commands ----------------------------------------------------------------------------------
+def driver_topics(spec: RobotSpec) -> list[str]:
+    """The topics a robot driver publishes for `spec` (MuJoCo or hardware), /clock aside: what a
+    replay re-publishes so that ingestion and the planner recompute everything after them."""
+    topics = ["/joint_states", "/simdist/robot/proprio", "/simdist/episode"]
+    topics += [f"/camera/{cam}/image_raw" for cam in spec.cameras]
+    if spec.name == "go2":
+        topics += ["/imu", "/odom", "/height_map"]
+    else:
+        topics += ["/tcp_pose"]
+    return topics
+
+
 def action_names(robot: str) -> list[str]:
     """Element names of a robot's action vector (the `joint_names` of a command message)."""
     if robot not in ACTION_NAMES:

@@ -3,8 +3,12 @@
 Messages go out as the recorded CDR bytes, in recorded order, spaced by their recorded receive
 times divided by `rate`; before each new time `/clock` is published with the bag time, so nodes
 with `use_sim_time` (ingestion, planner) run on the logged timeline: open-loop evaluation on
-real data. `topics` / `exclude_topics` choose what is replayed (exclude the planner's own outputs
-when re-running it). The node exits 0 when the bag is done (the launcher then stops the graph).
+real data. `topics` / `exclude_topics` choose what is replayed. The graphs' parameter files list
+the driver's topics (`robot_drivers.ros_msgs.driver_topics`), so ingestion and the planner
+recompute everything after them and no recorded action is published on top of theirs; a listed
+topic the bag lacks (a hardware bag has no `/simdist/episode`) is skipped with a warning, and a
+list of which the bag has none is an error. The node exits 0 when the bag is done (the launcher
+then stops the graph).
 """
 
 from __future__ import annotations
@@ -32,7 +36,12 @@ QOS = QoSProfile(
 PARAMS = (
     Param("bag", "", "episode bag directory to replay", read_only=True),
     Param("rate", 1.0, "playback speed: 1 = real time, 2 = twice as fast", 0.01, 100.0),
-    Param("topics", [""], "topics to replay (empty: all recorded topics)", read_only=True),
+    Param(
+        "topics",
+        [""],
+        "topics to replay (empty: all recorded topics; the graphs replay the driver's)",
+        read_only=True,
+    ),
     Param(
         "exclude_topics",
         ["/clock", "/rosout", "/parameter_events", "/diagnostics"],
@@ -77,12 +86,16 @@ class ReplayNode(Node):
         if not self.params["bag"]:
             raise ValueError("parameter 'bag' is required: the episode bag directory to replay")
         self.bag = EpisodeBag(self.params["bag"])
-        wanted = [t for t in self.params["topics"] if t] or list(self.bag.topics)
-        unknown = sorted(set(wanted) - set(self.bag.topics))
-        if unknown:
+        listed = [t for t in self.params["topics"] if t]
+        wanted = [t for t in listed if t in self.bag.topics] if listed else list(self.bag.topics)
+        if listed and not wanted:
             raise ValueError(
-                f"topics {unknown} are not in {self.bag.path} (it has {sorted(self.bag.topics)})"
+                f"none of the topics {listed} is in {self.bag.path} "
+                f"(it has {sorted(self.bag.topics)})"
             )
+        missing = sorted(set(listed) - set(wanted))
+        if missing:
+            self.get_logger().warning(f"{self.bag.path} has no {missing}; replaying the rest")
         self.topics = [t for t in wanted if t not in set(self.params["exclude_topics"])]
         self._pubs = {
             t: self.create_publisher(message_class(self.bag.topics[t]), t, QOS) for t in self.topics
