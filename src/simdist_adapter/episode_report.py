@@ -24,6 +24,7 @@ from rclpy.serialization import deserialize_message
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
+from robot_drivers.ros_msgs import stamp_ns
 from simdist_adapter.bags import BagError, EpisodeBag
 
 EPISODE, ACTION, SAFE = "/simdist/episode", "/simdist/action", "/simdist/safe_command"
@@ -49,10 +50,6 @@ class EpisodeReport:
     changed_elements: dict = field(default_factory=dict)  # element name -> times changed
 
 
-def _stamp(msg) -> int:
-    return int(msg.header.stamp.sec) * 1_000_000_000 + int(msg.header.stamp.nanosec)
-
-
 def _values(msg) -> np.ndarray | None:
     """A command message's values; None for HOLD / DAMP (no values)."""
     if not msg.points or len(msg.points[0].positions) == 0:
@@ -71,12 +68,12 @@ def episode_report(path) -> EpisodeReport:
                 continue
             msg = deserialize_message(m.data, JointTrajectory)
             if m.topic == ACTION:
-                planned[_stamp(msg)] = _values(msg)
+                planned[stamp_ns(msg.header.stamp)] = _values(msg)
                 names = list(msg.joint_names)
             else:
                 # the supervisor's answer to a plan; a later one for the same stamp is a watchdog
                 # re-send and does not replace it
-                forwarded.setdefault(_stamp(msg), _values(msg))
+                forwarded.setdefault(stamp_ns(msg.header.stamp), _values(msg))
         meta = bag.meta
     if last is None:
         raise BagError(f"{path}: no {EPISODE} message")

@@ -109,7 +109,8 @@ STARTUP_PARAMS = (
 )
 
 # PlannerConfig fields that are node parameters (same names): (name, description, low, high,
-# choices). Their defaults are the robot's PlannerConfig (planning.planner.PLANNER_CONFIGS).
+# choices). Their defaults are the planner preset's PlannerConfig
+# (planning.planner.PLANNER_PRESETS).
 PLANNER_PARAMS = (
     ("num_samples", "MPPI Gaussian candidates per iteration", 1, 16384, ()),
     ("mixture_coef", "base-policy candidates = num_samples x mixture_coef", 0.0, 1.0, ()),
