@@ -2,14 +2,18 @@
 
     python benchmarks/planner.py [--device cuda] [--steps 200] [--robots go2,ur5e]
                                  [--dynamics chunked,autoregressive] [--threads N]
+                                 [--samples N] [--iterations N] [--evaluators eager,fast]
                                  [--checkpoint DIR [--planner-preset NAME]]
 
 Each row builds a randomly initialised WorldModel of the official size (Go2: latent 64,
 H = T = 25, height map; UR5e: three 224x224 cameras through ResNet-18, H = T = 5), the official
-MPPI setting (450 + 22 = 472 candidates, 8 iterations, 64 elites) and times `plan()` end to end,
-observation encoding and the host transfer of the action included. Latency does not depend on the
-weights, so no checkpoint is needed. Prints min / median / p95 / max and the control rate
-(1 / median) beside the rate each robot runs at. `--checkpoint` times one more row: that
+MPPI setting (450 + 22 = 472 candidates, 8 iterations, 64 elites; `--samples` / `--iterations`
+change it) and times `plan()` end to end, observation encoding and the host transfer of the action
+included, once per evaluator (PlannerConfig.evaluator: the eager reference and the fast path),
+the evaluators' steps interleaved so that both see the same machine load. Latency does not
+depend on the weights, so no checkpoint is needed. Prints min / median / p95 / max, the control
+rate (1 / median) beside the rate each robot runs at, the fast path's speed-up, and one
+`RESULT {json}` line per row for comparing runs. `--checkpoint` times one more row: that
 checkpoint with the planner preset it plans with (planner.default_preset: `official` for an
 imported official model), e.g. the official model at the official controller's settings.
 """
@@ -17,8 +21,10 @@ imported official model), e.g. the official model at the official controller's s
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -28,6 +34,7 @@ from simdist_planner.model.checkpoint import load_checkpoint
 from simdist_planner.model.config import go2_config, ur5e_config
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning.planner import (
+    EVALUATORS,
     PLANNER_PRESETS,
     MPPIPlanner,
     default_preset,
@@ -59,51 +66,69 @@ def random_inputs(cfg, device, generator):
     return {k: v.to(device) for k, v in obs.items()}, proprio.to(device), actions.to(device)
 
 
-def bench(robot: str, dynamics: str, device: torch.device, steps: int) -> dict:
+def bench(robot: str, dynamics: str, device, steps: int, overrides: dict, evaluators) -> list:
     model_factory, planner_factory, rate_hz = ROBOTS[robot]
     cfg = model_factory(dynamics_kind=dynamics)
     torch.manual_seed(0)
     model = WorldModel(cfg).to(device).eval()
-    planner_cfg = planner_factory([-1.0] * cfg.action_dim, [1.0] * cfg.action_dim)
-    return time_planner(model, planner_cfg, device, steps, robot, dynamics, rate_hz)
+    planner_cfg = planner_factory([-1.0] * cfg.action_dim, [1.0] * cfg.action_dim, **overrides)
+    return time_planner(model, planner_cfg, device, steps, robot, dynamics, rate_hz, evaluators)
 
 
-def bench_checkpoint(path: str, preset: str, device: torch.device, steps: int) -> dict:
-    """The row of a checkpoint with `preset` (default: the one it plans with)."""
+def bench_checkpoint(path: str, preset: str, device, steps: int, overrides, evaluators) -> list:
+    """The rows of a checkpoint with `preset` (default: the one it plans with)."""
     model = load_checkpoint(path, device=device).eval()
     spec = robot_spec(model.config.robot)
     preset = preset or default_preset(spec.name, model.config)
-    planner_cfg = planner_config_for(spec, preset, horizon=model.config.horizon)
+    planner_cfg = planner_config_for(spec, preset, horizon=model.config.horizon, **overrides)
     label = f"{model.config.dynamics_kind} ({preset})"
-    return time_planner(model, planner_cfg, device, steps, spec.name, label, spec.control_rate_hz)
+    return time_planner(
+        model, planner_cfg, device, steps, spec.name, label, spec.control_rate_hz, evaluators
+    )
 
 
-def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz) -> dict:
+def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz, evaluators) -> list:
+    """One row per evaluator; their timed steps alternate (eager, fast, eager, ...)."""
     cfg = model.config
-    planner = MPPIPlanner(model, planner_cfg, device)
-    inputs = random_inputs(cfg, device, torch.Generator().manual_seed(0))
-    for _ in range(WARMUP_STEPS):
-        planner.plan(*inputs)
-    latencies = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        planner.plan(*inputs)  # ends in a host transfer, so the device work is complete
-        latencies.append(time.perf_counter() - start)
-    ms = np.array(latencies) * 1e3
-    return {
-        "robot": robot,
-        "dynamics": label,
-        "candidates": planner_cfg.num_candidates,
-        "iterations": planner_cfg.iterations,
-        "HT": f"{cfg.history}/{cfg.horizon}",
-        "cameras": cfg.num_cameras,
-        "min": ms.min(),
-        "median": float(np.median(ms)),
-        "p95": float(np.percentile(ms, 95)),
-        "max": ms.max(),
-        "rate": 1e3 / float(np.median(ms)),
-        "target": rate_hz,
+    planners = {
+        name: MPPIPlanner(model, replace(planner_cfg, evaluator=name), device)
+        for name in evaluators
     }
+    inputs = random_inputs(cfg, device, torch.Generator().manual_seed(0))
+    for planner in planners.values():
+        for _ in range(WARMUP_STEPS):
+            planner.plan(*inputs)
+    latencies = {name: [] for name in planners}
+    for _ in range(steps):
+        for name, planner in planners.items():
+            start = time.perf_counter()
+            planner.plan(*inputs)  # ends in a host transfer, so the device work is complete
+            latencies[name].append(time.perf_counter() - start)
+    rows = []
+    for name, planner in planners.items():
+        ms = np.array(latencies[name]) * 1e3
+        rows.append(
+            {
+                "robot": robot,
+                "dynamics": label,
+                "evaluator": planner.evaluator,
+                "candidates": planner_cfg.num_candidates,
+                "iterations": planner_cfg.iterations,
+                "HT": f"{cfg.history}/{cfg.horizon}",
+                "cameras": cfg.num_cameras,
+                "min": float(ms.min()),
+                "median": float(np.median(ms)),
+                "p95": float(np.percentile(ms, 95)),
+                "max": float(ms.max()),
+                "rate": 1e3 / float(np.median(ms)),
+                "target": rate_hz,
+            }
+        )
+    if "eager" in latencies and len(rows) > 1:
+        eager = next(r["median"] for r in rows if r["evaluator"] == "eager")
+        for row in rows:
+            row["speedup"] = eager / row["median"]
+    return rows
 
 
 def main(argv=None) -> None:
@@ -117,6 +142,13 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads (0: torch default)"
     )
+    parser.add_argument("--samples", type=int, default=0, help="num_samples (0: the preset's)")
+    parser.add_argument("--iterations", type=int, default=0, help="iterations (0: the preset's)")
+    parser.add_argument(
+        "--evaluators",
+        default="eager,fast",
+        help="PlannerConfig.evaluator values to time side by side",
+    )
     parser.add_argument("--checkpoint", default=None, help="also time this checkpoint")
     parser.add_argument(
         "--planner-preset",
@@ -127,6 +159,15 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be >= 1")
+    evaluators = [e for e in args.evaluators.split(",") if e]
+    if not evaluators or not set(evaluators) <= set(EVALUATORS):
+        parser.error(f"--evaluators: choose from {EVALUATORS}")
+    overrides = {}
+    if args.samples:
+        overrides["num_samples"] = args.samples
+        overrides["num_elites"] = min(64, args.samples)
+    if args.iterations:
+        overrides["iterations"] = args.iterations
     robots = [r for r in args.robots.split(",") if r]
     kinds = [k for k in args.dynamics.split(",") if k]
     for r in robots:
@@ -140,29 +181,43 @@ def main(argv=None) -> None:
         if device.type == "cuda"
         else platform.processor() or "cpu"
     )
+    threads = torch.get_num_threads()
     print(
         f"device {device} ({name}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} CPU threads, "
+        f"{threads} CPU threads, "
         f"{args.steps} timed steps after {WARMUP_STEPS} warm-up"
     )
     header = (
-        f"{'robot':6} {'dynamics':24} {'cand':>5} {'iter':>4} {'H/T':>6} {'cams':>4} "
-        f"{'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'rate Hz':>8} {'needs':>6}"
+        f"{'robot':6} {'dynamics':24} {'eval':5} {'cand':>5} {'iter':>4} {'H/T':>6} {'cams':>4} "
+        f"{'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'rate Hz':>8} {'needs':>6} "
+        f"{'speed-up':>8}"
     )
     print(header)
     print("-" * len(header))
-    rows = (bench(robot, kind, device, args.steps) for robot in robots for kind in kinds)
+    groups = (
+        bench(robot, kind, device, args.steps, overrides, evaluators)
+        for robot in robots
+        for kind in kinds
+    )
     if args.checkpoint:
-        rows = [*rows, bench_checkpoint(args.checkpoint, args.planner_preset, device, args.steps)]
-    for row in rows:
-        ok = "ok" if row["rate"] >= row["target"] else "SLOW"
-        print(
-            f"{row['robot']:6} {row['dynamics']:24} {row['candidates']:5d} "
-            f"{row['iterations']:4d} {row['HT']:>6} {row['cameras']:4d} "
-            f"{row['min']:9.1f} {row['median']:9.1f} {row['p95']:9.1f} {row['max']:9.1f} "
-            f"{row['rate']:8.1f} {row['target']:4.0f}Hz {ok}",
-            flush=True,
+        checkpoint_rows = bench_checkpoint(
+            args.checkpoint, args.planner_preset, device, args.steps, overrides, evaluators
         )
+        groups = [*groups, checkpoint_rows]
+    for rows in groups:
+        for row in rows:
+            ok = "ok" if row["rate"] >= row["target"] else "SLOW"
+            speedup = f"{row['speedup']:7.2f}x" if "speedup" in row else ""
+            print(
+                f"{row['robot']:6} {row['dynamics']:24} {row['evaluator']:5} "
+                f"{row['candidates']:5d} {row['iterations']:4d} {row['HT']:>6} "
+                f"{row['cameras']:4d} {row['min']:9.1f} {row['median']:9.1f} "
+                f"{row['p95']:9.1f} {row['max']:9.1f} {row['rate']:8.1f} "
+                f"{row['target']:4.0f}Hz {ok:4} {speedup:>8}",
+                flush=True,
+            )
+        for row in rows:
+            print("RESULT " + json.dumps({"device": name, "threads": threads, **row}), flush=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from simdist_planner.model.official import is_official
+from simdist_planner.planning.fast_objective import FastObjective
 
 
 class PlannerError(RuntimeError):
@@ -70,6 +71,7 @@ class WorldModelLike(Protocol):
 
 
 WARM_STARTS = ("roll", "shift", "policy")
+EVALUATORS = ("fast", "eager")
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,11 @@ class PlannerConfig:
     # units (Go2: mppi.yaml is in raw policy-action units). UR5e: half the action range, so its
     # settings act on actions normalised to [-1, 1] (ur5e_planner_config).
     std_scale: tuple[float, ...] = ()
+    # How candidates are scored. "fast": planning.fast_objective (the same f, R and V arranged for
+    # throughput; used when the model is a WorldModel, otherwise the eager path runs). "eager":
+    # the model's own dynamics / reward / value calls, the reference the fast path is tested
+    # against (docs/planner.md).
+    evaluator: str = "fast"
 
     def __post_init__(self) -> None:
         problems = []
@@ -156,6 +163,8 @@ class PlannerConfig:
             problems.append(
                 f"value_discount_offset must be 0 or 1, got {self.value_discount_offset}"
             )
+        if self.evaluator not in EVALUATORS:
+            problems.append(f"evaluator must be one of {EVALUATORS}, got {self.evaluator!r}")
         if self.warm_start not in WARM_STARTS:
             problems.append(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
         if self.std_scale and (
@@ -338,7 +347,18 @@ class MPPIPlanner:
         self._prev_mean = torch.empty(T, A, device=dev)
         self._std = torch.empty(T, A, device=dev)
         self._latents: torch.Tensor | None = None  # (S + P, T + 1, D), sized on first plan()
+        self._fast = (
+            FastObjective(model, self._discounts, self._tail_discount)
+            if c.evaluator == "fast" and FastObjective.supports(model)
+            else None
+        )
         self.reset()
+
+    @property
+    def evaluator(self) -> str:
+        """The evaluator that scores candidates: "fast" or "eager" (config.evaluator "fast" on a
+        model the fast path does not support runs "eager")."""
+        return "eager" if self._fast is None else "fast"
 
     def reset(self, seed: int | None = None) -> None:
         """Forget the warm start and reseed; the next plan starts from a zero mean."""
@@ -376,6 +396,8 @@ class MPPIPlanner:
         command = obs.get("command")
 
         z = model.encode(obs)
+        if z.ndim != 2 or z.shape[0] != 1:
+            raise PlannerError(f"model.encode returned shape {tuple(z.shape)}, expected (1, D)")
         history = model.encode_history(proprio_history, action_history)
         policy_chunk = model.policy(z, history, command, obs["proprio"])
         if tuple(policy_chunk.shape) != (1, T, A):
@@ -390,10 +412,7 @@ class MPPIPlanner:
             _any_nonfinite(policy_chunk),
         ]
         context = model.dynamics_context(z, history)  # f's K / V: once per step, for all candidates
-        latents = self._latent_buffer(z)
-        latents[:, 0].copy_(z.expand(N, -1))
-        z_all, history_all = z.expand(N, -1), history.expand(N, -1, -1)
-        command_all = None if command is None else command.expand(N, -1)
+        score = self._scorer(z, history, context, command, N)
 
         # Warm start (see PlannerConfig.warm_start); the std restarts wide.
         d = c.delay
@@ -432,9 +451,7 @@ class MPPIPlanner:
             )
             torch.addcmul(self._mean, self._std, self._noise, out=gaussian_part)
             self._clamp(gaussian_part)
-            returns, bad = self._evaluate(
-                z_all, history_all, context, command_all, self._actions, latents
-            )
+            returns, bad = score(self._actions)
             nonfinite += bad.sum()
             if c.policy_prior:
                 returns = returns - c.policy_prior * self.policy_distance(
@@ -513,18 +530,7 @@ class MPPIPlanner:
             z = self.model.encode(obs)
             history = self.model.encode_history(proprio_history, action_history)
             context = self.model.dynamics_context(z, history)
-            latents = torch.empty(
-                n, self.config.horizon + 1, z.shape[1], dtype=z.dtype, device=self.device
-            )
-            latents[:, 0].copy_(z.expand(n, -1))
-            returns, bad = self._evaluate(
-                z.expand(n, -1),
-                history.expand(n, -1, -1),
-                context,
-                None if command is None else command.expand(n, -1),
-                chunks,
-                latents,
-            )
+            returns, bad = self._scorer(z, history, context, command, n)(chunks)
         if bool(bad.any()):
             raise PlannerError(f"non-finite objective for {int(bad.sum())} of {n} chunks")
         return returns
@@ -542,6 +548,19 @@ class MPPIPlanner:
         rewards = self.model.reward(latents, actions, command)
         values = self.model.value(latents, command)
         return rewards @ self._discounts + self._tail_discount * values[:, -1], rewards, values
+
+    def _scorer(self, z, history, context, command, n: int):
+        """The step's candidate scorer: chunks (n, T, A) -> (returns (n,), non-finite mask (n,)),
+        on the fast path or the eager one (`evaluator`)."""
+        if self._fast is not None:
+            return self._fast.prepare(z, history, context, command)
+        latents = self._latent_buffer(z, n)
+        latents[:, 0].copy_(z.expand(n, -1))
+        z_all, history_all = z.expand(n, -1), history.expand(n, -1, -1)
+        command_all = None if command is None else command.expand(n, -1)
+        return lambda actions: self._evaluate(
+            z_all, history_all, context, command_all, actions, latents
+        )
 
     def _evaluate(self, z, history, context, command, actions, latents):
         """Discounted returns (N,) of all candidates in one batched pass, and a non-finite mask."""
@@ -564,6 +583,7 @@ class MPPIPlanner:
         new_mean = (weights * elites).sum(0)
         new_std = (weights * (elites - new_mean).square()).sum(0).sqrt()
         self._mean.mul_(c.momentum).add_(new_mean, alpha=1.0 - c.momentum)
+        self._clamp(self._mean)  # a weighted mean of bounded elites can round past a bound
         torch.maximum(new_std, self._min_std, out=self._std)
 
     def _clamp(self, actions: torch.Tensor) -> None:
@@ -572,10 +592,8 @@ class MPPIPlanner:
         torch.maximum(actions, self._low, out=actions)
         torch.minimum(actions, self._high, out=actions)
 
-    def _latent_buffer(self, z: torch.Tensor) -> torch.Tensor:
-        if z.ndim != 2 or z.shape[0] != 1:
-            raise PlannerError(f"model.encode returned shape {tuple(z.shape)}, expected (1, D)")
-        shape = (self.config.num_candidates, self.config.horizon + 1, z.shape[1])
+    def _latent_buffer(self, z: torch.Tensor, n: int) -> torch.Tensor:
+        shape = (n, self.config.horizon + 1, z.shape[1])
         if self._latents is None or self._latents.shape != shape or self._latents.dtype != z.dtype:
             self._latents = torch.empty(shape, dtype=z.dtype, device=self.device)
         return self._latents
