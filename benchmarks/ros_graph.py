@@ -13,8 +13,14 @@ listens from a separate process:
 - achieved rate: planner actions per wall second vs the nominal control rate; MPPI vs base-policy
   ticks and deadline misses from the planner's diagnostics.
 
+With `--lockstep` the MuJoCo driver waits for every answer instead (as in `make demo`,
+recording and adapter on): it reports lockstep ticks per wall second beside the planner's own
+latency per tick (its diagnostics), and the overhead the graph adds to each plan:
+wall time per tick - plan latency (the issue's bound: <= 0.3 x plan + 10 ms).
+
     python benchmarks/ros_graph.py                      # UR5e (three cameras) and Go2
     python benchmarks/ros_graph.py --robot ur5e --seconds 30 --samples 128
+    python benchmarks/ros_graph.py --robot go2 --lockstep --samples 64 --iterations 2
 """
 
 from __future__ import annotations
@@ -64,7 +70,12 @@ def make_checkpoint(robot: str, path: pathlib.Path) -> str:
 
 
 def measure(
-    robot: str, seconds: float, samples: int | None, iterations: int | None, workdir: pathlib.Path
+    robot: str,
+    seconds: float,
+    samples: int | None,
+    iterations: int | None,
+    workdir: pathlib.Path,
+    lockstep: bool = False,
 ) -> dict:
 
     graph = GRAPHS[robot]
@@ -74,13 +85,22 @@ def measure(
         planner["num_samples"], planner["num_elites"] = samples, min(planner["num_elites"], samples)
     if iterations:
         planner["iterations"] = iterations
+    if lockstep:  # the adapter's registry and scratch space stay in the temporary directory
+        adapter = params["adapter"]["ros__parameters"]
+        adapter["registry_dir"] = str(workdir / "models")
+        adapter["work_dir"] = str(workdir / "work")
     params_file = workdir / f"{graph}_bench.yaml"
     params_file.write_text(yaml.safe_dump(params))
     checkpoint = make_checkpoint(robot, workdir / f"{robot}_ck")
     domain = random.randint(201, 232)
     os.environ["ROS_DOMAIN_ID"] = str(domain)
+    mode = (
+        ["lockstep:=true", "record:=true", "adapt:=true", f"bag_dir:={workdir / 'bags'}"]
+        if lockstep
+        else ["lockstep:=false"]
+    )
     launch = subprocess.Popen(
-        [SIMDIST, "launch", graph, "lockstep:=false", f"checkpoint:={checkpoint}",
+        [SIMDIST, "launch", graph, *mode, f"checkpoint:={checkpoint}",
          f"params_file:={params_file}", f"domain:={domain}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -100,9 +120,13 @@ def measure(
 
         return cb
 
+    latencies: dict[str, float] = {}  # last_stamp -> the planner's latency of that tick (ms)
+
     def on_diag(msg):
         for s in msg.status:
-            diags[s.name] = {kv.key: kv.value for kv in s.values}
+            diags[s.name] = values = {kv.key: kv.value for kv in s.values}
+            if s.name == "planner: planning" and "last_latency_ms" in values:
+                latencies[values.get("last_stamp", "")] = float(values["last_latency_ms"])
 
     node.create_subscription(JointState, "/simdist/robot/proprio", keep("robot"), QOS)
     node.create_subscription(JointState, "/simdist/observation/proprio", keep("observation"), QOS)
@@ -118,6 +142,7 @@ def measure(
                 raise RuntimeError(f"the {graph} graph never produced an action:\n{stderr}")
         for store in seen.values():
             store.clear()
+        latencies.clear()
         start = time.monotonic()
         while time.monotonic() - start < seconds:
             rclpy.spin_once(node, timeout_sec=0.05)
@@ -135,7 +160,13 @@ def measure(
     nominal = {"ur5e": 5.0, "go2": 50.0}[robot]
     planner_diag = diags.get("planner: planning", {})
     ingestion_diag = diags.get("ingestion: observation", {})
+    plan_ms = np.array(list(latencies.values()))
+    tick_ms = 1e3 * elapsed / max(len(seen["action"]), 1)
     return {
+        "lockstep": lockstep,
+        "tick_wall_ms": tick_ms,
+        "plan_ms": _stats(plan_ms),
+        "plan_ms_median": float(np.median(plan_ms)) if plan_ms.size else float("nan"),
         "robot": robot,
         "mppi": f"{planner['num_samples']} samples x {planner['iterations']} iterations",
         "nominal_hz": nominal,
@@ -170,6 +201,11 @@ def main() -> None:
     parser.add_argument(
         "--iterations", type=int, default=None, help="MPPI iterations (default: the config's)"
     )
+    parser.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="simulator waits for each answer (recording and adapter on): ticks per wall second",
+    )
     args = parser.parse_args()
     os.environ.setdefault("MENAGERIE_ROOT", str(ROOT.parent / "shared" / "menagerie"))
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -177,8 +213,24 @@ def main() -> None:
     robots = ["ur5e", "go2"] if args.robot == "both" else [args.robot]
     with tempfile.TemporaryDirectory() as tmp:
         for robot in robots:
-            result = measure(robot, args.seconds, args.samples, args.iterations, pathlib.Path(tmp))
-            print(f"== {robot} ({GRAPHS[robot]} graph, real-time driver, MPPI {result['mppi']}) ==")
+            result = measure(
+                robot, args.seconds, args.samples, args.iterations, pathlib.Path(tmp), args.lockstep
+            )
+            driver = (
+                "lockstep driver, recorder and adapter" if args.lockstep else "real-time driver"
+            )
+            print(f"== {robot} ({GRAPHS[robot]} graph, {driver}, MPPI {result['mppi']}) ==")
+            if args.lockstep:
+                plan = result["plan_ms_median"]
+                print(f"  lockstep ticks            {result['actions_hz']:.2f} per wall second")
+                print(f"  wall time per tick        {result['tick_wall_ms']:.1f} ms")
+                print(f"  planner latency (ms)      {result['plan_ms']}")
+                print(
+                    f"  graph overhead per tick   {result['tick_wall_ms'] - plan:.1f} ms "
+                    f"(bound 0.3 x plan + 10 ms = {0.3 * plan + 10:.1f} ms)"
+                )
+                print(f"  planner                   {result['planner']}")
+                continue
             print(f"  nominal control rate      {result['nominal_hz']:.1f} Hz")
             print(f"  driver ticks published    {result['ticks_published_hz']:.2f} Hz")
             print(f"  planner actions           {result['actions_hz']:.2f} Hz")

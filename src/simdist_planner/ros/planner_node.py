@@ -7,7 +7,9 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
 
 - Timing: in real-time mode a timer ticks at `control_rate_hz`; with `lockstep: true` (MuJoCo on
   /clock) each new observation is one tick, so the simulator never waits on a stale plan. Compute
-  latency and deadline misses (latency > one control period) go to /diagnostics.
+  latency and deadline misses (latency > one control period) go to /diagnostics. Ticks run on
+  a planning thread that owns the model; the executor's callbacks only store the newest
+  observation and wake it (`_planning_loop`).
 - Deadline (real-time mode): if the running latency estimate (EMA + 3 x EMA deviation) says MPPI
   would not finish within `deadline_fraction` of the period, the tick runs the base policy pi
   instead (cheap). In lockstep the simulator waits for the plan, so MPPI always runs and a run is
@@ -37,8 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import rclpy
 import torch
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Image, JointState
@@ -58,6 +59,7 @@ from simdist_planner.planning.observation import (
     observation_to_inputs,
 )
 from simdist_planner.planning.planner import (
+    EVALUATORS,
     PLANNER_CONFIGS,
     PLANNER_PRESETS,
     PRESET_ROBOT,
@@ -152,6 +154,13 @@ PLANNER_PARAMS = (
         (),
     ),
     ("clamp_actions", "clamp candidates into the action bounds (official: no)", None, None, ()),
+    (
+        "evaluator",
+        "how candidates are scored: fast (planning.fast_objective) or eager (the reference)",
+        None,
+        None,
+        EVALUATORS,
+    ),
     (
         "policy_prior",
         "ranking cost of a candidate's squared distance from pi's chunk (std units); 0 = official",
@@ -362,6 +371,14 @@ class PlannerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("planner", **kwargs)
         self._loaded: LoadedModel | None = None
+        # The planning thread owns every tick; callbacks only store inputs and wake it. It
+        # starts once the node is complete.
+        self._wake = threading.Condition()
+        self._tick_requested = False
+        self._stopping = False
+        self._planning_thread = threading.Thread(
+            target=self._planning_loop, name="planning", daemon=True
+        )
         robot, checkpoint, wait_for_checkpoint, preset = (
             self.declare_parameter(q.name, q.default, q.descriptor()).value for q in STARTUP_PARAMS
         )
@@ -405,27 +422,28 @@ class PlannerNode(Node):
         self._pub_action = self.create_publisher(JointTrajectory, "/simdist/action", QOS)
         self._pub_plan = self.create_publisher(JointTrajectory, "/simdist/plan", QOS)
         self._pub_values = self.create_publisher(JointTrajectory, "/simdist/values", QOS)
-        self._obs_group = MutuallyExclusiveCallbackGroup()
         if self._loaded is not None:
             self._subscribe(self._loaded)
-        self.create_subscription(
-            String, "/simdist/episode", self._on_episode, QOS, callback_group=self._obs_group
+        self.create_subscription(String, "/simdist/episode", self._on_episode, QOS)
+        # ~/load_model is served by a node of its own, spun by its own executor (main), so that a
+        # load never holds up the observation callbacks (not renamed by the process's remaps, no parameters of its own).
+        self.loader = Node(
+            f"{self.get_name()}_loader",
+            namespace=self.get_namespace(),
+            context=self.context,
+            use_global_arguments=False,
+            start_parameter_services=False,
         )
-        self.create_service(
-            Trigger, "~/load_model", self._on_load_model, callback_group=ReentrantCallbackGroup()
+        self.loader.create_service(
+            Trigger, f"{self.get_fully_qualified_name()}/load_model", self._on_load_model
         )
-        # own group: a fast timer must not starve the observation callbacks (the executor serves
-        # timers first)
-        self._timer = self.create_timer(
-            1.0 / p["control_rate_hz"],
-            self._on_timer,
-            callback_group=MutuallyExclusiveCallbackGroup(),
-        )
+        self._timer = self.create_timer(1.0 / p["control_rate_hz"], self._on_timer)
         if load_error:
             self.diag.set("model", Level.ERROR, load_error)
         else:
             self.diag.set("model", Level.OK, f"loaded {self._loaded.path}", path=self._loaded.path)
         self.diag.set("planning", Level.WARN, "waiting for the first observation")
+        self._planning_thread.start()
 
     # -- parameters ------------------------------------------------------------------------------
     def _check_param(self, name: str, value, values: dict) -> str | None:
@@ -497,7 +515,6 @@ class PlannerNode(Node):
                 f"{prefix}/image/{cam}",
                 lambda m, c=cam: self._on_obs(self._assembler.add_image, c, m),
                 QOS,
-                callback_group=self._obs_group,
             )
         if loaded.has_height_map:
             self.create_subscription(
@@ -505,14 +522,12 @@ class PlannerNode(Node):
                 f"{prefix}/height_map",
                 lambda m: self._on_obs(self._assembler.add_height_map, m),
                 QOS,
-                callback_group=self._obs_group,
             )
         self.create_subscription(
             JointState,
             f"{prefix}/proprio",
             lambda m: self._on_obs(self._assembler.add_proprio, m),
             QOS,
-            callback_group=self._obs_group,
         )
 
     def _on_load_model(self, request, response):
@@ -589,7 +604,7 @@ class PlannerNode(Node):
             return
         self._latest = (stamp, obs)
         if self.params["lockstep"]:
-            self._tick()
+            self._request_tick()
 
     def _on_episode(self, msg: String) -> None:
         try:
@@ -602,7 +617,49 @@ class PlannerNode(Node):
 
     def _on_timer(self) -> None:
         if not self.params["lockstep"]:
-            self._tick()
+            self._request_tick()
+
+    # -- the planning thread -----------------------------------------------------------------
+    # A plan takes most of a tick. The executor's callbacks only store the newest observation
+    # and wake this thread, which plans and publishes; ticks requested while it plans collapse
+    # into one (the newest observation). The executor is single-threaded: rclpy's
+    # MultiThreadedExecutor kept a core busy polling its futures (docs/launch.md).
+    def _request_tick(self) -> None:
+        with self._wake:
+            self._tick_requested = True
+            self._wake.notify()
+
+    def _planning_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._tick_requested or self._stopping):
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                self._tick_requested = False
+            try:
+                self._tick()
+            except Exception as exc:  # noqa: BLE001 - a failed tick sends nothing; the next may plan
+                self._stats["failed_plans"] += 1
+                self.get_logger().error(f"tick failed: {exc!r}")
+                self.diag.set("planning", Level.ERROR, f"tick failed, nothing sent: {exc}")
+
+    def stop_planning(self, timeout_s: float = 5.0) -> None:
+        """Stop the planning thread (after its current tick); before destroying the node."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._planning_thread.is_alive() and threading.current_thread() is not (
+            self._planning_thread
+        ):
+            self._planning_thread.join(timeout_s)
+
+    def destroy_node(self) -> None:
+        self.stop_planning()
+        loader = getattr(self, "loader", None)
+        if loader is not None:
+            loader.destroy_node()
+        super().destroy_node()
 
     # -- the control step --------------------------------------------------------------------
     def _tick(self) -> None:
@@ -814,13 +871,21 @@ def main(args=None):
         print(exc, file=sys.stderr)
         rclpy.try_shutdown()
         raise SystemExit(1) from None
-    executor = MultiThreadedExecutor(num_threads=3)
+    # One thread per job (docs/launch.md, "Where a tick's time goes"): this executor serves the
+    # observations, parameters and the timer (callbacks that return at once), the loader's
+    # executor the ~/load_model service (a load takes seconds), the planning thread the ticks.
+    executor = SingleThreadedExecutor()
     executor.add_node(node)
+    loader = SingleThreadedExecutor()
+    loader.add_node(node.loader)
+    threading.Thread(target=loader.spin, name="loader", daemon=True).start()
     try:
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
+        node.stop_planning()
+        loader.shutdown()
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
