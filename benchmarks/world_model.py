@@ -3,6 +3,9 @@ chunked (one pass for all T steps) versus autoregressive (one pass per step), Go
 plain and with the cross-attention keys / values of the shared context cached
 (`WorldModel.dynamics_context`, built once per planner step, as `MPPIPlanner` does).
 
+Ends with one line per robot, `ratio chunked/autoregressive: N` (cached medians): how many
+times longer one autoregressive f call takes than one chunked call at the same batch.
+
     python benchmarks/world_model.py [--device cuda] [--batch 472] [--repeats 20] [--threads 1]
 """
 
@@ -66,7 +69,9 @@ def main(argv=None) -> None:
         f"{args.threads} CPU thread(s), {args.repeats} repeats (median / min, ms)"
     )
     print(f"{'robot':6} {'H':>3} {'T':>3} {'f':14} {'plain':>17} {'cached':>17} {'speed-up':>9}")
+    ratios = {}
     for name, make in (("go2", go2_config), ("ur5e", ur5e_config)):
+        cached = {}
         for kind in ("chunked", "autoregressive"):
             cfg = make(dynamics_kind=kind)
             times = time_dynamics(cfg, args.batch, args.repeats, device)
@@ -77,6 +82,10 @@ def main(argv=None) -> None:
                 f"{fmt(row['cached']):>17} {row['plain'][0] / row['cached'][0]:8.2f}x",
                 flush=True,
             )
+            cached[kind] = row["cached"][0]
+        ratios[name] = cached["autoregressive"] / cached["chunked"]
+    for name, ratio in ratios.items():
+        print(f"{name}: ratio chunked/autoregressive: {ratio:.2f}")
 
 
 if __name__ == "__main__":

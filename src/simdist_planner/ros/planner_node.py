@@ -425,8 +425,9 @@ class PlannerNode(Node):
         if self._loaded is not None:
             self._subscribe(self._loaded)
         self.create_subscription(String, "/simdist/episode", self._on_episode, QOS)
-        # ~/load_model is served by a node of its own, spun by its own executor (main), so that a
-        # load never holds up the observation callbacks (not renamed by the process's remaps, no parameters of its own).
+        # ~/load_model is served by a node of its own that the node spins on a thread of its own
+        # (`_loader_executor`), so that a load never holds up the observation callbacks (not
+        # renamed by the process's remaps, no parameters of its own).
         self.loader = Node(
             f"{self.get_name()}_loader",
             namespace=self.get_namespace(),
@@ -444,6 +445,9 @@ class PlannerNode(Node):
             self.diag.set("model", Level.OK, f"loaded {self._loaded.path}", path=self._loaded.path)
         self.diag.set("planning", Level.WARN, "waiting for the first observation")
         self._planning_thread.start()
+        self._loader_executor = SingleThreadedExecutor(context=self.context)
+        self._loader_executor.add_node(self.loader)
+        threading.Thread(target=self._loader_executor.spin, name="loader", daemon=True).start()
 
     # -- parameters ------------------------------------------------------------------------------
     def _check_param(self, name: str, value, values: dict) -> str | None:
@@ -656,9 +660,10 @@ class PlannerNode(Node):
 
     def destroy_node(self) -> None:
         self.stop_planning()
-        loader = getattr(self, "loader", None)
-        if loader is not None:
-            loader.destroy_node()
+        if hasattr(self, "_loader_executor"):
+            self._loader_executor.shutdown()
+        if hasattr(self, "loader"):
+            self.loader.destroy_node()
         super().destroy_node()
 
     # -- the control step --------------------------------------------------------------------
@@ -871,21 +876,16 @@ def main(args=None):
         print(exc, file=sys.stderr)
         rclpy.try_shutdown()
         raise SystemExit(1) from None
-    # One thread per job (docs/launch.md, "Where a tick's time goes"): this executor serves the
-    # observations, parameters and the timer (callbacks that return at once), the loader's
-    # executor the ~/load_model service (a load takes seconds), the planning thread the ticks.
+    # The node's own threads plan and serve ~/load_model; this executor serves the observations,
+    # parameters and the timer, callbacks that return at once (docs/launch.md).
     executor = SingleThreadedExecutor()
     executor.add_node(node)
-    loader = SingleThreadedExecutor()
-    loader.add_node(node.loader)
-    threading.Thread(target=loader.spin, name="loader", daemon=True).start()
     try:
         executor.spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
         node.stop_planning()
-        loader.shutdown()
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
