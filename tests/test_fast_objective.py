@@ -8,6 +8,10 @@ heads, with and without a command; on CUDA too when present.
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -24,6 +28,7 @@ from simdist_planner.planning.planner import (
 
 RETURN_RTOL = 1e-4
 ACTION_ATOL = 1e-3
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
@@ -174,3 +179,48 @@ def test_official_size_ur5e_layout_matches_eager():
         got = fast.prepare(z, history, context, None)(chunks)[0]
     scale = float(eager.abs().max())
     torch.testing.assert_close(got, eager, rtol=RETURN_RTOL, atol=RETURN_RTOL * scale)
+
+
+_FAULTS_PER_PLAN = """
+import resource, sys, torch
+from simdist_planner.model.config import go2_config
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.planning import cpu_memory, planner
+sys.path.insert(0, "tests")
+from test_fast_objective import inputs
+
+def faults_per_plan(p, x):
+    p.plan(*x)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(2):
+        p.plan(*x)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 2
+
+torch.set_num_threads(2)
+cpu_memory._applied = False  # as if already applied: the first planner leaves malloc as it is
+model = WorldModel(go2_config()).eval()
+config = planner.official_planner_config([-1.0] * 12, [1.0] * 12, iterations=2)
+x = inputs(model.config)
+default = faults_per_plan(planner.MPPIPlanner(model, config), x)
+cpu_memory._applied = None
+tuned = faults_per_plan(planner.MPPIPlanner(model, config), x)
+print(default, tuned, cpu_memory._applied)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning")
+def test_cpu_planning_reuses_freed_memory_instead_of_faulting_in_new_pages():
+    """An official-size Go2 plan in a fresh process: with glibc's defaults each step faults in
+    tens of thousands of fresh pages; the planner's malloc settings (cpu_memory) reuse them."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS_PER_PLAN],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.split()
+    default, tuned, applied = float(out[0]), float(out[1]), out[2]
+    assert applied == "True"
+    assert default > 10_000  # what the settings are for
+    assert tuned < 0.1 * default

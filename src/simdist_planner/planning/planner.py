@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from simdist_planner.model.official import is_official
+from simdist_planner.planning.cpu_memory import retain_freed_memory
 from simdist_planner.planning.fast_objective import FastObjective
 
 
@@ -327,6 +328,8 @@ class MPPIPlanner:
         self.model = model
         self.config = config
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            retain_freed_memory()  # planning reuses its memory instead of page-faulting per step
         c, dev = config, self.device
         T, A, S, P = c.horizon, c.action_dim, c.num_samples, c.num_policy_samples
         self._low = torch.tensor(c.action_low, dtype=torch.float32, device=dev)
