@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from simdist_planner.planning.planner import PLANNER_PRESETS, WARM_STARTS
+from simdist_planner.planning.planner import EVALUATORS, PLANNER_PRESETS, WARM_STARTS
 
 # CLI flag -> PlannerConfig field (and `preset`, the factory the others override); shared by
 # simdist-eval and simdist-adapt-experiment.
@@ -19,6 +19,7 @@ PLANNER_FLAGS = {
     "init_std": "init_std",
     "warm_start": "warm_start",
     "policy_prior": "policy_prior",
+    "evaluator": "evaluator",
 }
 
 
@@ -75,6 +76,12 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="planner ranking cost of a candidate's squared distance from pi's chunk "
         "(default 0, official)",
+    )
+    p.add_argument(
+        "--evaluator",
+        choices=EVALUATORS,
+        default=None,
+        help="how the planner scores candidates: fast (default) or eager (the reference path)",
     )
 
 
