@@ -142,10 +142,30 @@ def test_estop_latches_until_resume_with_fresh_observation():
     assert "resume refused" in sup.resume(now=1.0)  # observation 1 s old
     sup.observation(0.95)
     assert sup.resume(now=1.0) is None and not sup.estopped
-    assert (
-        sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=1.0).status
-        == "pass"
+    zero = np.zeros(12, np.float32)
+    assert sup.filter(Command(CommandKind.JOINT_POSITION, zero, stamp=0.95), now=1.0).status == (
+        "pass"
     )
+
+
+@pytest.mark.parametrize("robot", ["ur5e", "go2"])
+def test_a_command_answering_an_old_or_future_observation_is_not_forwarded(robot):
+    """The command's stamp is the observation it answers: a late plan, or one from another
+    episode after a clock reset, gets the safe action with the reason; HOLD / DAMP pass."""
+    sup = SafetySupervisor(SafetyConfig(robot=robot, max_command_age_s=0.06))
+    sup.observation(9.99)
+    sup.tcp_pose((0.0, 0.5, 0.3))
+    values = np.zeros(sup.config.action_dim, np.float32)
+    kind = sup.config.action_kind
+    fresh = sup.filter(Command(kind, values, stamp=9.96), now=10.0)
+    assert fresh.status == "pass" and fresh.command.kind == kind
+    late = sup.filter(Command(kind, values, stamp=9.9), now=10.0)
+    assert late.status == "stale_command" and late.command.kind == CommandKind.HOLD
+    assert "0.100 s old" in late.reason and "max_command_age_s=0.06" in late.reason
+    ahead = sup.filter(Command(kind, values, stamp=12.0), now=10.0)
+    assert ahead.status == "stale_command" and "ahead of the node clock" in ahead.reason
+    old_hold = sup.filter(Command(CommandKind.HOLD, stamp=1.0), now=10.0)
+    assert old_hold.status == "pass" and old_hold.command.kind == CommandKind.HOLD
 
 
 def test_config_validation():
@@ -155,6 +175,8 @@ def test_config_validation():
         SafetyConfig(robot="go2", default_pose=(0.0,) * 11)
     with pytest.raises(ValueError, match="robot"):
         SafetyConfig(robot="spot")
+    with pytest.raises(ValueError, match="max_command_age_s"):
+        SafetyConfig(max_command_age_s=0.0)
 
 
 # --- the node, on real DDS -------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The safety supervisor's pure core: every command passes here before any driver sees it.
 
-Checks, in order: e-stop latch, stale observation, command kind / size / NaN-Inf, then the
+Checks, in order: e-stop latch, stale observation, the command's age (the age of the observation
+it answers), command kind / size / NaN-Inf, then the
 robot's limits (UR5e: end-effector step caps and a workspace box on the predicted TCP; Go2: joint
 target limits and a per-tick target step limit). A command-rate watchdog turns a missing plan into
 HOLD (arm) or, after a grace period, DAMP (quadruped). The ROS node (`safety_node.py`) only moves
@@ -52,6 +53,10 @@ class SafetyConfig:
     command_timeout_s: float = 0.5  # no fresh plan for this long -> safe action
     damp_grace_s: float = 0.2  # Go2: HOLD (stand) this long after a timeout, then DAMP
     observation_timeout_s: float = 0.5  # newest observation older than this -> safe action
+    # A command carries the stamp of the observation it answers. One whose stamp is further than
+    # this from the node clock, in the past (a late plan) or the future (a command of another
+    # episode after a clock reset, a clock jump), is not forwarded: the safe action goes instead.
+    max_command_age_s: float = 0.5
     # UR5e
     max_step_pos: float = 0.03  # m per control step (norm of dx, dy, dz)
     max_step_rot: float = 0.25  # rad per control step (norm of the rotation vector)
@@ -70,6 +75,7 @@ class SafetyConfig:
         for name in (
             "command_timeout_s",
             "observation_timeout_s",
+            "max_command_age_s",
             "max_step_pos",
             "max_step_rot",
             "action_scale",
@@ -112,7 +118,8 @@ class Decision:
 
     command: Command
     status: (
-        str  # "pass", "clipped", "rejected", "estop", "stale_observation", "watchdog", "no_answer"
+        str  # "pass", "clipped", "rejected", "estop", "stale_observation", "stale_command",
+        # "watchdog", "no_answer"
     )
     reason: str = ""
     clipped: list[str] = field(default_factory=list)
@@ -188,6 +195,15 @@ class SafetySupervisor:
             self.last_command_time = now
             self._timeout_since = None
             return Decision(self.safe_command(stamp, damp=command.kind == CommandKind.DAMP), "pass")
+        age = now - stamp
+        if abs(age) > self.config.max_command_age_s:
+            when = f"{age:.3f} s old" if age > 0 else f"{-age:.3f} s ahead of the node clock"
+            return Decision(
+                self.safe_command(stamp),
+                "stale_command",
+                f"command answers the observation stamped {stamp:.3f} s, {when} "
+                f"(limit max_command_age_s={self.config.max_command_age_s})",
+            )
         if command.kind != self.config.action_kind:
             return self.reject(
                 stamp,

@@ -72,6 +72,14 @@ PARAMS = (
         10.0,
     ),
     Param(
+        "max_command_age_s",
+        0.5,
+        "a command whose stamp (the observation it answers) is further than this from the "
+        "node clock, late or ahead -> safe action",
+        0.001,
+        10.0,
+    ),
+    Param(
         "answer_timeout_s",
         10.0,
         "the newest observation unanswered this long on the WALL clock -> safe "
