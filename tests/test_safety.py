@@ -44,45 +44,52 @@ def go2(**kw):
     return sup
 
 
-def ee(*values):
-    return Command(CommandKind.EE_DELTA, np.array(values, np.float32), stamp=0.0)
+def ee(*values, stamp):
+    """An EE command answering the observation at `stamp` (the tests send it at that time)."""
+    return Command(CommandKind.EE_DELTA, np.array(values, np.float32), stamp=stamp)
 
 
 def test_ee_step_caps_and_workspace_box():
     sup = ur5e(max_step_pos=0.03, max_step_rot=0.25, workspace_high=(0.55, 0.9, 0.31))
-    d = sup.filter(ee(0.1, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0), now=0.1)
+    d = sup.filter(ee(0.1, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, stamp=0.1), now=0.1)
     assert d.status == "clipped" and {"max_step_pos", "max_step_rot"} <= set(d.clipped)
     assert np.linalg.norm(d.command.values[:3]) == pytest.approx(0.03, rel=1e-5)
     assert np.linalg.norm(d.command.values[3:6]) == pytest.approx(0.25, rel=1e-5)
-    up = sup.filter(ee(0.0, 0.0, 0.02, 0, 0, 0, 0.0), now=0.1)  # z 0.30 + 0.02 > box top 0.31
+    up = sup.filter(ee(0.0, 0.0, 0.02, 0, 0, 0, 0.0, stamp=0.12), now=0.12)  # z: 0.32 > box top
     assert "workspace" in up.clipped and up.command.values[2] == pytest.approx(0.01, abs=1e-6)
-    ok = sup.filter(ee(0.001, 0, 0, 0, 0, 0, 0), now=0.1)
+    ok = sup.filter(ee(0.001, 0, 0, 0, 0, 0, 0, stamp=0.14), now=0.14)
     assert ok.status == "pass" and ok.command.kind == CommandKind.EE_DELTA
 
 
 def test_bad_commands_become_hold_with_reason():
     sup = ur5e()
-    nan = sup.filter(ee(math.nan, 0, 0, 0, 0, 0, 0), now=0.1)
+    nan = sup.filter(ee(math.nan, 0, 0, 0, 0, 0, 0, stamp=0.1), now=0.1)
     assert nan.status == "rejected" and nan.command.kind == CommandKind.HOLD and "NaN" in nan.reason
-    inf = sup.filter(ee(0, math.inf, 0, 0, 0, 0, 0), now=0.1)
+    inf = sup.filter(ee(0, math.inf, 0, 0, 0, 0, 0, stamp=0.12), now=0.12)
     assert inf.command.kind == CommandKind.HOLD
-    short = sup.filter(Command(CommandKind.EE_DELTA, np.zeros(3, np.float32)), now=0.1)
+    short = sup.filter(Command(CommandKind.EE_DELTA, np.zeros(3, np.float32), stamp=0.14), now=0.14)
     assert short.status == "rejected" and "expected (7,)" in short.reason
-    wrong = sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(7, np.float32)), now=0.1)
+    wrong = sup.filter(
+        Command(CommandKind.JOINT_POSITION, np.zeros(7, np.float32), stamp=0.16), now=0.16
+    )
     assert wrong.status == "rejected" and "ee_delta" in wrong.reason
     no_tcp = SafetySupervisor(SafetyConfig(robot="ur5e"))
     no_tcp.observation(0.0)
-    assert no_tcp.filter(ee(0, 0, 0, 0, 0, 0, 0), now=0.1).command.kind == CommandKind.HOLD
+    assert (
+        no_tcp.filter(ee(0, 0, 0, 0, 0, 0, 0, stamp=0.1), now=0.1).command.kind == CommandKind.HOLD
+    )
 
 
 def test_go2_joint_limits_and_target_step():
     sup = go2(max_target_step=0.2)
     a = np.zeros(12, np.float32)
     a[0] = 100.0  # FR hip far beyond +1.0472 rad
-    d = sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.01)
+    d = sup.filter(Command(CommandKind.JOINT_POSITION, a, stamp=0.01), now=0.01)
     target = np.asarray(GO2_DEFAULT_POSE) + 0.25 * d.command.values
     assert "joint_limits" in d.clipped and target[0] == pytest.approx(GO2_TARGET_HIGH[0], abs=1e-5)
-    back = sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.02)
+    back = sup.filter(
+        Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32), stamp=0.02), now=0.02
+    )
     target2 = np.asarray(GO2_DEFAULT_POSE) + 0.25 * back.command.values
     assert "max_target_step" in back.clipped
     assert target2[0] == pytest.approx(GO2_TARGET_HIGH[0] - 0.2, abs=1e-5)
@@ -97,16 +104,16 @@ def test_go2_defaults_pass_a_walking_gait_and_stop_garbage():
     to_action = lambda target: (target - GO2_DEFAULT_POSE[2]) / 0.25  # noqa: E731
     a = np.zeros(12, np.float32)
     a[2] = to_action(calf_stop + 0.16)
-    assert sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.01).status == "pass"
+    assert sup.filter(Command(CommandKind.JOINT_POSITION, a, stamp=0.01), now=0.01).status == "pass"
     a[2] = to_action(calf_stop + 0.16 - 0.67)
-    assert sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.02).status == "pass"
+    assert sup.filter(Command(CommandKind.JOINT_POSITION, a, stamp=0.02), now=0.02).status == "pass"
     a[2] = to_action(calf_stop + 0.5)  # 0.2 rad past the widened limit
-    d = sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.03)
+    d = sup.filter(Command(CommandKind.JOINT_POSITION, a, stamp=0.03), now=0.03)
     target = GO2_DEFAULT_POSE[2] + 0.25 * d.command.values[2]
     assert d.clipped == ["joint_limits"] and target == pytest.approx(calf_stop + 0.3, abs=1e-5)
     assert GO2_TARGET_HIGH[2] == pytest.approx(calf_stop + GO2_TARGET_MARGIN)
     a[2] = to_action(calf_stop - 0.9)  # a 1.2 rad jump inside the joint range
-    d = sup.filter(Command(CommandKind.JOINT_POSITION, a), now=0.04)
+    d = sup.filter(Command(CommandKind.JOINT_POSITION, a, stamp=0.04), now=0.04)
     target = GO2_DEFAULT_POSE[2] + 0.25 * d.command.values[2]
     assert d.clipped == ["max_target_step"] and target == pytest.approx(calf_stop - 0.7, abs=1e-5)
 
@@ -114,19 +121,21 @@ def test_go2_defaults_pass_a_walking_gait_and_stop_garbage():
 def test_watchdog_hold_then_damp_and_stale_observation():
     arm = ur5e(command_timeout_s=0.5)
     assert arm.watchdog(1.0) is None  # never commanded: nothing to time out
-    arm.filter(ee(0, 0, 0, 0, 0, 0, 0), now=0.1)
+    arm.filter(ee(0, 0, 0, 0, 0, 0, 0, stamp=0.1), now=0.1)
     assert arm.watchdog(0.5) is None
     assert arm.watchdog(0.7).command.kind == CommandKind.HOLD
     assert arm.watchdog(5.0).command.kind == CommandKind.HOLD  # the arm never damps
 
     dog = go2(command_timeout_s=0.1, damp_grace_s=0.2, observation_timeout_s=10.0)
-    dog.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.0)
+    dog.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32), stamp=0.0), now=0.0)
     assert dog.watchdog(0.15).command.kind == CommandKind.HOLD
     assert dog.watchdog(0.30).command.kind == CommandKind.HOLD
     assert dog.watchdog(0.40).command.kind == CommandKind.DAMP
 
     stale = go2(observation_timeout_s=0.1)
-    d = stale.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.5)
+    d = stale.filter(
+        Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32), stamp=0.5), now=0.5
+    )
     assert (
         d.status == "stale_observation"
         and d.command.kind == CommandKind.HOLD
@@ -137,7 +146,9 @@ def test_watchdog_hold_then_damp_and_stale_observation():
 def test_estop_latches_until_resume_with_fresh_observation():
     sup = go2(observation_timeout_s=0.1)
     sup.estop()
-    d = sup.filter(Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), now=0.05)
+    d = sup.filter(
+        Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32), stamp=0.05), now=0.05
+    )
     assert d.status == "estop" and d.command.kind == CommandKind.DAMP
     assert "resume refused" in sup.resume(now=1.0)  # observation 1 s old
     sup.observation(0.95)
@@ -166,6 +177,27 @@ def test_a_command_answering_an_old_or_future_observation_is_not_forwarded(robot
     assert ahead.status == "stale_command" and "ahead of the node clock" in ahead.reason
     old_hold = sup.filter(Command(CommandKind.HOLD, stamp=1.0), now=10.0)
     assert old_hold.status == "pass" and old_hold.command.kind == CommandKind.HOLD
+
+
+def test_a_re_sent_answer_gets_the_first_decision_and_the_limiter_steps_once():
+    """Lockstep: the planner answers a re-sent tick again. Filtering the clipped copy a second
+    time would move the limiter's reference past the target the driver applied."""
+    sup = go2(max_target_step=0.3, observation_timeout_s=10.0)
+    zero = np.zeros(12, np.float32)
+    assert sup.filter(Command(CommandKind.JOINT_POSITION, zero, stamp=0.02), now=0.02).status == (
+        "pass"
+    )
+    jump = zero.copy()
+    jump[2] = 3.6  # calf target +0.9 rad, inside the limits: clipped to +0.3 per tick
+    first = sup.filter(Command(CommandKind.JOINT_POSITION, jump, stamp=0.04), now=0.04)
+    again = sup.filter(Command(CommandKind.JOINT_POSITION, jump, stamp=0.04), now=0.05)
+    assert first.clipped == ["max_target_step"] and again.status == "duplicate"
+    np.testing.assert_array_equal(again.command.values, first.command.values)
+    assert "first decision (clipped)" in again.reason
+    applied = GO2_DEFAULT_POSE[2] + 0.25 * first.command.values[2]
+    nxt = sup.filter(Command(CommandKind.JOINT_POSITION, jump, stamp=0.06), now=0.06)
+    step = GO2_DEFAULT_POSE[2] + 0.25 * nxt.command.values[2] - applied
+    assert step == pytest.approx(0.3, abs=1e-5)  # from the applied target: 0.6 if filtered twice
 
 
 def test_config_validation():

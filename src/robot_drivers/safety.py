@@ -119,7 +119,7 @@ class Decision:
     command: Command
     status: (
         str  # "pass", "clipped", "rejected", "estop", "stale_observation", "stale_command",
-        # "watchdog", "no_answer"
+        # "duplicate", "watchdog", "no_answer"
     )
     reason: str = ""
     clipped: list[str] = field(default_factory=list)
@@ -136,6 +136,7 @@ class SafetySupervisor:
         self.tcp_pos: np.ndarray | None = None
         self._last_target: np.ndarray | None = None  # Go2: last forwarded joint target
         self._timeout_since: float | None = None
+        self._last_decision: Decision | None = None  # of the newest command filtered
 
     # --- inputs ------------------------------------------------------------------------------
     def observation(self, stamp: float) -> None:
@@ -159,6 +160,7 @@ class SafetySupervisor:
         self.estopped = False
         self._last_target = None
         self._timeout_since = None
+        self._last_decision = None
         self.last_command_time = None
         return None
 
@@ -183,7 +185,28 @@ class SafetySupervisor:
         return Command(kind=kind, stamp=stamp)
 
     def filter(self, command: Command, now: float) -> Decision:
-        """Check one planner command received at node time `now`; returns what to forward."""
+        """Check one planner command received at node time `now`; returns what to forward.
+
+        A second command for the observation the previous one answered (the same stamp: the
+        planner re-sends its answer when a lockstep simulator re-sends a tick) gets the previous
+        decision again, status "duplicate". Limits are applied once per observation: filtering a
+        clipped command twice would advance the step limiter past what the driver applied.
+        """
+        last = self._last_decision
+        if last is not None and not self.estopped and command.stamp == last.command.stamp:
+            return Decision(
+                last.command,
+                "duplicate",
+                f"a second command for the observation stamped {command.stamp:.3f} s: the first "
+                f"decision ({last.status}) is sent again",
+                last.clipped,
+            )
+        decision = self._filter(command, now)
+        if decision.status != "estop":
+            self._last_decision = decision
+        return decision
+
+    def _filter(self, command: Command, now: float) -> Decision:
         stamp = command.stamp
         if self.estopped:
             return Decision(

@@ -148,7 +148,7 @@ class SafetyNode(Node):
         self.diag = Diagnostics(self, hardware_id=self.robot)
         self.diag.set("command", Level.WARN, "waiting for the first plan on /simdist/action")
         self.diag.set("estop", Level.OK, "released")
-        self.counts = {"pass": 0, "clipped": 0, "rejected": 0, "safe": 0}
+        self.counts = {"pass": 0, "clipped": 0, "rejected": 0, "safe": 0, "duplicate": 0}
         self.pub = self.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
         self.create_subscription(JointTrajectory, "/simdist/action", self.on_action, 10)
         self.create_subscription(
@@ -226,6 +226,9 @@ class SafetyNode(Node):
         self.pub.publish(
             ros_msgs.command_to_msg(decision.command, self.names, stamp_ns, self.period_s)
         )
+        if decision.status == "duplicate":  # the first decision's diagnostics stand
+            self.counts["duplicate"] += 1
+            return
         if decision.status in ("pass", "clipped"):
             self.counts[decision.status] += 1
             level = Level.OK if decision.status == "pass" else Level.WARN
