@@ -494,7 +494,19 @@ def test_ur5e_driver_node_reports_a_disconnect_and_ignores_commands(ros_domain):
         assert ros_msgs.proprio_from_msg(proprio[-1], backend.spec)[0].shape == (22,)
         assert ros.call(reset, Trigger.Request()).success
         move = Command(CommandKind.EE_DELTA, np.array([0, 0, 0.01, 0, 0, 0, 0], np.float32))
-        cmd.publish(ros_msgs.command_to_msg(move, ros_msgs.action_names("ur5e"), 1, 0.2))
+        names, now_ns = ros_msgs.action_names("ur5e"), ros.probe.get_clock().now().nanoseconds
+        late = now_ns - 2_000_000_000  # answers an observation 2 s old: max_command_age_s 0.5
+        cmd.publish(ros_msgs.command_to_msg(move, names, late, 0.2))
+        assert ros.spin_until(
+            lambda: any(
+                lvl == 2 and "max_command_age_s" in m
+                for lvl, m in diagnostics_text(diags, "ur5e_driver")
+            )
+        )
+        assert backend._segment is None  # the late command never moved the arm: HOLD instead
+        cmd.publish(
+            ros_msgs.command_to_msg(move, names, ros.probe.get_clock().now().nanoseconds, 0.2)
+        )
         assert ros.spin_until(lambda: backend._segment is not None)
 
         recv.connected = False  # the cable is pulled
@@ -505,7 +517,9 @@ def test_ur5e_driver_node_reports_a_disconnect_and_ignores_commands(ros_domain):
             )
         )
         backend._segment = None
-        cmd.publish(ros_msgs.command_to_msg(move, ros_msgs.action_names("ur5e"), 2, 0.2))
+        cmd.publish(
+            ros_msgs.command_to_msg(move, names, ros.probe.get_clock().now().nanoseconds, 0.2)
+        )
         assert ros.spin_until(
             lambda: any("command ignored" in m for _, m in diagnostics_text(diags, "ur5e_driver"))
         )
@@ -754,7 +768,8 @@ def test_go2_driver_node_damps_and_reports_when_lowstate_stops(ros_domain):
         assert ros.spin_until(lambda: feed() or (imu and cmd.get_subscription_count()))
         assert ros.call(reset, Trigger.Request()).success
         a = Command(CommandKind.JOINT_POSITION, np.full(12, 0.2, np.float32))
-        cmd.publish(ros_msgs.command_to_msg(a, ros_msgs.action_names("go2"), 1, 0.02))
+        now_ns = ros.probe.get_clock().now().nanoseconds
+        cmd.publish(ros_msgs.command_to_msg(a, ros_msgs.action_names("go2"), now_ns, 0.02))
         target = DEFAULT_POSE_UNITREE[0] + 0.25 * 0.2
         assert ros.spin_until(lambda: feed() or abs(sent[-1].motor_cmd[0].q - target) < 1e-5)
         assert sent[-1].motor_cmd[0].kp == 25.0 and sent[-1].crc == lowcmd_crc(sent[-1])

@@ -2,7 +2,9 @@
 
 Hardware runs on the wall clock. A timer at `publish_rate_hz` reads the backend and publishes
 `/joint_states` and `/simdist/robot/proprio` (plus what the subclass adds); commands from
-`/simdist/safe_command` go to the backend on arrival. Any ERROR fault latches the safe action
+`/simdist/safe_command` go to the backend on arrival, unless their stamp (the observation they
+answer) is more than `max_command_age_s` from the node clock: such a command is replaced by HOLD,
+as the safety supervisor does upstream. Any ERROR fault latches the safe action
 (the backend's own stop / damping) and is reported on /diagnostics until `~/reset` clears it;
 a command-rate watchdog sends HOLD when the supervisor falls silent.
 """
@@ -42,6 +44,13 @@ COMMON_PARAMS = (
         0.5,
         "no command for this long -> HOLD (the supervisor also watches)",
         0.01,
+        10.0,
+    ),
+    Param(
+        "max_command_age_s",
+        0.5,
+        "a command stamped further than this from the node clock (late, or ahead) -> HOLD",
+        0.001,
         10.0,
     ),
 )
@@ -89,7 +98,20 @@ class RealtimeDriverNode(Node):
             self.diag.set("command", Level.WARN, f"command ignored: {self.latched}")
             return
         try:
-            self.backend.act(ros_msgs.command_from_msg(msg, self.spec))
+            command = ros_msgs.command_from_msg(msg, self.spec)
+            if command.kind not in (CommandKind.HOLD, CommandKind.DAMP):
+                now_ns = self.get_clock().now().nanoseconds
+                age = (now_ns - ros_msgs.stamp_ns(msg.header.stamp)) * 1e-9
+                if abs(age) > self.params["max_command_age_s"]:
+                    self.diag.set(
+                        "command",
+                        Level.ERROR,
+                        f"command stamped {age:.3f} s from now "
+                        f"(limit max_command_age_s={self.params['max_command_age_s']}): HOLD",
+                    )
+                    self.send(CommandKind.HOLD)
+                    return
+            self.backend.act(command)
             self.diag.set("command", Level.OK, f"applying {msg.header.frame_id}")
         except (ValueError, RuntimeError) as e:
             self.diag.set(
