@@ -314,6 +314,32 @@ def test_real_time_timer_falls_back_to_the_base_policy_when_mppi_would_miss_the_
     assert "base policy" in status.message and values["mppi_ticks"] == "1"
 
 
+def test_planning_goes_warn_when_it_answers_too_few_observations(tmp_path, planner):
+    """Observations at about 20 Hz, a real-time planner ticking at 2 Hz: most are superseded
+    before a tick, and the planning diagnostic says so."""
+    start, ing = planner
+    start(
+        make_checkpoint(tmp_path / "ck"),
+        "lockstep:=false",
+        "control_rate_hz:=2.0",
+        "max_observation_age_s:=30.0",
+    )
+    ing.realtime = True
+    assert ing.tick(60.0)
+    mark = len(ing.diags)
+    for _ in range(30):
+        ing.publish()
+        ing.spin(0.05)
+
+    def warned():
+        status, values = ing.planning_status(mark)
+        return status is not None and "min_answer_share 0.9" in status.message
+
+    assert ing.wait(warned, 20.0)
+    status, values = ing.planning_status(mark)
+    assert status.level == b"\x01" and float(values["answer_share"]) < 0.5
+
+
 def test_observation_with_a_foreign_proprio_layout_is_rejected_without_acting(tmp_path, planner):
     start, ing = planner
     start(make_checkpoint(tmp_path / "ck"))

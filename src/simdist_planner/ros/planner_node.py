@@ -211,6 +211,14 @@ def tunable_params(robot: str, preset: str = "") -> tuple[Param, ...]:
             100000,
         ),
         Param(
+            "min_answer_share",
+            0.9,
+            "the planning diagnostic goes WARN when fewer than this share of the last "
+            f"{ANSWER_WINDOW} new observations got an answer (the rest were superseded or stale)",
+            0.0,
+            1.0,
+        ),
+        Param(
             "max_observation_age_s",
             MAX_OBSERVATION_AGE_PERIODS / rate,
             "observations older than this are not planned on (real-time mode)",
@@ -250,6 +258,10 @@ def resolve_preset(preset: str, robot: str, checkpoint: str) -> str:
     planner.default_preset for the start-up checkpoint on `robot`."""
     return preset or default_preset(robot, _checkpoint_config(checkpoint))
 
+
+# Observations the answered share (min_answer_share) is taken over, and the fewest it needs.
+ANSWER_WINDOW = 100
+ANSWER_MIN_SEEN = 20
 
 # Counters the planning diagnostic reports.
 REPORTED_COUNTS = (
@@ -408,6 +420,9 @@ class PlannerNode(Node):
         self._planned_episode: object = _NEVER
         self._since_probe = 0
         self._answer: tuple | None = None  # (action, plan) messages of the last answered tick
+        # per new observation, in arrival order: was it answered (True) or superseded / stale
+        self._answered = collections.deque(maxlen=ANSWER_WINDOW)
+        self._latest_lock = threading.Lock()
 
         load_error = None
         try:
@@ -606,7 +621,11 @@ class PlannerNode(Node):
         if self.params["lockstep"] and stamp == self._answered_stamp:
             self._republish()  # the simulator re-sent a waiting tick: our answer may have been lost
             return
-        self._latest = (stamp, obs)
+        with self._latest_lock:  # against the planning thread taking the previous one now
+            previous = self._latest
+            if previous is not None and stamp != previous[0] != self._answered_stamp:
+                self._answered.append(False)  # superseded before a tick planned on it
+            self._latest = (stamp, obs)
         if self.params["lockstep"]:
             self._request_tick()
 
@@ -673,12 +692,13 @@ class PlannerNode(Node):
             self._step()
 
     def _step(self) -> None:
-        latest, loaded = self._latest, self._loaded
-        if latest is None or latest[0] == self._answered_stamp:
-            self._stats["ticks_without_new_observation"] += 1
-            return
-        stamp, obs = latest
-        self._answered_stamp = stamp
+        with self._latest_lock:
+            latest, loaded = self._latest, self._loaded
+            if latest is None or latest[0] == self._answered_stamp:
+                self._stats["ticks_without_new_observation"] += 1
+                return
+            stamp, obs = latest
+            self._answered_stamp = stamp
         if loaded is None:
             self.diag.set(
                 "planning", Level.ERROR, "no model loaded: no action published (call ~/load_model)"
@@ -690,6 +710,7 @@ class PlannerNode(Node):
             age = self.get_clock().now().nanoseconds * 1e-9 - stamp * 1e-9
             if age > p["max_observation_age_s"]:
                 self._stats["stale_observations"] += 1
+                self._answered.append(False)
                 self.diag.set(
                     "planning",
                     Level.WARN,
@@ -737,9 +758,24 @@ class PlannerNode(Node):
             self.get_clock().now().nanoseconds - stamp
         ) * 1e-9  # observation -> action
         self.history.push(obs, chunk[0])
+        self._answered.append(True)
         level = Level.WARN if use_policy else Level.OK
         what = "base policy (MPPI predicted to miss the deadline)" if use_policy else "MPPI"
-        self.diag.set("planning", level, f"planning with {what}", **self._report())
+        text = f"planning with {what}"
+        share = self.answer_share()
+        if share is not None and share < p["min_answer_share"]:
+            level = Level.WARN
+            text += (
+                f"; answered {sum(self._answered)} of the last {len(self._answered)} "
+                f"observations (< min_answer_share {p['min_answer_share']})"
+            )
+        self.diag.set("planning", level, text, **self._report())
+
+    def answer_share(self) -> float | None:
+        """Share of the last ANSWER_WINDOW new observations that got an answer (None before
+        ANSWER_MIN_SEEN)."""
+        answered = list(self._answered)
+        return sum(answered) / len(answered) if len(answered) >= ANSWER_MIN_SEEN else None
 
     def _new_episode(self) -> bool:
         """True at the first tick and when /simdist/episode names a new episode.
@@ -863,6 +899,7 @@ class PlannerNode(Node):
             "observation_to_action_ms": f"{1e3 * self._last_age_s:.2f}",
             "latency_estimate_ms": f"{1e3 * self.latency.predict():.2f}",
             "last_stamp": self._answered_stamp,
+            "answer_share": "n/a" if (share := self.answer_share()) is None else f"{share:.2f}",
             "checkpoint": self._current_path(),
             **{f: cfg.get(f) for f in PLANNER_FIELDS},
         }
