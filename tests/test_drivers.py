@@ -163,6 +163,46 @@ def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
         ros.close()
 
 
+def test_a_robot_that_falls_at_once_does_not_restart_episodes_in_a_loop(ros_domain):
+    """Episodes of one step (max_steps 1) are all short (min_episode_steps 5): after
+    max_short_episodes of them in a row the driver starts no new episode until ~/reset."""
+    ros = RosHarness(ros_domain)
+    try:
+        node = ros.add(
+            MujocoDriverNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("robot", value="go2"),
+                    Parameter("task", value="go2_flat"),
+                    Parameter("max_steps", value=1),
+                    Parameter("min_episode_steps", value=5),
+                    Parameter("max_short_episodes", value=2),
+                    Parameter("lockstep_republish_s", value=0.2),
+                ],
+            )
+        )
+        proprio = ros.collect(JointState, "/simdist/robot/proprio")
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        cmd = ros.probe.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
+        assert ros.spin_until(lambda: proprio and cmd.get_subscription_count())
+        names = ros_msgs.action_names("go2")
+        action = Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32))
+        for _ in range(8):  # answer every tick the driver publishes
+            stamp = ros_msgs.stamp_ns(proprio[-1].header.stamp)
+            cmd.publish(ros_msgs.command_to_msg(action, names, stamp, 0.02))
+            ros.spin_until(lambda s=stamp: ros_msgs.stamp_ns(proprio[-1].header.stamp) > s, 1.0)
+        assert node.episode_id == 1  # episodes 0 and 1 were short: episode 2 never started
+        assert any(
+            lvl == 2 and "2 episodes in a row ended within 5 steps" in m
+            for lvl, m in diagnostics_text(diags, "mujoco_driver")
+        )
+        reset = ros.probe.create_client(Trigger, "/mujoco_driver/reset")
+        assert ros.call(reset, Trigger.Request()).success
+        assert node.episode_id == 2 and not node.episode.done
+    finally:
+        ros.close()
+
+
 def _waiting_driver(ros, timeout_s: float) -> MujocoDriverNode:
     return ros.add(
         MujocoDriverNode(

@@ -178,6 +178,21 @@ PARAMS = (
         1_000_000,
     ),
     Param(
+        "min_episode_steps",
+        5,
+        "an episode that ends within this many steps is short (a robot that falls at once)",
+        0,
+        100_000,
+    ),
+    Param(
+        "max_short_episodes",
+        10,
+        "after this many short episodes in a row no new episode starts until ~/reset "
+        "(a falling robot must not restart in a loop); 0 = never pause",
+        0,
+        100_000,
+    ),
+    Param(
         "realtime_factor",
         1.0,
         "real-time mode: sim seconds per wall second",
@@ -239,6 +254,8 @@ class MujocoDriverNode(Node):
         self.lockstep = p["lockstep"]
         self.tick = 0
         self.episode_id = 0
+        self._short_episodes = 0  # episodes in a row shorter than min_episode_steps
+        self._counted_episode = -1  # the episode restart_paused last counted
         self.seed = p["seed"]
         self.last = TickResult(self.episode.reset(self.seed), 0.0, False, False, {})
         self.latest: tuple[Command, float] | None = (
@@ -406,6 +423,8 @@ class MujocoDriverNode(Node):
                 if not self.finished.done():
                     self.finished.set_result(True)
                 return
+            if self.restart_paused():
+                return
             self.start_episode(self.seed + 1)
             return
         try:
@@ -441,6 +460,24 @@ class MujocoDriverNode(Node):
                 step=self.episode.step_count,
             )
 
+    def restart_paused(self) -> bool:
+        """Count the episode that just ended; True while automatic restarts are paused (after
+        `max_short_episodes` episodes in a row of fewer than `min_episode_steps` steps)."""
+        if self._counted_episode != self.episode_id:
+            self._counted_episode = self.episode_id
+            short = self.episode.step_count < self.params["min_episode_steps"]
+            self._short_episodes = self._short_episodes + 1 if short else 0
+        limit = self.params["max_short_episodes"]
+        if not limit or self._short_episodes < limit:
+            return False
+        self.diag.set(
+            "episode",
+            Level.ERROR,
+            f"{self._short_episodes} episodes in a row ended within "
+            f"{self.params['min_episode_steps']} steps: no new episode starts until ~/reset",
+        )
+        return True
+
     def start_episode(self, seed: int) -> None:
         self.seed = seed
         self.episode_id += 1
@@ -452,6 +489,7 @@ class MujocoDriverNode(Node):
 
     def on_reset(self, request, response):
         self.params.apply()
+        self._short_episodes = 0
         self.start_episode(int(self.params["seed"]))
         response.success = True
         response.message = (
