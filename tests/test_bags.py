@@ -100,10 +100,11 @@ class Publisher:
 def recorder(tmp_path, ros_domain):
     procs = []
 
-    def start():
+    def start(*params):
+        extra = [arg for p in params for arg in ("-p", p)]
         proc = subprocess.Popen(
             [RECORDER, "--ros-args", "-p", f"bag_dir:={tmp_path / 'bags'}",
-             "-p", "checkpoint:=/ck/v1"],
+             "-p", "checkpoint:=/ck/v1", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         procs.append(proc)
@@ -170,6 +171,31 @@ def test_recorder_writes_one_finalised_bag_per_episode_readable_by_mcap(tmp_path
         assert bag.meta.episode == 1 and bag.meta.success is None and not bag.meta.complete
         assert len(list(bag.messages(["/joint_states"]))) == 3
     assert len(_mcap_messages(second)["/joint_states"]) == 3
+
+
+def test_max_bags_caps_the_bags_of_a_run_and_files_nothing_into_an_earlier_episode(
+    tmp_path, recorder
+):
+    proc = recorder("max_bags:=2")
+    pub = Publisher()
+    try:
+        pub.wait_for_recorder()
+        for episode in range(4):  # a robot that ends its episodes at once
+            for step in range(2):
+                pub.tick(episode=episode, step=step, last=step == 1)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+    finally:
+        pub.close()
+    bags = list_episode_bags(tmp_path / "bags")
+    assert len(bags) == 2
+    for episode, path in enumerate(bags):
+        with EpisodeBag(path) as bag:
+            assert bag.meta.episode == episode
+            positions = [m.data.position.tolist() for m in bag.messages(["/joint_states"])]
+            assert positions == [[0.0, float(episode)], [1.0, float(episode)]]
 
 
 def test_sigterm_finalises_the_open_bag_and_sigkill_is_reported(tmp_path, recorder):

@@ -86,6 +86,13 @@ PARAMS = (
     ),
     Param("discovery_period_s", 0.2, "how often new topics are looked for", 0.01, 10.0),
     Param(
+        "max_bags",
+        1000,
+        "episode bags one run writes at most; later episodes are not recorded (WARN); 0 = no cap",
+        0,
+        1_000_000,
+    ),
+    Param(
         "grace_s",
         1.0,
         "an ended episode's bag stays open this long (wall s) for late messages",
@@ -136,6 +143,8 @@ class RecorderNode(Node):
         self._episode_stamp = -1  # newest tick stamp announced on /simdist/episode
         self.finished: list[pathlib.Path] = []
         self._dropped = 0
+        self._opened = 0  # bags opened this run
+        self._capped_from: int | None = None  # max_bags reached: nothing stamped >= this is kept
         self._expect_topics()
         self._unmatched = [t for t in self.params["ready_topics"] if t]  # ready when empty
         self._matched_at: float | None = None  # monotonic time the last ready topic matched
@@ -218,6 +227,9 @@ class RecorderNode(Node):
 
     def _route(self, topic: str, received: int, data: bytes, stamp: int) -> None:
         """Write into the newest open bag whose episode started at or before `stamp`."""
+        if self._capped_from is not None and stamp >= self._capped_from:
+            self._dropped += 1  # an episode past max_bags: never filed into an earlier bag
+            return
         for bag in reversed(self._bags):
             if self._starts[id(bag)] <= stamp:
                 self._write(bag, topic, received, data)
@@ -238,10 +250,27 @@ class RecorderNode(Node):
         except (ValueError, KeyError, TypeError) as exc:
             self.diag.set("episode", Level.WARN, f"unreadable episode message {msg.data!r}: {exc}")
             return
-        if episode != self._episode_id:
+        new = episode != self._episode_id
+        if new:
             if self._bags:  # the ended episode keeps its bag a moment for late messages
                 self._closing[id(self._bags[-1])] = time.monotonic() + self.params["grace_s"]
             self._episode_id = episode
+            cap = self.params["max_bags"]
+            if cap and self._opened >= cap:
+                if self._capped_from is None:
+                    self._capped_from = stamp
+                self.diag.set(
+                    "recording",
+                    Level.WARN,
+                    f"max_bags={cap} episode bags written: episode {episode} and later are "
+                    "not recorded",
+                    bags=self._opened,
+                )
+        if self._capped_from is not None:
+            self._episode_stamp = max(self._episode_stamp, stamp)
+            self._route_held()
+            return
+        if new:
             meta = EpisodeMeta(
                 task=str(info.get("task") or self.params["task"]),
                 seed=info.get("seed"),
@@ -262,6 +291,9 @@ class RecorderNode(Node):
             )
             meta.complete = True
         self._episode_stamp = max(self._episode_stamp, stamp)
+        self._route_held()
+
+    def _route_held(self) -> None:
         held, self._held = self._held, []
         for topic, rec, raw, st in held:
             st = self._episode_stamp if st is None else st
@@ -273,6 +305,7 @@ class RecorderNode(Node):
     def _open(self, meta: EpisodeMeta, start: int) -> None:
         path = pathlib.Path(self.params["bag_dir"]) / bag_name(meta.task, meta.episode, meta.seed)
         bag = EpisodeBagWriter(path, meta)
+        self._opened += 1
         self._bags.append(bag)
         self._starts[id(bag)] = start
         self.diag.set(
