@@ -37,7 +37,7 @@ def test_sim_graph_command_lines(tmp_path):
     )
     names = [n.name for n in graph.nodes]
     assert names == ["mujoco_driver", "ingestion", "safety_supervisor", "planner", "recorder"]
-    assert graph.env == {"ROS_DOMAIN_ID": "42"}
+    assert graph.env == {"ROS_DOMAIN_ID": "42", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
     planner = next(n for n in graph.nodes if n.name == "planner")
     cmd = launcher.command_line(planner)
     assert pathlib.Path(cmd[0]).name == "planner_node"
@@ -117,6 +117,19 @@ def test_bad_arguments_are_refused_with_the_reason(given, message):
     with pytest.raises(ValueError, match=None) as err:
         desc.resolve("peg", given)
     assert message in str(err.value)
+
+
+def test_sim_graphs_keep_dds_discovery_on_this_machine_unless_asked():
+    sim = desc.resolve("peg", {"checkpoint": "/ck", "domain": "7"})
+    assert sim.env == {"ROS_DOMAIN_ID": "7", "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+    replay = desc.resolve("go2_slope", {"checkpoint": "/ck", "robot": "replay", "bag": "/b"})
+    assert replay.env["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "LOCALHOST"
+    real = desc.resolve("peg", {"checkpoint": "/ck", "robot": "real", "robot_ip": "10.0.0.2"})
+    assert "ROS_AUTOMATIC_DISCOVERY_RANGE" not in real.env  # hardware: the environment's
+    wide = desc.resolve("peg", {"checkpoint": "/ck", "discovery": "subnet"})
+    assert wide.env["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "SUBNET"
+    with pytest.raises(ValueError, match="discovery:='lan' must be one of"):
+        desc.resolve("peg", {"checkpoint": "/ck", "discovery": "lan"})
 
 
 def test_launcher_cli_reports_bad_arguments():

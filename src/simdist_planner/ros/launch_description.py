@@ -70,7 +70,7 @@ class ResolvedNode:
 class ResolvedGraph:
     graph: str
     args: dict[str, str]
-    env: dict[str, str]  # ROS_DOMAIN_ID and friends, for every node
+    env: dict[str, str]  # ROS_DOMAIN_ID, ROS_AUTOMATIC_DISCOVERY_RANGE, for every node
     nodes: tuple[ResolvedNode, ...]
 
 
@@ -108,6 +108,14 @@ COMMON_ARGS: tuple[LaunchArg, ...] = (
     LaunchArg("seed", "0", "seed of the first MuJoCo episode (robot:=sim)"),
     LaunchArg("episodes", "0", "robot:=sim: number of episodes to run, 0 = until stopped"),
     LaunchArg("domain", "", "ROS_DOMAIN_ID for every node (empty: inherit the environment)"),
+    LaunchArg(
+        "discovery",
+        "",
+        "DDS discovery range of every node (ROS_AUTOMATIC_DISCOVERY_RANGE): localhost or "
+        "subnet; empty: localhost for robot:=sim and robot:=replay (no other machine can join "
+        "or command them), the environment's for robot:=real",
+        ("", "localhost", "subnet"),
+    ),
     LaunchArg(
         "params_file", "", "parameter file used instead of config/<graph>.yaml (same sections)"
     ),
@@ -347,6 +355,9 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
             ResolvedNode(node.name, node.executable, params_file, overrides, node.remappings)
         )
     env = {"ROS_DOMAIN_ID": args["domain"]} if args["domain"] else {}
+    discovery = args["discovery"] or ("localhost" if args["robot"] != "real" else "")
+    if discovery:
+        env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = discovery.upper()
     return ResolvedGraph(graph, args, env, tuple(nodes))
 
 
