@@ -203,6 +203,42 @@ def test_a_robot_that_falls_at_once_does_not_restart_episodes_in_a_loop(ros_doma
         ros.close()
 
 
+def test_driver_warns_when_a_second_node_publishes_robot_commands(ros_domain):
+    """Only the safety supervisor should publish /simdist/safe_command; a second publisher
+    (anything on the domain can join) is reported on /diagnostics."""
+    ros = RosHarness(ros_domain)
+    try:
+        ros.add(
+            MujocoDriverNode(
+                context=ros.context,
+                parameter_overrides=[
+                    Parameter("robot", value="go2"),
+                    Parameter("task", value="go2_flat"),
+                ],
+            )
+        )
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+
+        def source(level):
+            return any(
+                lvl == level and "publisher" in m
+                for lvl, m in diagnostics_text(diags, "mujoco_driver")
+                if "safe_command" in m
+            )
+
+        supervisor = ros.probe.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
+        assert ros.spin_until(lambda: supervisor.get_subscription_count() and source(0))
+        intruder = ros.probe.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
+        assert ros.spin_until(lambda: source(1), 10.0)
+        assert any(
+            "2 publishers on /simdist/safe_command" in m
+            for _, m in diagnostics_text(diags, "mujoco_driver")
+        )
+        ros.probe.destroy_publisher(intruder)
+    finally:
+        ros.close()
+
+
 def _waiting_driver(ros, timeout_s: float) -> MujocoDriverNode:
     return ros.add(
         MujocoDriverNode(

@@ -98,3 +98,31 @@ class Diagnostics:
 
     def destroy(self) -> None:
         self._node.destroy_timer(self._timer)
+
+
+class CommandSourceWatch:
+    """Warns on /diagnostics (status `command_source`) while more than one publisher is on a
+    robot's command topic: only the safety supervisor should command the robot, and any process
+    that joins the ROS domain can publish there (docs/hardware.md). Checked about once a second
+    on a steady-clock timer."""
+
+    def __init__(self, node, diag: Diagnostics, topic: str, period_s: float = 1.0):
+        self._node, self._diag, self._topic = node, diag, topic
+        self._timer = node.create_timer(
+            period_s, self.check, clock=Clock(clock_type=ClockType.STEADY_TIME)
+        )
+
+    def check(self) -> int:
+        """Publishers on the topic now (and the status they imply)."""
+        count = self._node.count_publishers(self._topic)
+        if count > 1:
+            self._diag.set(
+                "command_source",
+                Level.WARN,
+                f"{count} publishers on {self._topic}: only the safety supervisor should "
+                "command the robot",
+                publishers=count,
+            )
+        else:
+            self._diag.set("command_source", Level.OK, f"{count} publisher on {self._topic}")
+        return count

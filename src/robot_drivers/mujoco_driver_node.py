@@ -33,7 +33,7 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
-from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.diagnostics import CommandSourceWatch, Diagnostics, Level
 from robot_drivers.go2.config import Go2Config
 from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
 from robot_drivers.node_params import NodeParams, Param
@@ -304,6 +304,7 @@ class MujocoDriverNode(Node):
         else:
             self.pub_tcp = self.create_publisher(PoseStamped, "/tcp_pose", 10)
         self.create_subscription(JointTrajectory, "/simdist/safe_command", self.on_command, 10)
+        self.command_source = CommandSourceWatch(self, self.diag, "/simdist/safe_command")
         self.create_service(Trigger, "~/reset", self.on_reset)
 
     # --- time ---------------------------------------------------------------------------------

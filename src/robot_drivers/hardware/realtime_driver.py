@@ -19,7 +19,7 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
-from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.diagnostics import CommandSourceWatch, Diagnostics, Level
 from robot_drivers.interface import (
     Command,
     CommandKind,
@@ -77,6 +77,7 @@ class RealtimeDriverNode(Node):
         self.pub_joints = self.create_publisher(JointState, "/joint_states", 10)
         self.pub_proprio = self.create_publisher(JointState, "/simdist/robot/proprio", 10)
         self.create_subscription(JointTrajectory, "/simdist/safe_command", self.on_command, 10)
+        self.command_source = CommandSourceWatch(self, self.diag, "/simdist/safe_command")
         self.create_service(Trigger, "~/reset", self.on_reset)
         self.create_timer(1.0 / self.params["publish_rate_hz"], self.tick)
         self.diag.set("robot", Level.WARN, "connected; call ~/reset to enable commands")
