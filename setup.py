@@ -37,6 +37,7 @@ setup(
             "simdist-import-official = simdist_planner.cli.import_official:main",
             "simdist-adapt-experiment = simdist_adapter.experiment:main",
             "simdist-episode-report = simdist_adapter.episode_report:main",
+            "simdist-bag = simdist_adapter.bag_tool:main",
             "simforcing-train = sim_video_world_model.train:main",
             "simforcing-eval = sim_video_world_model.evaluate:main",
             "simdist = simdist_planner.cli.simdist:main",

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
 from mcap.reader import make_reader
 from mcap_ros2.decoder import DecoderFactory
 from rclpy.node import Node
@@ -29,10 +30,13 @@ from simdist_adapter.bags import (
     EpisodeBagWriter,
     EpisodeMeta,
     list_episode_bags,
+    recover_bag,
+    unfinalised_bags,
 )
 from simdist_adapter.recorder_node import RECORD_QOS
 
 RECORDER = str(pathlib.Path(sys.executable).parent / "recorder_node")
+BAG_TOOL = str(pathlib.Path(sys.executable).parent / "simdist-bag")
 
 
 def _mcap_messages(bag_dir: pathlib.Path) -> dict[str, list]:
@@ -198,11 +202,11 @@ def test_max_bags_caps_the_bags_of_a_run_and_files_nothing_into_an_earlier_episo
             assert positions == [[0.0, float(episode)], [1.0, float(episode)]]
 
 
-def test_sigterm_finalises_the_open_bag_and_sigkill_is_reported(tmp_path, recorder):
+def test_sigterm_finalises_the_open_bag_and_a_sigkilled_one_is_recovered(tmp_path, recorder):
     pub = Publisher()
     try:
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            proc = recorder()
+            proc = recorder("flush_period_s:=0.1")
             pub.wait_for_recorder()
             for step in range(3):
                 pub.tick(episode=7 if sig == signal.SIGTERM else 8, step=step, last=False)
@@ -213,6 +217,21 @@ def test_sigterm_finalises_the_open_bag_and_sigkill_is_reported(tmp_path, record
                 sig == signal.SIGTERM
             ):  # a clean exit leaves the graph at once; the next recorder is new
                 _wait_for(lambda: all(p.get_subscription_count() == 0 for p in pub.pubs.values()))
+        reports = []
+        pub.node.create_subscription(
+            DiagnosticArray,
+            "/diagnostics",
+            lambda m: reports.extend(
+                s.message for s in m.status if s.name == "recorder: unfinalised_bags"
+            ),
+            10,
+        )
+        next_recorder = recorder()  # it names the killed bag on /diagnostics
+        end = time.monotonic() + 30
+        while not reports and time.monotonic() < end:
+            rclpy.spin_once(pub.node, timeout_sec=0.1)
+        next_recorder.send_signal(signal.SIGINT)
+        next_recorder.communicate(timeout=30)
     finally:
         pub.close()
     bags = sorted((tmp_path / "bags").iterdir(), key=lambda p: "ep0008" in p.name)
@@ -222,6 +241,22 @@ def test_sigterm_finalises_the_open_bag_and_sigkill_is_reported(tmp_path, record
     assert len(_mcap_messages(terminated)["/camera/wrist/image_raw"]) == 3
     with pytest.raises(BagError, match="never finalised"):
         EpisodeBag(killed)
+
+    # simdist-bag recover rebuilds it: every message written before the last flush is back
+    # (flush_period_s 0.1; the kill came 0.5 s after the last tick)
+    assert reports and "1 unfinalised bag(s)" in reports[0] and "simdist-bag recover" in reports[0]
+    out = subprocess.run(
+        [BAG_TOOL, "recover", "--all", str(tmp_path / "bags")], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and f"recovered {killed}" in out.stdout, out.stderr
+    with EpisodeBag(killed) as bag:
+        assert bag.meta.episode == 8 and bag.meta.extra["recovered"] and not bag.meta.complete
+        positions = [m.data.position.tolist() for m in bag.messages(["/joint_states"])]
+        assert positions == [[float(step), 8.0] for step in range(3)]
+    assert len(_mcap_messages(killed)["/camera/wrist/image_raw"]) == 3  # the independent reader
+    assert (killed / f"{killed.name}.mcap.unfinalised").is_file()  # the original is kept
+    again = subprocess.run([BAG_TOOL, "recover", str(killed)], capture_output=True, text=True)
+    assert again.returncode == 1 and "already finalised" in again.stderr
 
 
 def _small_bag(path: pathlib.Path, n: int = 300) -> pathlib.Path:
@@ -279,3 +314,42 @@ def test_writer_refuses_overwrite_and_unknown_types(tmp_path):
         with pytest.raises(BagError, match="was not declared"):
             bag.write_raw("/y", 1, b"\x00\x01\x00\x00")
     assert os.path.isfile(tmp_path / "other" / "metadata.yaml")
+
+
+_KILLED_WRITER = """
+import os, signal, sys
+from rosbags.typesys.stores.ros2_kilted import std_msgs__msg__String as String
+from simdist_adapter.bags import EpisodeBagWriter, EpisodeMeta
+bag = EpisodeBagWriter(sys.argv[1], EpisodeMeta(task="peg", episode=3, seed=9))
+bag.add_topic("/x", "std_msgs/msg/String")
+for i in range(100):
+    bag.write("/x", 1000 + i, String(data=f"m{i}"))
+    if i == 59:
+        bag.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_writer_loses_only_what_followed_its_last_flush(tmp_path):
+    path = tmp_path / "ep"
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], check=False)
+    assert [p.name for p in unfinalised_bags(tmp_path)] == ["ep"]
+    recovery = recover_bag(path)
+    assert recovery.messages == 60 and recovery.topics == 1
+    with EpisodeBag(path) as bag:
+        assert (bag.meta.episode, bag.meta.seed, bag.meta.complete) == (3, 9, False)
+        assert [m.data.data for m in bag.messages(["/x"])] == [f"m{i}" for i in range(60)]
+    assert unfinalised_bags(tmp_path) == []
+    with pytest.raises(BagError, match="already finalised"):
+        recover_bag(path)
+
+
+def test_recovery_stops_at_a_record_cut_short(tmp_path):
+    path = tmp_path / "ep"
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], check=False)
+    mcap_file = path / "ep.mcap"
+    mcap_file.write_bytes(mcap_file.read_bytes()[:-5])  # the write the crash interrupted
+    recovery = recover_bag(path)
+    assert recovery.truncated and 0 < recovery.messages <= 60
+    with EpisodeBag(path) as bag:
+        assert len(list(bag.messages(["/x"]))) == recovery.messages

@@ -9,6 +9,11 @@ channel carries its full message definition, so any MCAP reader (`mcap` + `mcap_
 `EpisodeBag` is the reader the adapter and replay use: metadata, topics, and messages by topic,
 deserialised or raw. A bag that was never finalised, is truncated or corrupt raises `BagError`
 saying which file and what is wrong.
+
+A writer killed before `close()` leaves an MCAP without its summary and no `metadata.yaml`.
+`EpisodeBagWriter.flush()` bounds what such a crash loses (the recorder calls it every
+`flush_period_s`), and `recover_bag()` (`simdist-bag recover DIR`, as `ros2 bag reindex`) rebuilds
+a readable, finalised bag from every complete record of the unfinalised file.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -144,6 +151,20 @@ class EpisodeBagWriter:
             raise BagError(f"topic {topic} was not declared with add_topic")
         self.write_raw(topic, stamp_ns, TYPESTORE.serialize_cdr(msg, connection.msgtype))
 
+    def flush(self) -> None:
+        """Put every message written so far into the file: the pending MCAP chunk is closed and
+        the file buffer handed to the OS, so a crash after this loses none of them.
+
+        rosbags' MCAP writer (the pinned version) keeps up to 1 MiB of messages in an in-memory
+        chunk and has no public flush; this closes that chunk early through its storage object.
+        """
+        storage = None if self._writer is None else self._writer.storage
+        if storage is None:
+            return
+        if storage.chunk.bio.tell():
+            storage.close_chunk()
+        storage.bio.flush()
+
     def close(self) -> None:
         """Finalise the MCAP (summary, index) and metadata.yaml, then the sidecar. Idempotent."""
         if self._writer is None:
@@ -257,3 +278,85 @@ def list_episode_bags(root: str | os.PathLike) -> list[pathlib.Path]:
     if not root.is_dir():
         return []
     return sorted(p.parent for p in root.glob(f"*/{SIDECAR}"))
+
+
+def unfinalised_bags(root: str | os.PathLike) -> list[pathlib.Path]:
+    """Bag directories under `root` that hold an MCAP but no metadata.yaml (writer killed)."""
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.parent for p in root.glob("*/*.mcap") if not (p.parent / "metadata.yaml").is_file()
+    )
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What `recover_bag` rebuilt."""
+
+    path: pathlib.Path
+    messages: int  # messages in the recovered bag
+    topics: int
+    truncated: bool  # the file ended inside a record: what followed the last complete one is lost
+    original: pathlib.Path  # the unfinalised MCAP, kept beside the recovered one
+
+
+def recover_bag(path: str | os.PathLike) -> Recovery:
+    """Rebuild an unfinalised episode bag in place: every complete message of its MCAP goes into a
+    new, finalised MCAP with metadata.yaml (the episode sidecar's metadata, `complete` false and
+    `recovered` true). The original file stays in the directory as `<name>.mcap.unfinalised`.
+    Raises BagError if `path` is not an unfinalised bag or holds no readable record.
+    """
+    from mcap.exceptions import McapError  # noqa: PLC0415 - only recovery reads raw MCAP records
+    from mcap.records import Channel, Message, Schema  # noqa: PLC0415
+    from mcap.stream_reader import StreamReader  # noqa: PLC0415
+
+    path = pathlib.Path(path)
+    if (path / "metadata.yaml").is_file():
+        raise BagError(f"{path}: already finalised (metadata.yaml present); nothing to recover")
+    sources = sorted(path.glob("*.mcap"))
+    if len(sources) != 1:
+        raise BagError(f"{path}: expected one .mcap file to recover, found {len(sources)}")
+    source = sources[0]
+    schemas, channels, messages, truncated = {}, {}, [], False
+    with source.open("rb") as f:
+        try:
+            for record in StreamReader(f, skip_magic=False).records:
+                if isinstance(record, Schema):
+                    schemas[record.id] = record
+                elif isinstance(record, Channel):
+                    channels[record.id] = record
+                elif isinstance(record, Message):
+                    messages.append(record)
+        except (McapError, EOFError, ValueError, OSError, struct.error):  # the record cut short
+            truncated = True
+    if not channels:
+        raise BagError(f"{source}: no complete channel record; nothing can be recovered")
+    sidecar = path / SIDECAR
+    meta = (
+        EpisodeMeta.from_json(sidecar.read_text(), str(sidecar))
+        if sidecar.is_file()
+        else EpisodeMeta(task=path.name)
+    )
+    meta.complete = False
+    meta.extra["recovered"] = True
+    staging = path.parent / f".{path.name}.recovering"
+    shutil.rmtree(staging, ignore_errors=True)
+    rebuilt = staging / path.name
+    meta.start_ns = meta.end_ns = 0
+    with EpisodeBagWriter(rebuilt, meta) as bag:
+        for m in sorted(messages, key=lambda m: m.log_time):
+            channel = channels.get(m.channel_id)
+            schema = None if channel is None else schemas.get(channel.schema_id)
+            if schema is None:
+                continue  # its channel record was lost with the crash
+            if not bag.has_topic(channel.topic):
+                bag.add_topic(channel.topic, schema.name)
+            bag.write_raw(channel.topic, m.log_time, m.data)
+        count, topics = bag.message_count, len(bag._connections)
+    original = rebuilt / f"{source.name}.unfinalised"
+    os.replace(source, original)
+    shutil.rmtree(path)
+    os.replace(rebuilt, path)
+    staging.rmdir()
+    return Recovery(path, count, topics, truncated, path / original.name)

@@ -34,7 +34,14 @@ from std_msgs.msg import Bool
 
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
-from simdist_adapter.bags import TYPESTORE, BagError, EpisodeBagWriter, EpisodeMeta, ros_type_name
+from simdist_adapter.bags import (
+    TYPESTORE,
+    BagError,
+    EpisodeBagWriter,
+    EpisodeMeta,
+    ros_type_name,
+    unfinalised_bags,
+)
 from simdist_planner.ros.launch_description import RECORDER_READY_TOPIC
 
 # Deep, reliable queues: a recorder that falls behind must buffer, not drop.
@@ -85,6 +92,14 @@ PARAMS = (
         30.0,
     ),
     Param("discovery_period_s", 0.2, "how often new topics are looked for", 0.01, 10.0),
+    Param(
+        "flush_period_s",
+        1.0,
+        "open bags are flushed to disk this often (wall s): a killed recorder loses at most "
+        "the messages of this last period (simdist-bag recover rebuilds the rest)",
+        0.05,
+        60.0,
+    ),
     Param(
         "max_bags",
         1000,
@@ -144,6 +159,7 @@ class RecorderNode(Node):
         self.finished: list[pathlib.Path] = []
         self._dropped = 0
         self._opened = 0  # bags opened this run
+        self._flushed_at = time.monotonic()
         self._capped_from: int | None = None  # max_bags reached: nothing stamped >= this is kept
         self._expect_topics()
         self._unmatched = [t for t in self.params["ready_topics"] if t]  # ready when empty
@@ -167,6 +183,15 @@ class RecorderNode(Node):
                 EpisodeMeta(task=self.params["task"], checkpoint=self.params["checkpoint"]), start=0
             )
         self.diag.set("recording", Level.OK, "waiting for topics", bag_dir=self.params["bag_dir"])
+        crashed = unfinalised_bags(self.params["bag_dir"])
+        if crashed:  # a recorder before this one was killed before finalising them
+            self.diag.set(
+                "unfinalised_bags",
+                Level.ERROR,
+                f"{len(crashed)} unfinalised bag(s) in {self.params['bag_dir']} (a recorder was "
+                f"killed): recover them with simdist-bag recover --all {self.params['bag_dir']}",
+                bags=" ".join(p.name for p in crashed),
+            )
 
     def _expect_topics(self) -> None:
         """Subscribe to the graph's known topics now: discovery would miss their first messages."""
@@ -316,6 +341,10 @@ class RecorderNode(Node):
         if self._unmatched is not None:
             self._announce_ready()
         now = time.monotonic()
+        if now - self._flushed_at >= self.params["flush_period_s"]:
+            self._flushed_at = now
+            for bag in self._bags:
+                bag.flush()
         for bag in [b for b in self._bags if self._closing.get(id(b), float("inf")) <= now]:
             self._finalise(bag)
 
