@@ -26,6 +26,8 @@ def _nodes(context, graph_name):
             remappings=list(node.remappings),
             additional_env=graph.env,
             output="screen",
+            respawn=node.respawn,
+            respawn_delay=desc.RESPAWN_DELAY_S,
         )
         for node in graph.nodes
     ]

@@ -307,6 +307,42 @@ def test_a_checkpoint_that_cannot_be_loaded_ends_the_graph_with_one_line(tmp_pat
     assert "node planner died with exit code 1" in log and "[planner] Traceback" not in log
 
 
+def test_a_killed_recorder_is_respawned_and_control_goes_on(tmp_path, ros_domain):
+    _replay_bag(tmp_path / "ep", seconds=120)
+    checkpoint = make_checkpoint(tmp_path / "ck")
+    proc = subprocess.Popen(
+        [SIMDIST, "launch", "peg", "robot:=replay", f"bag:={tmp_path / 'ep'}",
+         f"checkpoint:={checkpoint}", "record:=true", f"bag_dir:={tmp_path / 'bags'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    head = _read_until(proc, "started recorder (pid")
+    time.sleep(8.0)  # every node up
+    assert proc.poll() is None, proc.communicate()
+    os.kill(_started_pids(head)["recorder"], signal.SIGKILL)
+    time.sleep(4.0)
+    assert proc.poll() is None, "the graph stopped with the recorder"
+    proc.send_signal(signal.SIGINT)
+    stdout, rest = proc.communicate(timeout=60)
+    stderr = head + rest
+    assert proc.returncode == 0, stdout + stderr
+    assert "node recorder exited with code -9; respawning it" in stderr
+    assert stderr.count("started recorder (pid") == 2
+    pids = _started_pids(stderr)  # the newest pid of each node
+    assert set(pids) == {"replay", "ingestion", "planner", "recorder"}
+    assert not any(_alive(p) for p in pids.values())
+
+
+def _read_until(proc, marker: str) -> str:
+    """The launcher's stderr up to the line holding `marker` (the rest stays unread)."""
+    text = ""
+    while marker not in text:
+        line = proc.stderr.readline()
+        if not line:
+            raise AssertionError(f"the launcher ended before {marker!r}:\n{text}")
+        text += line
+    return text
+
+
 def test_launcher_forwards_sigint_to_every_node(tmp_path, ros_domain):
     _replay_bag(tmp_path / "ep", seconds=120)
     checkpoint = make_checkpoint(tmp_path / "ck")

@@ -40,6 +40,12 @@ class NodeSpec:
     # parameter <- launch argument; the value is typed like the parameter's YAML default
     arg_params: tuple[tuple[str, str], ...] = ()
     remappings: tuple[tuple[str, str], ...] = ()
+    # restarted after RESPAWN_DELAY_S when it exits while the graph runs (launch_ros `respawn`):
+    # a node off the control path whose death must not stop control (the recorder)
+    respawn: bool = False
+
+
+RESPAWN_DELAY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class ResolvedNode:
     params_file: pathlib.Path
     overrides: dict = field(default_factory=dict)  # parameter -> typed value (after the file)
     remappings: tuple[tuple[str, str], ...] = ()
+    respawn: bool = False  # NodeSpec.respawn
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,7 @@ def _nodes(robot: str) -> tuple[NodeSpec, ...]:
             "recorder_node",
             when=(("record", ("true",)),),
             arg_params=(("bag_dir", "bag_dir"), ("checkpoint", "checkpoint")),
+            respawn=True,
         ),
         NodeSpec(
             "video_prediction",
@@ -352,7 +360,9 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
             # only simulation announces episodes (/simdist/episode); hardware records a bag per run
             overrides["split_episodes"] = args["robot"] != "real"
         nodes.append(
-            ResolvedNode(node.name, node.executable, params_file, overrides, node.remappings)
+            ResolvedNode(
+                node.name, node.executable, params_file, overrides, node.remappings, node.respawn
+            )
         )
     env = {"ROS_DOMAIN_ID": args["domain"]} if args["domain"] else {}
     discovery = args["discovery"] or ("localhost" if args["robot"] != "real" else "")

@@ -69,6 +69,8 @@ class Supervisor:
         self.escalation = escalation
         self.log = log or (lambda msg: print(f"[simdist] {msg}", file=sys.stderr, flush=True))
         self.procs: dict[str, subprocess.Popen] = {}
+        self._commands: dict[str, tuple[desc.ResolvedNode, list[str]]] = {}
+        self._env: dict[str, str] = {}
         self._stop = threading.Event()
         self._pumps: list[threading.Thread] = []
 
@@ -77,25 +79,29 @@ class Supervisor:
         self._stop.set()
 
     def start(self) -> None:
-        env = desc.launch_env(self.graph)
-        commands = [
-            (node, command_line(node)) for node in self.graph.nodes
-        ]  # all found before any starts
-        for node, cmd in commands:
-            self.log(f"starting {node.name}: {shlex.join(cmd)}")
-            # own session: a terminal Ctrl-C reaches only the launcher, which forwards it in order
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            self.procs[node.name] = proc
-            self.log(f"started {node.name} (pid {proc.pid})")
-            pump = threading.Thread(target=self._pump, args=(node.name, proc), daemon=True)
-            pump.start()
-            self._pumps.append(pump)
+        self._env = desc.launch_env(self.graph)
+        self._commands = {
+            node.name: (node, command_line(node)) for node in self.graph.nodes
+        }  # all found before any starts
+        for name in self._commands:
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        node, cmd = self._commands[name]
+        self.log(f"starting {name}: {shlex.join(cmd)}")
+        # own session: a terminal Ctrl-C reaches only the launcher, which forwards it in order
+        proc = subprocess.Popen(
+            cmd,
+            env=self._env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        self.log(f"started {name} (pid {proc.pid})")
+        pump = threading.Thread(target=self._pump, args=(name, proc), daemon=True)
+        pump.start()
+        self._pumps.append(pump)
 
     @staticmethod
     def _pump(name: str, proc: subprocess.Popen) -> None:
@@ -104,18 +110,38 @@ class Supervisor:
             sys.stdout.flush()
 
     def wait(self, poll_s: float = 0.05) -> int:
-        """Block until Ctrl-C or a node exits; stop everything; 0 = clean, 1 = a node died."""
+        """Block until Ctrl-C or a node exits; stop everything; 0 = clean, 1 = a node died.
+
+        A node marked `respawn` (the recorder) that exits is started again after
+        RESPAWN_DELAY_S instead, as launch_ros does; the rest of the graph keeps running."""
         code = 0
+        respawn_at: dict[str, float] = {}
         while not self._stop.is_set():
-            ended = [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
-            if ended:
-                for name, rc in ended:
-                    if rc == 0:
-                        self.log(f"node {name} finished (exit 0); stopping the graph")
-                    else:
-                        self.log(f"node {name} died with exit code {rc}; stopping the graph")
-                        code = 1
+            ended = [
+                (n, p.returncode)
+                for n, p in self.procs.items()
+                if n not in respawn_at and p.poll() is not None
+            ]
+            stop = False
+            for name, rc in ended:
+                if self._commands[name][0].respawn:
+                    self.log(
+                        f"node {name} exited with code {rc}; respawning it in "
+                        f"{desc.RESPAWN_DELAY_S} s"
+                    )
+                    respawn_at[name] = time.monotonic() + desc.RESPAWN_DELAY_S
+                elif rc == 0:
+                    self.log(f"node {name} finished (exit 0); stopping the graph")
+                    stop = True
+                else:
+                    self.log(f"node {name} died with exit code {rc}; stopping the graph")
+                    code, stop = 1, True
+            if stop:
                 break
+            for name, at in list(respawn_at.items()):
+                if time.monotonic() >= at:
+                    del respawn_at[name]
+                    self._start(name)
             time.sleep(poll_s)
         else:
             self.log("stop requested; forwarding SIGINT to every node")
