@@ -288,7 +288,9 @@ def test_launcher_exits_non_zero_when_a_node_dies_and_stops_the_others(tmp_path,
     )  # fmt: skip
     log = out.stdout + out.stderr
     assert out.returncode == 1, log
-    assert "node replay died with exit code" in log
+    assert "node replay died with exit code 1" in log
+    assert "[replay] replay: " in log and "not a bag directory" in log  # one line, no trace
+    assert "[replay] Traceback" not in log
     pids = _started_pids(out.stderr)
     assert set(pids) == {"replay", "ingestion", "planner"}
     assert not any(_alive(p) for p in pids.values()), "a node outlived the launcher"

@@ -14,6 +14,8 @@ then stops the graph).
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import time
 
 import rclpy
@@ -24,7 +26,7 @@ from rosgraph_msgs.msg import Clock
 
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
-from simdist_adapter.bags import EpisodeBag
+from simdist_adapter.bags import BagError, EpisodeBag
 
 QOS = QoSProfile(
     depth=100,
@@ -160,6 +162,11 @@ def main(args=None):
         time.sleep(0.5)  # let reliable publishers flush to slow subscribers
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
+    except (BagError, ValueError) as exc:  # a bad bag or setting: one line (SIMDIST_DEBUG=1: trace)
+        if os.environ.get("SIMDIST_DEBUG"):
+            raise
+        print(f"replay: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     finally:
         if node is not None:
             node.bag.close()
