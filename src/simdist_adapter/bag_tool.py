@@ -2,7 +2,7 @@
 
 Like `ros2 bag reindex`: every complete message of the bag's MCAP goes into a new, finalised
 MCAP with its `metadata.yaml`; the original file stays beside it as `<name>.mcap.unfinalised`
-(docs/hardware.md, "Recovering a bag"). `simdist-bag recover --all ROOT` recovers every
+(docs/safety.md, "Recovering a bag"). `simdist-bag recover --all ROOT` recovers every
 unfinalised bag under ROOT (the recorder's `bag_dir`). Errors are one line each; the exit code
 is 1 if any bag could not be recovered.
 """
