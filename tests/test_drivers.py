@@ -86,19 +86,7 @@ def test_sim_episode_is_deterministic_and_maps_safe_actions():
 def test_mujoco_driver_lockstep_advances_only_on_the_ticks_command(ros_domain):
     ros = RosHarness(ros_domain)
     try:
-        node = ros.add(
-            MujocoDriverNode(
-                context=ros.context,
-                parameter_overrides=[
-                    Parameter("robot", value="go2"),
-                    Parameter("task", value="go2_flat"),
-                    Parameter("seed", value=5),
-                    Parameter("lockstep_republish_s", value=0.2),
-                    Parameter("max_steps", value=2),
-                    Parameter("episodes", value=2),
-                ],
-            )
-        )
+        node = _go2_flat_driver(ros, seed=5, lockstep_republish_s=0.2, max_steps=2, episodes=2)
         proprio = ros.collect(JointState, "/simdist/robot/proprio")
         clock = ros.collect(ClockMsg, "/clock")
         heights = ros.collect(Image, "/height_map")
@@ -168,18 +156,8 @@ def test_a_robot_that_falls_at_once_does_not_restart_episodes_in_a_loop(ros_doma
     max_short_episodes of them in a row the driver starts no new episode until ~/reset."""
     ros = RosHarness(ros_domain)
     try:
-        node = ros.add(
-            MujocoDriverNode(
-                context=ros.context,
-                parameter_overrides=[
-                    Parameter("robot", value="go2"),
-                    Parameter("task", value="go2_flat"),
-                    Parameter("max_steps", value=1),
-                    Parameter("min_episode_steps", value=5),
-                    Parameter("max_short_episodes", value=2),
-                    Parameter("lockstep_republish_s", value=0.2),
-                ],
-            )
+        node = _go2_flat_driver(
+            ros, max_steps=1, min_episode_steps=5, max_short_episodes=2, lockstep_republish_s=0.2
         )
         proprio = ros.collect(JointState, "/simdist/robot/proprio")
         diags = ros.collect(DiagnosticArray, "/diagnostics")
@@ -208,15 +186,7 @@ def test_driver_warns_when_a_second_node_publishes_robot_commands(ros_domain):
     (anything on the domain can join) is reported on /diagnostics."""
     ros = RosHarness(ros_domain)
     try:
-        ros.add(
-            MujocoDriverNode(
-                context=ros.context,
-                parameter_overrides=[
-                    Parameter("robot", value="go2"),
-                    Parameter("task", value="go2_flat"),
-                ],
-            )
-        )
+        _go2_flat_driver(ros)
         diags = ros.collect(DiagnosticArray, "/diagnostics")
 
         def source(level):
@@ -239,18 +209,15 @@ def test_driver_warns_when_a_second_node_publishes_robot_commands(ros_domain):
         ros.close()
 
 
+def _go2_flat_driver(ros, **params) -> MujocoDriverNode:
+    """A MuJoCo Go2 on flat ground on the harness's context, with these parameter values."""
+    values = {"robot": "go2", "task": "go2_flat", **params}
+    overrides = [Parameter(name, value=value) for name, value in values.items()]
+    return ros.add(MujocoDriverNode(context=ros.context, parameter_overrides=overrides))
+
+
 def _waiting_driver(ros, timeout_s: float) -> MujocoDriverNode:
-    return ros.add(
-        MujocoDriverNode(
-            context=ros.context,
-            parameter_overrides=[
-                Parameter("robot", value="go2"),
-                Parameter("task", value="go2_flat"),
-                Parameter("wait_for_ready", value=RECORDER_READY_TOPIC),
-                Parameter("ready_timeout_s", value=timeout_s),
-            ],
-        )
-    )
+    return _go2_flat_driver(ros, wait_for_ready=RECORDER_READY_TOPIC, ready_timeout_s=timeout_s)
 
 
 def test_lockstep_driver_starts_when_the_recorder_hears_every_ready_topic(ros_domain, tmp_path):
@@ -737,16 +704,7 @@ def _lockstep_run(domain: int, ticks: int) -> tuple[list, list, MujocoDriverNode
     ros = RosHarness(domain)
     try:
         sim_time = Parameter("use_sim_time", value=True)
-        driver = ros.add(
-            MujocoDriverNode(
-                context=ros.context,
-                parameter_overrides=[
-                    Parameter("task", value="go2_flat"),
-                    Parameter("seed", value=7),
-                    Parameter("lockstep_republish_s", value=0.2),
-                ],
-            )
-        )
+        driver = _go2_flat_driver(ros, seed=7, lockstep_republish_s=0.2)
         ros.add(
             IngestionNode(
                 context=ros.context,
@@ -798,15 +756,7 @@ def test_lockstep_loop_through_ingestion_and_safety_is_deterministic(ros_domain)
 def test_mujoco_driver_realtime_mode_holds_without_commands(ros_domain):
     ros = RosHarness(ros_domain)
     try:
-        node = ros.add(
-            MujocoDriverNode(
-                context=ros.context,
-                parameter_overrides=[
-                    Parameter("task", value="go2_flat"),
-                    Parameter("lockstep", value=False),
-                ],
-            )
-        )
+        node = _go2_flat_driver(ros, lockstep=False)
         proprio = ros.collect(JointState, "/simdist/robot/proprio")
         assert ros.spin_until(lambda: node.tick >= 5 and len(proprio) >= 3, 10.0)  # runs on its own
         stamps = [ros_msgs.stamp_ns(m.header.stamp) for m in proprio]

@@ -112,6 +112,20 @@ class SafetyConfig:
         return 7 if self.robot == "ur5e" else 12
 
 
+def stale_command_reason(stamp: float, now: float, max_age_s: float) -> str | None:
+    """Why a command stamped `stamp` (the observation it answers) must not act at `now`, or None:
+    it is more than `max_age_s` late, or that far ahead of the clock (another episode after a
+    clock reset, a clock jump). The supervisor and the hardware drivers both apply it."""
+    age = now - stamp
+    if abs(age) <= max_age_s:
+        return None
+    when = f"{age:.3f} s old" if age > 0 else f"{-age:.3f} s ahead of the node clock"
+    return (
+        f"command answers the observation stamped {stamp:.3f} s, {when} "
+        f"(limit max_command_age_s={max_age_s})"
+    )
+
+
 @dataclass
 class Decision:
     """What the supervisor forwards and why (reason empty when the command passed unchanged)."""
@@ -218,15 +232,9 @@ class SafetySupervisor:
             self.last_command_time = now
             self._timeout_since = None
             return Decision(self.safe_command(stamp, damp=command.kind == CommandKind.DAMP), "pass")
-        age = now - stamp
-        if abs(age) > self.config.max_command_age_s:
-            when = f"{age:.3f} s old" if age > 0 else f"{-age:.3f} s ahead of the node clock"
-            return Decision(
-                self.safe_command(stamp),
-                "stale_command",
-                f"command answers the observation stamped {stamp:.3f} s, {when} "
-                f"(limit max_command_age_s={self.config.max_command_age_s})",
-            )
+        stale = stale_command_reason(stamp, now, self.config.max_command_age_s)
+        if stale:
+            return Decision(self.safe_command(stamp), "stale_command", stale)
         if command.kind != self.config.action_kind:
             return self.reject(
                 stamp,

@@ -158,7 +158,6 @@ class RecorderNode(Node):
         self._episode_stamp = -1  # newest tick stamp announced on /simdist/episode
         self.finished: list[pathlib.Path] = []
         self._dropped = 0
-        self._opened = 0  # bags opened this run
         self._flushed_at = time.monotonic()
         self._capped_from: int | None = None  # max_bags reached: nothing stamped >= this is kept
         self._expect_topics()
@@ -281,7 +280,8 @@ class RecorderNode(Node):
                 self._closing[id(self._bags[-1])] = time.monotonic() + self.params["grace_s"]
             self._episode_id = episode
             cap = self.params["max_bags"]
-            if cap and self._opened >= cap:
+            opened = len(self.finished) + len(self._bags)  # bags of this run so far
+            if cap and opened >= cap:
                 if self._capped_from is None:
                     self._capped_from = stamp
                 self.diag.set(
@@ -289,7 +289,7 @@ class RecorderNode(Node):
                     Level.WARN,
                     f"max_bags={cap} episode bags written: episode {episode} and later are "
                     "not recorded",
-                    bags=self._opened,
+                    bags=opened,
                 )
         if self._capped_from is not None:
             self._episode_stamp = max(self._episode_stamp, stamp)
@@ -330,7 +330,6 @@ class RecorderNode(Node):
     def _open(self, meta: EpisodeMeta, start: int) -> None:
         path = pathlib.Path(self.params["bag_dir"]) / bag_name(meta.task, meta.episode, meta.seed)
         bag = EpisodeBagWriter(path, meta)
-        self._opened += 1
         self._bags.append(bag)
         self._starts[id(bag)] = start
         self.diag.set(

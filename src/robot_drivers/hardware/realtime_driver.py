@@ -29,6 +29,7 @@ from robot_drivers.interface import (
     RobotBackend,
 )
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.safety import stale_command_reason
 
 COMMON_PARAMS = (
     Param(
@@ -100,18 +101,17 @@ class RealtimeDriverNode(Node):
             return
         try:
             command = ros_msgs.command_from_msg(msg, self.spec)
-            if command.kind not in (CommandKind.HOLD, CommandKind.DAMP):
-                now_ns = self.get_clock().now().nanoseconds
-                age = (now_ns - ros_msgs.stamp_ns(msg.header.stamp)) * 1e-9
-                if abs(age) > self.params["max_command_age_s"]:
-                    self.diag.set(
-                        "command",
-                        Level.ERROR,
-                        f"command stamped {age:.3f} s from now "
-                        f"(limit max_command_age_s={self.params['max_command_age_s']}): HOLD",
-                    )
-                    self.send(CommandKind.HOLD)
-                    return
+            stale = command.kind not in (CommandKind.HOLD, CommandKind.DAMP) and (
+                stale_command_reason(
+                    ros_msgs.stamp_ns(msg.header.stamp) * 1e-9,
+                    self.get_clock().now().nanoseconds * 1e-9,
+                    self.params["max_command_age_s"],
+                )
+            )
+            if stale:
+                self.diag.set("command", Level.ERROR, f"{stale}: HOLD")
+                self.send(CommandKind.HOLD)
+                return
             self.backend.act(command)
             self.diag.set("command", Level.OK, f"applying {msg.header.frame_id}")
         except (ValueError, RuntimeError) as e:
