@@ -38,6 +38,7 @@ setup(
             "simdist-adapt-experiment = simdist_adapter.experiment:main",
             "simdist-episode-report = simdist_adapter.episode_report:main",
             "simdist-bag = simdist_adapter.bag_tool:main",
+            "simdist-view = simdist_viewer.cli:main",
             "simforcing-train = sim_video_world_model.train:main",
             "simforcing-eval = sim_video_world_model.evaluate:main",
             "simdist = simdist_planner.cli.simdist:main",
@@ -52,6 +53,7 @@ setup(
             "go2_sdk_driver_node = robot_drivers.go2_sdk_driver_node:main",
             "ingestion_node = robot_drivers.ingestion_node:main",
             "safety_supervisor_node = robot_drivers.safety_node:main",
+            "viewer_node = simdist_viewer.viewer_node:main",
         ]
     },
 )

@@ -1,0 +1,298 @@
+"""The Rerun viewer (docs/viewer.md): what goes in comes out of a recording read by Rerun's reader.
+
+A bag written with the project's own writer and message packing is logged by `simdist-view bag`
+into an .rrd; the viewer node in a live ROS graph (test-published topics on a private domain)
+writes a recording whose rows match what it received and counts its queue's drops on
+/diagnostics; its parameters are ranged; the web viewer renders non-blank panels in headless
+Chromium (slow).
+"""
+
+from __future__ import annotations
+
+import datetime
+import pathlib
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.exceptions import InvalidParameterValueException
+from rclpy.parameter import Parameter
+from rclpy.serialization import serialize_message
+from rerun.chunk import RrdReader
+
+from robot_drivers import ros_msgs
+from robot_drivers.interface import Command, CommandKind
+from robot_ros_helpers import RosHarness
+from simdist_adapter.bags import EpisodeBagWriter, EpisodeMeta
+from simdist_viewer import layout as L
+from simdist_viewer.cli import main as view_main
+from simdist_viewer.viewer_node import ViewerNode
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+UR5E_PERIOD_NS = 200_000_000
+CAMS = ("wrist", "overhead", "side")
+ACTIONS = list(ros_msgs.UR5E_ACTION_NAMES)
+ARM_JOINTS = [
+    "shoulder_pan_joint",
+    "shoulder_lift_joint",
+    "elbow_joint",
+    "wrist_1_joint",
+    "wrist_2_joint",
+    "wrist_3_joint",
+]
+
+
+def rrd_rows(path: pathlib.Path) -> Counter:
+    """Non-static rows per entity of the first recording in an .rrd, read by Rerun's reader."""
+    rows: Counter = Counter()
+    for chunk in RrdReader(path).stream():
+        if not chunk.is_static:
+            rows[chunk.entity_path.lstrip("/")] += chunk.num_rows
+    return rows
+
+
+def timeline_values(path: pathlib.Path, entity: str, timeline: str) -> list:
+    out = []
+    for chunk in RrdReader(path).stream():
+        if chunk.entity_path == "/" + entity and not chunk.is_static:
+            assert timeline in chunk.timeline_names
+            out += chunk.to_record_batch().column(timeline).to_pylist()
+    return out
+
+
+def rrd_static_entities(path: pathlib.Path) -> set[str]:
+    return {c.entity_path.lstrip("/") for c in RrdReader(path).stream() if c.is_static}
+
+
+def ur5e_tick(k: int, stamp: int, rng, *, hold: bool = False) -> list[tuple[str, object]]:
+    """The messages of one UR5e control tick, packed by robot_drivers.ros_msgs."""
+    image = rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)
+    msgs: list[tuple[str, object]] = [
+        (f"/camera/{c}/image_raw", ros_msgs.image_to_msg(image, stamp, f"{c}_camera")) for c in CAMS
+    ]
+    msgs += [
+        (f"/simdist/observation/image/{c}", ros_msgs.image_to_msg(image[:8, :8], stamp, c))
+        for c in CAMS
+    ]
+    q = rng.normal(size=6)
+    msgs.append(("/joint_states", ros_msgs.joint_state_msg(ARM_JOINTS, q, q * 0.1, stamp)))
+    msgs.append(("/tcp_pose", ros_msgs.pose_msg([0.1, 0.5, 0.3], [1, 0, 0, 0], stamp)))
+    chunk = rng.normal(scale=0.01, size=(5, 7))
+    plan = ros_msgs.command_to_msg(
+        Command(CommandKind.EE_DELTA, chunk[0].astype(np.float32)), ACTIONS, stamp, 0.2
+    )
+    plan.points = [type(plan.points[0])(positions=row.tolist()) for row in chunk]
+    msgs.append(("/simdist/plan", plan))
+    values = ros_msgs.command_to_msg(Command(CommandKind.EE_DELTA, np.zeros(2)), [], stamp, 0.2)
+    values.joint_names = ["reward", "value"]
+    values.points = [type(plan.points[0])(positions=[0.1 * i, 1.0 + i]) for i in range(5)]
+    msgs.append(("/simdist/values", values))
+    kind = CommandKind.HOLD if hold else CommandKind.EE_DELTA
+    msgs.append(
+        (
+            "/simdist/safe_command",
+            ros_msgs.command_to_msg(Command(kind, chunk[0]), ACTIONS, stamp, 0.2),
+        )
+    )
+    msgs.append(
+        (
+            "/simdist/episode",
+            ros_msgs.episode_msg(
+                task="peg", episode=0, seed=3, step=k, reward=0.5 * k, stamp_ns=stamp
+            ),
+        )
+    )
+    return msgs
+
+
+def diag_msg(stamp: int, latency_ms: float, level: int, text: str) -> DiagnosticArray:
+    msg = DiagnosticArray()
+    msg.header.stamp = ros_msgs.stamp_msg(stamp)
+    msg.status = [
+        DiagnosticStatus(
+            level=bytes([0]),
+            name="planner: planning",
+            message="planning with MPPI",
+            values=[
+                KeyValue(key="last_latency_ms", value=f"{latency_ms:.2f}"),
+                KeyValue(key="latency_estimate_ms", value="10.0"),
+                KeyValue(key="policy_fallbacks", value="0"),
+            ],
+        ),
+        DiagnosticStatus(level=bytes([level]), name="safety_supervisor: command", message=text),
+    ]
+    return msg
+
+
+def write_peg_bag(root: pathlib.Path, ticks: int = 12) -> tuple[pathlib.Path, Counter]:
+    """An episode bag of `ticks` UR5e ticks (HOLD at tick 6) plus diagnostics; topic counts."""
+    rng = np.random.default_rng(0)
+    meta = EpisodeMeta(task="peg", seed=3, episode=0, robot="ur5e", variant="real")
+    path = root / "peg_ep0000"
+    sent: Counter = Counter()
+    with EpisodeBagWriter(path, meta) as bag:
+        for k in range(ticks):
+            stamp = 1_000_000_000 + k * UR5E_PERIOD_NS
+            msgs = ur5e_tick(k, stamp, rng, hold=(k == 6))
+            if k % 5 == 0:
+                msgs.append(("/diagnostics", diag_msg(stamp, 5.0 + k, 2 if k == 5 else 0, f"t{k}")))
+            for topic, msg in msgs:
+                if not bag.has_topic(topic):
+                    bag.add_topic(
+                        topic, type(msg).__module__.split(".")[0] + "/msg/" + type(msg).__name__
+                    )
+                bag.write_raw(topic, stamp, serialize_message(msg))
+                sent[topic] += 1
+        meta.complete, meta.success, meta.steps = True, False, ticks
+    return path, sent
+
+
+def test_bag_view_logs_every_message_of_a_bag_into_an_rrd_that_rerun_reads_back(tmp_path):
+    ticks = 12
+    bag, sent = write_peg_bag(tmp_path / "run", ticks)
+    rrd = tmp_path / "view.rrd"
+    assert view_main(["bag", str(tmp_path / "run"), "--rrd", str(rrd)]) == 0
+    rows = rrd_rows(rrd)
+    for cam in CAMS:
+        assert rows[L.camera_entity(cam, "raw")] == sent[f"/camera/{cam}/image_raw"] == ticks
+        assert rows[L.camera_entity(cam, "model")] == ticks
+    assert rows[L.JOINT_POSITION] == rows[L.JOINT_VELOCITY] == sent["/joint_states"]
+    assert rows[L.PLAN_FIRST] == rows[L.PLAN_CHUNK] == rows[L.TCP_PATH] == ticks
+    assert rows[L.VALUES_PREDICTED] == rows[L.VALUES_ALONG_PLAN] == ticks
+    assert rows[L.VALUES_REALISED] == ticks
+    assert rows[L.COMMAND] == ticks - 1  # the HOLD tick carries no values
+    assert rows[L.SAFETY_STATE] == 3  # OK, HOLD at tick 6, OK again
+    assert rows[L.PLANNER_LATENCY] == sent["/diagnostics"] == 3
+    assert rows[L.SAFETY_REASON] == 3  # t0, t5 (ERROR), t10: each message a change
+    assert rows[L.EPISODE_EVENTS] == 1
+    assert rows[L.ROBOT_3D + "/wrist_3_link"] == ticks  # the arm's bodies move with the joints
+    assert any(e.startswith(L.ROBOT_3D) for e in rrd_static_entities(rrd))  # its geometry
+    # timelines: one tick per control period, starting at the first stamp
+    assert sorted(timeline_values(rrd, L.PLAN_FIRST, L.TICK)) == list(range(ticks))
+    ros_time = sorted(timeline_values(rrd, L.PLAN_FIRST, L.ROS_TIME))
+    assert ros_time == [  # sim time: a duration since 0, the header stamps
+        datetime.timedelta(microseconds=(1_000_000_000 + k * UR5E_PERIOD_NS) // 1000)
+        for k in range(ticks)
+    ]
+
+
+# -- the viewer node, live -------------------------------------------------------------------
+def _viewer(ros: RosHarness, tmp_path, **params) -> ViewerNode:
+    overrides = [Parameter(k, value=v) for k, v in {"mode": "none", **params}.items()]
+    return ros.add(ViewerNode(context=ros.context, parameter_overrides=overrides))
+
+
+def _queue_status(diags) -> list[dict]:
+    """Key-values of every `viewer: queue` status received."""
+    return [
+        {kv.key: kv.value for kv in s.values}
+        for a in diags
+        for s in a.status
+        if s.name == "viewer: queue"
+    ]
+
+
+def _publishers(ros: RosHarness) -> dict:
+    pubs = {}
+    for topic, msg in ur5e_tick(0, 1, np.random.default_rng(0)):
+        pubs[topic] = ros.probe.create_publisher(type(msg), topic, 10)
+    pubs["/diagnostics"] = ros.probe.create_publisher(DiagnosticArray, "/diagnostics", 10)
+    return pubs
+
+
+def test_viewer_node_records_what_it_received_and_reports_no_drops_at_a_low_rate(
+    tmp_path, ros_domain
+):
+    ros = RosHarness(ros_domain)
+    rrd = tmp_path / "live.rrd"
+    try:
+        node = _viewer(ros, tmp_path, recording=str(rrd), robot_3d=True)
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        pubs = _publishers(ros)
+        assert ros.spin_until(
+            lambda: all(p.get_subscription_count() for p in pubs.values()), 10.0
+        ), "the viewer did not subscribe to every topic"
+        rng, ticks, sent = np.random.default_rng(1), 15, Counter()
+        for k in range(ticks):
+            stamp = 1_000_000_000 + k * UR5E_PERIOD_NS
+            msgs = ur5e_tick(k, stamp, rng, hold=k in (4, 5))
+            if k % 5 == 0:
+                msgs.append(("/diagnostics", diag_msg(stamp, 3.0, 0, f"t{k}")))
+            for topic, msg in msgs:
+                pubs[topic].publish(msg)
+                sent[topic] += 1
+            ros.spin_for(0.05)
+        assert ros.spin_until(
+            lambda: all(node.received[t] >= n for t, n in sent.items()) and node.idle(), 10.0
+        ), f"received {dict(node.received)}, sent {dict(sent)}"
+        assert ros.spin_until(lambda: any(s["logged"] != "0" for s in _queue_status(diags)), 3.0)
+        counts = dict(node.logger.counts)
+        received = Counter(node.received)
+    finally:
+        ros.close()  # destroys the node: the recording is finalised
+    own = received.pop("/diagnostics") - sent.pop("/diagnostics")  # the viewer's own, too
+    assert received == sent and own >= 1  # best effort on one machine at this rate loses none
+    statuses = _queue_status(diags)
+    assert statuses and all(s["dropped"] == "0" for s in statuses)
+    rows = rrd_rows(rrd)
+    assert {e: rows[e] for e in counts} == counts  # the recording holds what the node logged
+    for cam in CAMS:
+        assert rows[L.camera_entity(cam, "raw")] == received[f"/camera/{cam}/image_raw"]
+        assert rows[L.camera_entity(cam, "model")] == received[f"/simdist/observation/image/{cam}"]
+    assert rows[L.JOINT_POSITION] == received["/joint_states"] == ticks
+    assert rows[L.PLAN_CHUNK] == rows[L.VALUES_PREDICTED] == ticks
+    assert rows[L.COMMAND] == ticks - 2 and rows[L.SAFETY_STATE] == 3  # OK, HOLD, OK
+    assert rows[L.PLANNER_LATENCY] == 3  # the planner's statuses among all diagnostics
+    assert rows[L.ROBOT_3D + "/wrist_3_link"] == ticks
+    assert any(e.startswith(L.ROBOT_3D) for e in rrd_static_entities(rrd))
+    assert RrdReader(rrd).blueprints(), "the .rrd carries the graph's layout"
+
+
+def test_viewer_node_drops_the_oldest_when_its_queue_is_full_and_says_so(tmp_path, ros_domain):
+    ros = RosHarness(ros_domain)
+    try:
+        node = _viewer(ros, tmp_path, queue_size=1, robot_3d=False)
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        pubs = _publishers(ros)
+        assert ros.spin_until(lambda: all(p.get_subscription_count() for p in pubs.values()), 10.0)
+        rng, end, k = np.random.default_rng(2), time.monotonic() + 20.0, 0
+        while node.dropped == 0 and time.monotonic() < end:  # bursts, faster than it logs
+            for _ in range(10):
+                for topic, msg in ur5e_tick(k, 1_000_000_000 + k * UR5E_PERIOD_NS, rng):
+                    pubs[topic].publish(msg)
+                k += 1
+            ros.spin_for(0.05)
+        assert node.dropped > 0
+        assert ros.spin_until(
+            lambda: any(int(s["dropped"]) > 0 for s in _queue_status(diags)), 5.0
+        ), "the drops never reached /diagnostics"
+        levels = [s.level[0] for a in diags for s in a.status if s.name == "viewer: queue"]
+        assert 1 in levels  # WARN once it dropped
+        s = _queue_status(diags)[-1]
+        assert int(s["received"]) >= int(s["logged"]) + int(s["dropped"])
+    finally:
+        ros.close()
+
+
+def test_viewer_parameters_are_ranged_and_refused_out_of_range(tmp_path, ros_domain):
+    ros = RosHarness(ros_domain)
+    try:
+        node = _viewer(ros, tmp_path, robot_3d=False)
+        result = node.set_parameters([Parameter("image_every_n", value=0)])[0]
+        assert not result.successful and "range" in result.reason.lower()
+        assert node.set_parameters([Parameter("image_every_n", value=3)])[0].successful
+        node._report()  # applies it, as its timer does
+        assert node.params["image_every_n"] == 3
+        descriptor = node.describe_parameter("queue_size")
+        assert descriptor.integer_range[0].from_value == 1 and descriptor.read_only
+        with pytest.raises((ValueError, InvalidParameterValueException), match="queue_size"):
+            ViewerNode(
+                context=ros.context,
+                parameter_overrides=[Parameter("queue_size", value=0)],
+            )
+        with pytest.raises(ValueError, match="mode"):
+            ViewerNode(context=ros.context, parameter_overrides=[Parameter("mode", value="tv")])
+    finally:
+        ros.close()
