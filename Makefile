@@ -18,7 +18,7 @@ export OMP_NUM_THREADS ?= 2
 
 PYTEST_ARGS ?=
 
-.PHONY: venv lint test test-all demo bench clean
+.PHONY: venv lint test test-all demo bench clean chromium
 
 $(STAMP): requirements.txt setup.py
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: lint
 
 test-all: lint
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+# Debian's headless Chromium for the web-viewer screenshot test (tests/test_viewer.py, slow);
+# without it that test is skipped. Run as root (no sudo in the images).
+chromium:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
 demo: $(STAMP)
 	$(VPY) -m simdist_adapter.demo

@@ -10,13 +10,22 @@ Chromium (slow).
 from __future__ import annotations
 
 import datetime
+import http.server
+import os
 import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+import threading
 import time
+import urllib.parse
 from collections import Counter
 
 import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from PIL import Image as PILImage
 from rclpy.exceptions import InvalidParameterValueException
 from rclpy.parameter import Parameter
 from rclpy.serialization import serialize_message
@@ -124,6 +133,11 @@ def diag_msg(stamp: int, latency_ms: float, level: int, text: str) -> Diagnostic
         DiagnosticStatus(level=bytes([level]), name="safety_supervisor: command", message=text),
     ]
     return msg
+
+
+def _type_name(msg) -> str:
+    """'pkg/msg/Name' of an rclpy message."""
+    return f"{type(msg).__module__.split('.')[0]}/msg/{type(msg).__name__}"
 
 
 def write_peg_bag(root: pathlib.Path, ticks: int = 12) -> tuple[pathlib.Path, Counter]:
@@ -296,3 +310,184 @@ def test_viewer_parameters_are_ranged_and_refused_out_of_range(tmp_path, ros_dom
             ViewerNode(context=ros.context, parameter_overrides=[Parameter("mode", value="tv")])
     finally:
         ros.close()
+
+
+# -- the web viewer in headless Chromium -----------------------------------------------------
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+GO2_PERIOD_NS = 20_000_000
+SCREENSHOTS = os.environ.get("SIMDIST_VIEWER_SCREENSHOTS", "")  # e.g. docs/viewer: keep them
+
+
+def write_go2_bag(root: pathlib.Path, ticks: int = 30) -> pathlib.Path:
+    """A Go2 episode bag: joints, odometry, height maps, plans of 25 joint-target steps."""
+    rng = np.random.default_rng(0)
+    names = list(ros_msgs.action_names("go2"))
+    meta = EpisodeMeta(task="go2_flat", seed=1, episode=0, robot="go2", variant="sim")
+    path = root / "go2_ep0000"
+    with EpisodeBagWriter(path, meta) as bag:
+        for k in range(ticks):
+            stamp = 1_000_000_000 + k * GO2_PERIOD_NS
+            phase = np.sin(0.3 * k + np.arange(12))
+            hm = (0.05 * np.sin(np.arange(21)[:, None] / 3 + k / 10) + np.zeros((21, 15))).astype(
+                np.float32
+            )
+            chunk = 0.5 * np.sin(0.3 * (k + np.arange(25))[:, None] + np.arange(12))
+            plan = ros_msgs.command_to_msg(
+                Command(CommandKind.JOINT_POSITION, chunk[0]), names, stamp, 0.02
+            )
+            plan.points = [type(plan.points[0])(positions=row.tolist()) for row in chunk]
+            values = ros_msgs.command_to_msg(Command(CommandKind.HOLD), [], stamp, 0.02)
+            values.joint_names = ["reward", "value"]
+            values.points = [
+                type(plan.points[0])(positions=[0.5 + 0.1 * np.sin(i), 5.0 - 0.1 * i])
+                for i in range(25)
+            ]
+            msgs = [
+                ("/joint_states", ros_msgs.joint_state_msg(names, 0.3 * phase, phase, stamp)),
+                (
+                    "/odom",
+                    ros_msgs.odometry_msg(
+                        [0.01 * k, 0, 0.3], [1, 0, 0, 0], [0.5, 0, 0], [0] * 3, stamp
+                    ),
+                ),
+                ("/height_map", ros_msgs.height_map_to_msg(hm, stamp)),
+                ("/simdist/observation/height_map", ros_msgs.height_map_to_msg(hm, stamp)),
+                ("/simdist/plan", plan),
+                ("/simdist/values", values),
+                (
+                    "/simdist/safe_command",
+                    ros_msgs.command_to_msg(
+                        Command(CommandKind.JOINT_POSITION, chunk[0]), names, stamp, 0.02
+                    ),
+                ),
+                (
+                    "/simdist/episode",
+                    ros_msgs.episode_msg(
+                        task="go2_flat",
+                        episode=0,
+                        seed=1,
+                        step=k,
+                        reward=float(rng.uniform(0.4, 0.6)),
+                        stamp_ns=stamp,
+                    ),
+                ),  # fmt: skip
+            ]
+            if k % 10 == 0:
+                msgs.append(("/diagnostics", diag_msg(stamp, 12.0 + k / 10, 0, "forwarding plans")))
+            for topic, msg in msgs:
+                if not bag.has_topic(topic):
+                    bag.add_topic(topic, _type_name(msg))
+                bag.write_raw(topic, stamp, serialize_message(msg))
+        meta.complete, meta.steps = True, ticks
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _DelayedPage(http.server.BaseHTTPRequestHandler):
+    """A page showing the viewer in a frame whose load event waits `delay_s` (a hidden image
+    that answers late): Chromium's --screenshot fires on load, and the viewer's WebAssembly
+    needs real seconds to start and draw."""
+
+    viewer_url = ""
+    delay_s = 0.0
+
+    def do_GET(self):
+        if self.path.startswith("/late"):
+            time.sleep(self.delay_s)
+            body, kind = b"GIF89a\x01\x00\x01\x00\x00\x00\x00;", "image/gif"
+        else:
+            body = (
+                '<html><body style="margin:0;overflow:hidden">'
+                f'<iframe src="{self.viewer_url}" style="display:block;border:0;'
+                'width:1280px;height:800px"></iframe>'
+                '<img src="/late" style="display:none"></body></html>'
+            ).encode()
+            kind = "text/html"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def screenshot_web_viewer(bag_root, graph, out_png, tmp_path, delay_s=25.0) -> None:
+    """`simdist-view bag --web` served locally, opened in headless Chromium, saved as a PNG."""
+    web, grpc = _free_port(), _free_port()
+    view = subprocess.Popen(
+        [str(pathlib.Path(sys.executable).parent / "simdist-view"), "bag", str(bag_root),
+         "--web", "--port", str(web), "--grpc-port", str(grpc), "--graph", graph,
+         "--serve-s", "300"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    page = None
+    try:
+        lines = []
+        while not any(line.startswith("web viewer:") for line in lines):
+            line = view.stdout.readline()
+            assert line, "simdist-view ended early:\n" + "".join(lines)
+            lines.append(line)
+        proxy = urllib.parse.quote(f"rerun+http://127.0.0.1:{grpc}/proxy", safe="")
+        handler = type("Page", (_DelayedPage,), {
+            "viewer_url": f"http://127.0.0.1:{web}/?url={proxy}", "delay_s": delay_s,
+        })  # fmt: skip
+        page = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=page.serve_forever, daemon=True).start()
+        shot = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--enable-unsafe-swiftshader", "--use-angle=swiftshader",
+             f"--user-data-dir={tmp_path / 'chromium'}", f"--screenshot={out_png}",
+             "--window-size=1280,800", f"http://127.0.0.1:{page.server_address[1]}/"],
+            capture_output=True, text=True, timeout=delay_s + 90,
+        )  # fmt: skip
+        assert shot.returncode == 0 and out_png.is_file(), shot.stderr[-2000:]
+    finally:
+        if page is not None:
+            page.shutdown()
+        view.terminate()
+        view.wait(timeout=30)
+
+
+def blank_panels(png: pathlib.Path, rows: int, cols: int) -> list[tuple[int, int, float]]:
+    """Cells of a rows x cols grid over the viewer (below its top bar, above its time panel)
+    whose pixels hardly vary: an unrendered viewer is one flat colour with a loading line."""
+    gray = np.asarray(PILImage.open(png).convert("L"), np.float32)
+    body = gray[40:620]
+    h, w = body.shape
+    out = []
+    for r in range(rows):
+        for c in range(cols):
+            cell = body[r * h // rows : (r + 1) * h // rows, c * w // cols : (c + 1) * w // cols]
+            if cell.std() < 8.0:
+                out.append((r, c, float(cell.std())))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (make chromium)"
+)
+@pytest.mark.parametrize("graph", ["peg", "go2_flat"])
+def test_web_viewer_shows_every_panel_of_the_layout_in_headless_chromium(tmp_path, graph):
+    root = tmp_path / "run"
+    if graph == "peg":
+        write_peg_bag(root, 20)
+    else:
+        write_go2_bag(root, 30)
+    png = tmp_path / f"{graph}.png"
+    screenshot_web_viewer(root, graph, png, tmp_path)
+    assert PILImage.open(png).size == (1280, 800)
+    blank = blank_panels(png, rows=3, cols=4)
+    assert not blank, f"blank panels (row, column, pixel std) in {png}: {blank}"
+    if SCREENSHOTS:  # docs/viewer/<graph>.png, palette-reduced to stay small
+        target = pathlib.Path(SCREENSHOTS) / f"{graph}.png"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        PILImage.open(png).convert("RGB").quantize(colors=96).save(target, optimize=True)

@@ -66,15 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         sinks = []
         if args.rrd:
             sinks.append(rr.FileSink(args.rrd))
-        server = None
+        uri = ""
         if args.web:
             server = rr.GrpcServerSink(port=args.grpc_port)
             sinks.append(server)
+            uri = server.uri.replace("0.0.0.0", "127.0.0.1")  # served on all interfaces
         rec.set_sinks(*sinks, default_blueprint=bp)
         report = log_bags(rec, args.path, robot_3d=not args.no_3d, image_every_n=args.image_every_n)
         rounds = log_adaptation(rec, args.results) if args.results else 0
         rec.flush()
-    except (BagError, FileNotFoundError, ValueError, OSError) as exc:
+    except (BagError, FileNotFoundError, ValueError, OSError, RuntimeError) as exc:
         print(f"simdist-view: {exc}", file=sys.stderr)
         return 1
     print(
@@ -84,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         + (f" -> {args.rrd}" if args.rrd else ""),
         flush=True,
     )
-    if server is not None:
-        rr.serve_web_viewer(web_port=args.port, open_browser=False, connect_to=server.uri)
-        print(f"web viewer: http://localhost:{args.port}/?url={server.uri}", flush=True)
+    if uri:
+        rr.serve_web_viewer(web_port=args.port, open_browser=False, connect_to=uri)
+        print(f"web viewer: http://localhost:{args.port}/?url={uri}", flush=True)
         end = time.monotonic() + args.serve_s if args.serve_s > 0 else float("inf")
         try:
             while time.monotonic() < end:

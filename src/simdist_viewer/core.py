@@ -29,11 +29,15 @@ from robot_drivers import ros_msgs
 from robot_drivers.go2.config import Go2Config
 from robot_drivers.go2.observation import HEIGHT_SCAN_OFFSET
 from robot_drivers.safety import GO2_DEFAULT_POSE
+from robot_drivers.ur5e.config import ControllerConfig
 from simdist_viewer import layout as L
 from simdist_viewer.robot3d import RobotScene
 
 GO2_ACTION_SCALE = 0.25  # joint target = default pose + scale * action (safety_supervisor default)
-UR5E_MAX_STEP_POS = 0.05  # the arm's controller clips a step's translation to this (m)
+_UR5E = ControllerConfig()  # the arm's controller clips a step to these norms
+UR5E_MAX_STEP_POS = _UR5E.max_step_pos  # m
+# the chunk view's scale per UR5e action element: max step translation (m), rotation (rad), gripper
+UR5E_ACTION_HALF_RANGE = np.array([UR5E_MAX_STEP_POS] * 3 + [_UR5E.max_step_rot] * 3 + [1.0])
 SIM_TIME_LIMIT_NS = 10**15  # stamps below this (11.6 days) are sim time: a duration timeline
 SAFETY_STATES = {"hold": "HOLD", "damp": "DAMP"}  # any other command kind is OK
 LEVEL_NAMES = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
@@ -258,8 +262,10 @@ class ViewerLogger:
             return []
         chunk = self._targets(np.asarray(points, np.float64))  # (T, A)
         out = [self._scalars(L.PLAN_FIRST, chunk[0], names)]
-        steps = np.arange(1, len(chunk) + 1, dtype=np.float64)
-        strips = [np.c_[steps, chunk[:, a]] for a in range(chunk.shape[1])]
+        # x: the horizon scaled to the width of y's range, so one 2-D view shows its shape
+        shown, width = self._chunk_display(chunk)
+        steps = np.arange(1, len(chunk) + 1, dtype=np.float64) * (width / len(chunk))
+        strips = [np.c_[steps, -shown[:, a]] for a in range(shown.shape[1])]  # 2-D y points down
         self.rec.log(L.PLAN_CHUNK, rr.LineStrips2D(strips, labels=names))
         out.append(L.PLAN_CHUNK)
         if self.robot == "ur5e" and self._tcp is not None and chunk.shape[1] >= 3:
@@ -271,6 +277,13 @@ class ViewerLogger:
             out.append(L.TCP_PATH)
         return out
 
+    def _chunk_display(self, chunk: np.ndarray) -> tuple[np.ndarray, float]:
+        """UR5e: each element over its half action range (translation, rotation, gripper); Go2:
+        joint targets in rad. Returns the values and the x extent of the horizon."""
+        if self.robot == "ur5e" and chunk.shape[1] == len(UR5E_ACTION_HALF_RANGE):
+            return chunk / UR5E_ACTION_HALF_RANGE, 2.0
+        return chunk, 4.0
+
     def _values(self, msg) -> list[str]:
         names = list(msg.joint_names)
         if "reward" not in names or "value" not in names or not msg.points:
@@ -279,9 +292,9 @@ class ViewerLogger:
         r, v = rv[:, names.index("reward")], rv[:, names.index("value")]
         out = [self._scalars(L.VALUES_PREDICTED, [r[0], v[0]], ["predicted reward", "value"])]
         steps = np.arange(len(rv), dtype=np.float64)
-        self.rec.log(
+        self.rec.log(  # 2-D views point y down: negated, so higher is up
             L.VALUES_ALONG_PLAN,
-            rr.LineStrips2D([np.c_[steps, r], np.c_[steps + 1, v]], labels=["r^", "v^"]),
+            rr.LineStrips2D([np.c_[steps, -r], np.c_[steps + 1, -v]], labels=["r^", "v^"]),
         )
         return out + [L.VALUES_ALONG_PLAN]
 

@@ -136,7 +136,7 @@ class ViewerNode(Node):
         if p["mode"] in ("grpc", "web"):
             server = rr.GrpcServerSink(port=p["grpc_port"])
             sinks.append(server)
-            uri = server.uri
+            uri = server.uri.replace("0.0.0.0", "127.0.0.1")  # served on all interfaces
         elif p["mode"] == "spawn":
             rr.spawn(port=p["grpc_port"], connect=False, recording=self.rec)
             uri = f"rerun+http://127.0.0.1:{p['grpc_port']}/proxy"
