@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import http.server
+import json
 import os
 import pathlib
 import shutil
@@ -190,6 +191,33 @@ def test_bag_view_logs_every_message_of_a_bag_into_an_rrd_that_rerun_reads_back(
         datetime.timedelta(microseconds=(1_000_000_000 + k * UR5E_PERIOD_NS) // 1000)
         for k in range(ticks)
     ]
+
+
+def test_bag_view_adds_an_adaptation_runs_rounds_to_the_same_recording(tmp_path):
+    write_peg_bag(tmp_path / "run", 3)
+    results = tmp_path / "results.json"
+    rounds = [
+        {"deployed": True, "reason": "held-out loss fell", "heldout_deployed": 2.0,
+         "heldout_candidate": 0.5},
+        {"deployed": False, "reason": "round skipped: too few windows",
+         "heldout_deployed": None, "heldout_candidate": None},
+    ]  # fmt: skip
+    curve = [{"real_episodes": n, "success_rate": r} for n, r in ((0, 0.1), (10, 0.2), (20, 0.4))]
+    results.write_text(json.dumps({"methods": {"simdist": {"curve": curve, "rounds": rounds}}}))
+    rrd = tmp_path / "view.rrd"
+    args = ["bag", str(tmp_path / "run"), "--rrd", str(rrd), "--results", str(results), "--no-3d"]
+    assert view_main(args) == 0
+    rows = rrd_rows(rrd)
+    assert rows["adaptation/simdist/success_rate"] == 3
+    assert rows["adaptation/simdist/heldout_latent_loss"] == 1  # the skipped round has none
+    assert rows["adaptation/simdist/rounds"] == 2
+    assert sorted(timeline_values(rrd, "adaptation/simdist/success_rate", L.REAL_EPISODES)) == [
+        0,
+        10,
+        20,
+    ]
+    assert rows[L.JOINT_POSITION] == 3 and not any(e.startswith(L.ROBOT_3D) for e in rows)
+    assert view_main(["bag", str(tmp_path / "nothing"), "--rrd", str(rrd)]) == 1  # one line
 
 
 # -- the viewer node, live -------------------------------------------------------------------
