@@ -5,7 +5,6 @@ import time
 
 import numpy as np
 import pytest
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import Parameter as ParameterMsg
 from rcl_interfaces.msg import ParameterType, ParameterValue
@@ -184,9 +183,9 @@ def test_a_re_sent_answer_gets_the_first_decision_and_the_limiter_steps_once():
     time would move the limiter's reference past the target the driver applied."""
     sup = go2(max_target_step=0.3, observation_timeout_s=10.0)
     zero = np.zeros(12, np.float32)
-    assert sup.filter(Command(CommandKind.JOINT_POSITION, zero, stamp=0.02), now=0.02).status == (
-        "pass"
-    )
+    start = sup.filter(Command(CommandKind.JOINT_POSITION, zero, stamp=0.02), now=0.02)
+    assert start.status == "pass"
+    sup.applied(start.command)
     jump = zero.copy()
     jump[2] = 3.6  # calf target +0.9 rad, inside the limits: clipped to +0.3 per tick
     first = sup.filter(Command(CommandKind.JOINT_POSITION, jump, stamp=0.04), now=0.04)
@@ -194,10 +193,51 @@ def test_a_re_sent_answer_gets_the_first_decision_and_the_limiter_steps_once():
     assert first.clipped == ["max_target_step"] and again.status == "duplicate"
     np.testing.assert_array_equal(again.command.values, first.command.values)
     assert "first decision (clipped)" in again.reason
+    sup.applied(first.command)
     applied = GO2_DEFAULT_POSE[2] + 0.25 * first.command.values[2]
     nxt = sup.filter(Command(CommandKind.JOINT_POSITION, jump, stamp=0.06), now=0.06)
     step = GO2_DEFAULT_POSE[2] + 0.25 * nxt.command.values[2] - applied
     assert step == pytest.approx(0.3, abs=1e-5)  # from the applied target: 0.6 if filtered twice
+
+
+def _calf(decision) -> float:
+    return GO2_DEFAULT_POSE[2] + 0.25 * float(decision.command.values[2])
+
+
+def test_the_step_limit_holds_whichever_forwarded_command_the_driver_applies():
+    """The limiter's reference is what the driver reports applied. A target forwarded but not
+    yet reported is a reference too: the driver may apply it, or drop it and apply the next."""
+    sup = go2(max_target_step=0.3, observation_timeout_s=10.0)
+    up, down = np.zeros(12, np.float32), np.zeros(12, np.float32)
+    up[2], down[2] = 3.6, -3.6  # calf +0.9 / -0.9 rad from the default pose
+    start = sup.filter(
+        Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32), stamp=0.02), 0.02
+    )
+    sup.applied(start.command)
+    base = _calf(start)
+    a = sup.filter(Command(CommandKind.JOINT_POSITION, up, stamp=0.04), now=0.04)
+    assert _calf(a) == pytest.approx(base + 0.3, abs=1e-5)
+    # No report for a yet: b must be a safe step from the applied target AND from a.
+    b = sup.filter(Command(CommandKind.JOINT_POSITION, up, stamp=0.06), now=0.06)
+    assert _calf(b) == pytest.approx(base + 0.3, abs=1e-5)  # not base + 0.6
+    c = sup.filter(Command(CommandKind.JOINT_POSITION, down, stamp=0.08), now=0.08)
+    assert _calf(c) == pytest.approx(base, abs=1e-5)  # within 0.3 of a and b and the applied
+    sup.applied(b.command)  # the driver dropped a and applied b: a and b are no references now
+    d = sup.filter(Command(CommandKind.JOINT_POSITION, down, stamp=0.10), now=0.10)
+    assert _calf(d) == pytest.approx(base, abs=1e-5)  # c (pending) is base: d within 0.3 of it
+    sup.applied(d.command)
+    e = sup.filter(Command(CommandKind.JOINT_POSITION, down, stamp=0.12), now=0.12)
+    assert _calf(e) == pytest.approx(base - 0.3, abs=1e-5)
+    # A safe action applied frees the reference (the robot stands); a report older than the
+    # newest one changes nothing.
+    sup.applied(Command(CommandKind.HOLD, stamp=0.14))
+    sup.applied(Command(CommandKind.JOINT_POSITION, up, stamp=0.13))
+    f = sup.filter(Command(CommandKind.JOINT_POSITION, up, stamp=0.16), now=0.16)
+    assert f.status == "pass" and _calf(f) == pytest.approx(base + 0.9, abs=1e-5)
+    # A robot that applied a target this supervisor never sent: refused, not stepped towards.
+    sup.applied(Command(CommandKind.JOINT_POSITION, down, stamp=0.15))  # f still pending
+    g = sup.filter(Command(CommandKind.JOINT_POSITION, up, stamp=0.18), now=0.18)
+    assert g.status == "rejected" and "another command source" in g.reason
 
 
 def test_config_validation():
@@ -352,18 +392,3 @@ def test_diagnostics_levels_immediate_publish_and_stale(ros_domain):
         assert last == {"diag_user: link": 2, "diag_user: beat": 3}
     finally:
         ros.close()
-
-
-def test_a_misspelt_parameter_is_an_error_naming_the_closest_one():
-    """ROS 2 ignores a value for an undeclared parameter; the nodes refuse it by name."""
-    rclpy.init()
-    try:
-        with pytest.raises(
-            ValueError, match="unknown parameter 'max_target_stepp'.*'max_target_step'"
-        ):
-            SafetyNode(parameter_overrides=[Parameter("max_target_stepp", value=0.5)])
-        node = SafetyNode(parameter_overrides=[Parameter("max_target_step", value=0.5)])
-        assert node.params["max_target_step"] == 0.5
-        node.destroy_node()
-    finally:
-        rclpy.shutdown()

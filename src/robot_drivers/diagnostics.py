@@ -126,3 +126,33 @@ class CommandSourceWatch:
         else:
             self._diag.set("command_source", Level.OK, f"{count} publisher on {self._topic}")
         return count
+
+
+class SourceNodes:
+    """Remembers which nodes publish each input topic, so a status about a silent stream names
+    the node that went quiet. DDS may list a killed node's publisher until its lease expires, or
+    drop it at once; the names seen while the stream was fresh stay either way."""
+
+    def __init__(self, node, topics: dict[str, str]):
+        self._node = node
+        self._topics = topics  # key (stream name) -> topic
+        self._seen: dict[str, list[str]] = {k: [] for k in topics}
+        self._asked: dict[str, float] = {}  # key -> monotonic time of the last graph query
+
+    def refresh(self, key: str) -> None:
+        """Call while `key`'s stream is fresh (asks the ROS graph at most once a second)."""
+        now = time.monotonic()
+        if now - self._asked.get(key, -1.0) < 1.0:
+            return
+        self._asked[key] = now
+        names = sorted(
+            f"{i.node_namespace.rstrip('/')}/{i.node_name}"
+            for i in self._node.get_publishers_info_by_topic(self._topics[key])
+            if not i.node_name.startswith("_NODE_NAME_UNKNOWN")  # its graph info not here yet
+        )
+        if names:
+            self._seen[key] = names
+
+    def describe(self, key: str) -> str:
+        names = self._seen[key]
+        return f"{self._topics[key]} from {', '.join(names) if names else 'no node seen yet'}"

@@ -17,7 +17,7 @@ from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
 
 from robot_drivers import ros_msgs
-from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
 from robot_drivers.ingestion import Ingestion, IngestionConfig, StreamError
 from robot_drivers.node_params import NodeParams, Param
 
@@ -123,6 +123,14 @@ class IngestionNode(Node):
             )
         if cfg.height_map_shape:
             self.create_subscription(Image, "/height_map", self.on_height_map, 10)
+        self.sources = SourceNodes(
+            self,
+            {
+                "proprio": "/simdist/robot/proprio",
+                **{c: f"/camera/{c}/image_raw" for c in cfg.cameras},
+                **({"height_map": "/height_map"} if cfg.height_map_shape else {}),
+            },
+        )
         self.create_timer(0.1, self.check_staleness)
 
     def now_ns(self) -> int:
@@ -199,9 +207,12 @@ class IngestionNode(Node):
                 self.diag.set(f"{s} freshness", Level.WARN, "waiting for the first sample")
             elif s in stale:
                 self.diag.set(
-                    f"{s} freshness", Level.ERROR, f"stale: {stale[s]}; observation withheld"
+                    f"{s} freshness",
+                    Level.ERROR,
+                    f"stale: {stale[s]} on {self.sources.describe(s)}; observation withheld",
                 )
             else:
+                self.sources.refresh(s)
                 self.diag.set(f"{s} freshness", Level.OK, "fresh")
         if not stale:
             level, text = Level.OK, "publishing aligned observations"

@@ -304,6 +304,9 @@ class MujocoDriverNode(Node):
         else:
             self.pub_tcp = self.create_publisher(PoseStamped, "/tcp_pose", 10)
         self.create_subscription(JointTrajectory, "/simdist/safe_command", self.on_command, 10)
+        self.pub_applied = self.create_publisher(
+            JointTrajectory, ros_msgs.APPLIED_COMMAND_TOPIC, 10
+        )
         self.command_source = CommandSourceWatch(self, self.diag, "/simdist/safe_command")
         self.create_service(Trigger, "~/reset", self.on_reset)
 
@@ -413,7 +416,10 @@ class MujocoDriverNode(Node):
             self.latest is not None
             and time.monotonic() - self.latest[1] <= self.params["command_timeout_s"]
         )
-        self.advance(self.latest[0] if fresh else Command(CommandKind.HOLD))
+        if fresh or self.latest is None:
+            self.advance(self.latest[0] if fresh else Command(CommandKind.HOLD))
+        else:  # the stale command's stamp: a newer command is still reported as newer
+            self.advance(Command(CommandKind.HOLD, stamp=self.latest[0].stamp))
 
     def advance(self, command: Command) -> None:
         self.params.apply()
@@ -428,13 +434,17 @@ class MujocoDriverNode(Node):
                 return
             self.start_episode(self.seed + 1)
             return
+        if not command.stamp:  # a HOLD of the driver's own answers the tick it is applied on
+            command = Command(command.kind, command.values, self.stamp_ns() * 1e-9)
         try:
             try:
                 self.last = self.episode.apply(command)
                 self.diag.set("command", Level.OK, f"applying {command.kind.value}")
             except ValueError as e:
                 self.diag.set("command", Level.ERROR, f"rejected, holding instead: {e}")
-                self.last = self.episode.apply(Command(CommandKind.HOLD))
+                command = Command(CommandKind.HOLD, stamp=command.stamp)
+                self.last = self.episode.apply(command)
+            self.report_applied(command)
         except RuntimeError as e:  # the backend refused to go on (faulted): end the episode
             self.diag.set("robot", Level.ERROR, f"simulation step failed, episode ended: {e}")
             self.episode.done = True
@@ -444,6 +454,17 @@ class MujocoDriverNode(Node):
         self.tick += 1
         self.report_faults()
         self.publish_tick()
+
+    def report_applied(self, command: Command) -> None:
+        """What the robot now does, for the supervisor's step limiter."""
+        self.pub_applied.publish(
+            ros_msgs.command_to_msg(
+                command,
+                ros_msgs.action_names(self.spec.name),
+                round(command.stamp * 1e9),
+                self.period_ns * 1e-9,
+            )
+        )
 
     def report_faults(self) -> None:
         faults = self.episode.task.backend.faults()

@@ -24,6 +24,9 @@ from robot_drivers.interface import Command, CommandKind, Observation, RobotSpec
 UR5E_ACTION_NAMES = ("dx", "dy", "dz", "rx", "ry", "rz", "gripper")
 # Go2 actions are per joint in Unitree order (FR, FL, RR, RL x hip, thigh, calf).
 ACTION_NAMES = {"ur5e": UR5E_ACTION_NAMES, "go2": UNITREE_JOINT_NAMES}
+# What a driver actually sent to the robot (command packing, stamped with the command's stamp,
+# HOLD / DAMP when it applied the safe action): the supervisor's step limiter follows it.
+APPLIED_COMMAND_TOPIC = "/simdist/robot/applied_command"
 
 
 class MessageError(ValueError):

@@ -148,7 +148,14 @@ class SafetySupervisor:
         self.last_command_time: float | None = None  # node time of the last accepted plan
         self.last_observation_stamp: float | None = None
         self.tcp_pos: np.ndarray | None = None
-        self._last_target: np.ndarray | None = None  # Go2: last forwarded joint target
+        # Go2 step limiter. Its reference is what the driver reports applied, not what was
+        # forwarded: a forwarded command the driver drops (a lockstep tick already answered, a
+        # stale stamp) must not move the limit. Targets forwarded since the last report are kept
+        # too, so whichever of them the driver applies next, the step from the previous applied
+        # one stays within max_target_step.
+        self._applied_target: np.ndarray | None = None  # None: the robot holds / damps
+        self._applied_stamp = -np.inf
+        self._pending: list[tuple[float, np.ndarray]] = []  # (stamp, target) not yet reported
         self._timeout_since: float | None = None
         self._last_decision: Decision | None = None  # of the newest command filtered
 
@@ -172,7 +179,7 @@ class SafetySupervisor:
         if self.observation_stale(now):
             return self._stale_reason(now) + "; resume refused until observations are fresh"
         self.estopped = False
-        self._last_target = None
+        self._applied_target, self._pending = None, []
         self._timeout_since = None
         self._last_decision = None
         self.last_command_time = None
@@ -195,8 +202,24 @@ class SafetySupervisor:
 
     def safe_command(self, stamp: float, damp: bool = False) -> Command:
         kind = CommandKind.DAMP if (damp and self.config.robot == "go2") else CommandKind.HOLD
-        self._last_target = None
         return Command(kind=kind, stamp=stamp)
+
+    def applied(self, command: Command) -> None:
+        """The driver reports the command it applied (its stamp is the observation it answers):
+        the step limiter's reference moves to it. A safe action resets the reference (the robot
+        stands or damps; the next plan starts from there). Forwarded targets with a stamp at or
+        before it can no longer be applied and are forgotten."""
+        if command.stamp < self._applied_stamp:
+            return  # an older report overtaken by a newer one
+        self._applied_stamp = command.stamp
+        self._pending = [(s, t) for s, t in self._pending if s > command.stamp]
+        if command.kind == CommandKind.JOINT_POSITION and self.config.robot == "go2":
+            values = np.asarray(command.values, dtype=np.float64)
+            self._applied_target = np.asarray(self.config.default_pose) + (
+                self.config.action_scale * values
+            )
+        else:
+            self._applied_target = None
 
     def filter(self, command: Command, now: float) -> Decision:
         """Check one planner command received at node time `now`; returns what to forward.
@@ -315,16 +338,25 @@ class SafetySupervisor:
         bounded = np.clip(target, c.joint_low, c.joint_high)
         if not np.allclose(bounded, target):
             clipped.append("joint_limits")
-        if self._last_target is not None:
-            stepped = np.clip(
-                bounded,
-                self._last_target - c.max_target_step,
-                self._last_target + c.max_target_step,
-            )
+        # Forwarded targets older than max_command_age_s can no longer be applied by any driver.
+        self._pending = [(s, t) for s, t in self._pending if stamp - s <= c.max_command_age_s]
+        references = [t for _, t in self._pending]
+        if self._applied_target is not None:
+            references.append(self._applied_target)
+        if references:
+            low = np.max(references, axis=0) - c.max_target_step
+            high = np.min(references, axis=0) + c.max_target_step
+            if np.any(low > high):  # the robot applied a target this supervisor never sent
+                return self.reject(
+                    stamp,
+                    "the applied joint target and the targets forwarded since differ by more "
+                    f"than 2 x max_target_step={c.max_target_step}: another command source?",
+                )
+            stepped = np.clip(bounded, low, high)
             if not np.allclose(stepped, bounded):
                 clipped.append("max_target_step")
             bounded = stepped
-        self._last_target = bounded
+        self._pending.append((stamp, bounded))
         action = (bounded - default) / c.action_scale
         cmd = Command(CommandKind.JOINT_POSITION, action.astype(np.float32), stamp)
         return Decision(cmd, "clipped" if clipped else "pass", ", ".join(clipped), clipped)

@@ -5,7 +5,8 @@ Every planner command is checked by `safety.SafetySupervisor` and republished on
 the safe action (HOLD / DAMP) with the reason on /diagnostics. A watchdog timer sends the safe
 action when plans stop; an observation left unanswered for `answer_timeout_s` of wall time gets
 the safe action with its stamp (so a failing planner cannot stall a lockstep simulator);
-`~/estop` latches it until `~/resume`.
+`~/estop` latches it until `~/resume`. The driver reports what it applied on
+`/simdist/robot/applied_command`; the Go2 step limiter measures steps from that.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
-from robot_drivers.diagnostics import Diagnostics, Level
+from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.safety import (
     GO2_DEFAULT_POSE,
@@ -155,11 +156,16 @@ class SafetyNode(Node):
             JointState, "/simdist/observation/proprio", self.on_observation, 10
         )
         self.create_subscription(PoseStamped, "/tcp_pose", self.on_tcp_pose, 10)
+        self.create_subscription(
+            JointTrajectory, ros_msgs.APPLIED_COMMAND_TOPIC, self.on_applied, 10
+        )
+        self.sources = SourceNodes(self, {"action": "/simdist/action"})
         self.create_service(Trigger, "~/estop", self.on_estop)
         self.create_service(Trigger, "~/resume", self.on_resume)
         self.create_timer(1.0 / self.params["watchdog_rate_hz"], self.on_watchdog)
         self._unanswered: tuple[int, float] | None = None  # (observation stamp ns, wall time seen)
         self._answered_ns = -1
+        self._newest_obs_ns = -1
         self.create_timer(
             0.05, self.on_answer_deadline, clock=Clock(clock_type=ClockType.STEADY_TIME)
         )
@@ -176,6 +182,7 @@ class SafetyNode(Node):
     def on_observation(self, msg: JointState) -> None:
         stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
         self.core.observation(stamp_ns * 1e-9)
+        self._newest_obs_ns = max(self._newest_obs_ns, stamp_ns)
         if stamp_ns > self._answered_ns and (
             self._unanswered is None or stamp_ns > self._unanswered[0]
         ):
@@ -199,12 +206,23 @@ class SafetyNode(Node):
     def on_tcp_pose(self, msg: PoseStamped) -> None:
         self.core.tcp_pose(ros_msgs.pose_from_msg(msg)[0])
 
+    def on_applied(self, msg: JointTrajectory) -> None:
+        try:
+            self.core.applied(ros_msgs.command_from_msg(msg))
+        except ros_msgs.MessageError as e:
+            self.diag.set("applied", Level.ERROR, f"unreadable applied-command report: {e}")
+
     def on_action(self, msg: JointTrajectory) -> None:
         self.apply_params()
         stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
-        self._answered_ns = max(self._answered_ns, stamp_ns)
-        if self._unanswered is not None and stamp_ns >= self._unanswered[0]:
-            self._unanswered = None
+        # Only an answer to an observation seen counts: one stamped ahead of every observation
+        # (another episode, a clock jump) would mark the ticks up to it answered, and the answer
+        # deadline would not cover them.
+        if stamp_ns <= self._newest_obs_ns:
+            self._answered_ns = max(self._answered_ns, stamp_ns)
+            if self._unanswered is not None and stamp_ns >= self._unanswered[0]:
+                self._unanswered = None
+        self.sources.refresh("action")
         if msg.points:
             d = msg.points[0].time_from_start
             self.period_s = d.sec + d.nanosec * 1e-9
@@ -220,6 +238,8 @@ class SafetyNode(Node):
         self.apply_params()
         decision = self.core.watchdog(self.now_s())
         if decision is not None:
+            if decision.status == "watchdog":  # name the node that went quiet
+                decision.reason += f" on {self.sources.describe('action')}"
             self.publish(decision, self.get_clock().now().nanoseconds)
 
     def publish(self, decision, stamp_ns: int) -> None:

@@ -78,6 +78,10 @@ class RealtimeDriverNode(Node):
         self.pub_joints = self.create_publisher(JointState, "/joint_states", 10)
         self.pub_proprio = self.create_publisher(JointState, "/simdist/robot/proprio", 10)
         self.create_subscription(JointTrajectory, "/simdist/safe_command", self.on_command, 10)
+        self.pub_applied = self.create_publisher(
+            JointTrajectory, ros_msgs.APPLIED_COMMAND_TOPIC, 10
+        )
+        self._command_stamp_ns = 0  # stamp of the newest command received (its safe actions too)
         self.command_source = CommandSourceWatch(self, self.diag, "/simdist/safe_command")
         self.create_service(Trigger, "~/reset", self.on_reset)
         self.create_timer(1.0 / self.params["publish_rate_hz"], self.tick)
@@ -99,6 +103,7 @@ class RealtimeDriverNode(Node):
         if self.latched:
             self.diag.set("command", Level.WARN, f"command ignored: {self.latched}")
             return
+        self._command_stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
         try:
             command = ros_msgs.command_from_msg(msg, self.spec)
             stale = command.kind not in (CommandKind.HOLD, CommandKind.DAMP) and (
@@ -113,6 +118,7 @@ class RealtimeDriverNode(Node):
                 self.send(CommandKind.HOLD)
                 return
             self.backend.act(command)
+            self.report_applied(command)
             self.diag.set("command", Level.OK, f"applying {msg.header.frame_id}")
         except (ValueError, RuntimeError) as e:
             self.diag.set(
@@ -120,9 +126,18 @@ class RealtimeDriverNode(Node):
             )
             self.send(self.SAFE_KIND)
 
+    def report_applied(self, command: Command) -> None:
+        """What the robot now does, for the supervisor's step limiter. A safe action carries the
+        newest command's stamp, so a newer command still reports as newer."""
+        stamp_ns = round(command.stamp * 1e9) or self._command_stamp_ns
+        self.pub_applied.publish(
+            ros_msgs.command_to_msg(command, ros_msgs.action_names(self.spec.name), stamp_ns, 0.0)
+        )
+
     def send(self, kind: CommandKind) -> None:
         try:
             self.backend.act(Command(kind))
+            self.report_applied(Command(kind))
         except (ValueError, RuntimeError) as e:  # a faulted robot refuses even that: it is stopped
             self.diag.set("safe_action", Level.ERROR, f"{kind.value} not accepted: {e}")
 
