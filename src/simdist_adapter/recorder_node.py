@@ -70,6 +70,7 @@ PARAMS = (
             "/simdist/plan trajectory_msgs/msg/JointTrajectory",
             "/simdist/values trajectory_msgs/msg/JointTrajectory",
             "/simdist/safe_command trajectory_msgs/msg/JointTrajectory",
+            "/simdist/robot/applied_command trajectory_msgs/msg/JointTrajectory",
             "/clock rosgraph_msgs/msg/Clock",
             "/joint_states sensor_msgs/msg/JointState",
         ],
@@ -160,6 +161,7 @@ class RecorderNode(Node):
         self._dropped = 0
         self._flushed_at = time.monotonic()
         self._capped_from: int | None = None  # max_bags reached: nothing stamped >= this is kept
+        self.stopped: str | None = None  # why recording stopped for good (a write failed)
         self._expect_topics()
         self._unmatched = [t for t in self.params["ready_topics"] if t]  # ready when empty
         self._matched_at: float | None = None  # monotonic time the last ready topic matched
@@ -226,6 +228,43 @@ class RecorderNode(Node):
         self.get_logger().info(f"recording {topic} [{msgtype}]")
 
     def _on_message(self, topic: str, data: bytes) -> None:
+        if self.stopped:
+            return
+        try:
+            self._record(topic, data)
+        except OSError as exc:
+            self._io_failed(exc)
+
+    def _io_failed(self, exc: OSError) -> None:
+        """A write failed (disk full, file too large, device gone): stop recording for good and
+        say so at ERROR; the node stays up, so control goes on. Open bags are finalised if the
+        disk still takes their summary, else left for `simdist-bag recover`, which keeps every
+        message up to their last flush."""
+        self.stopped = f"{type(exc).__name__}: {exc}"
+        unfinalised = []
+        for bag in list(self._bags):
+            try:
+                self._finalise(bag)
+            except OSError:
+                unfinalised.append(str(bag.path))
+            if bag in self._bags:
+                self._bags.remove(bag)
+        self._held = []
+        hint = (
+            f"; unfinalised: {' '.join(unfinalised)} (simdist-bag recover --all "
+            f"{self.params['bag_dir']})"
+            if unfinalised
+            else ""
+        )
+        self.diag.set(
+            "recording",
+            Level.ERROR,
+            f"recording stopped, a write failed: {self.stopped}{hint}",
+            bags=len(self.finished),
+        )
+        self.get_logger().error(f"recording stopped, a write failed: {self.stopped}{hint}")
+
+    def _record(self, topic: str, data: bytes) -> None:
         received = self.get_clock().now().nanoseconds
         if not self.params["split_episodes"]:
             self._write(self._bags[-1], topic, received, data)
@@ -339,6 +378,14 @@ class RecorderNode(Node):
     def _housekeeping(self) -> None:
         if self._unmatched is not None:
             self._announce_ready()
+        if self.stopped:
+            return
+        try:
+            self._flush_and_finalise()
+        except OSError as exc:
+            self._io_failed(exc)
+
+    def _flush_and_finalise(self) -> None:
         now = time.monotonic()
         if now - self._flushed_at >= self.params["flush_period_s"]:
             self._flushed_at = now
@@ -389,12 +436,17 @@ class RecorderNode(Node):
 
     def shutdown(self) -> None:
         """Route what is still held into the current episode, then finalise every open bag."""
-        if self._bags:
-            for topic, rec, raw, _ in self._held:
-                self._write(self._bags[-1], topic, rec, raw)
-        self._held = []
-        for bag in list(self._bags):
-            self._finalise(bag)
+        if self.stopped:
+            return
+        try:
+            if self._bags:
+                for topic, rec, raw, _ in self._held:
+                    self._write(self._bags[-1], topic, rec, raw)
+            self._held = []
+            for bag in list(self._bags):
+                self._finalise(bag)
+        except OSError as exc:
+            self._io_failed(exc)
 
 
 def _message_class(msgtype: str):

@@ -7,8 +7,10 @@ real data. `topics` / `exclude_topics` choose what is replayed. The graphs' para
 the driver's topics (`robot_drivers.ros_msgs.driver_topics`), so ingestion and the planner
 recompute everything after them and no recorded action is published on top of theirs; a listed
 topic the bag lacks (a hardware bag has no `/simdist/episode`) is skipped with a warning, and a
-list of which the bag has none is an error. The node exits 0 when the bag is done (the launcher
-then stops the graph).
+list of which the bag has none is an error. A jump in bag time (backwards, or forward by more
+than `max_gap_s`: a bag cut from two runs, a clock reset) is replayed on from the new time at
+once and reported (WARN); the nodes on /clock see the jump. The node exits 0 when the bag is
+done (the launcher then stops the graph).
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ PARAMS = (
         read_only=True,
     ),
     Param("publish_clock", True, "publish /clock with the bag time"),
+    Param(
+        "max_gap_s",
+        1.0,
+        "a step in bag time backwards or larger than this (s) is a clock jump: replay goes on "
+        "from the new time at once (WARN, counted) instead of bursting or waiting it out",
+        0.0,
+        3600.0,
+    ),
     Param(
         "start_delay_s",
         1.0,
@@ -104,20 +114,44 @@ class ReplayNode(Node):
         }
         self._clock_pub = self.create_publisher(Clock, "/clock", QOS)
         self.published = 0
+        self.clock_jumps = 0
+        self._period_s = None
+
+    def period_s(self) -> float:
+        """The bag's usual message spacing (median of the first 100 gaps), paced after a jump."""
+        if self._period_s is None:
+            stamps = [m.stamp_ns for _, m in zip(range(101), self.bag.raw_messages(self.topics))]
+            gaps = sorted(b - a for a, b in zip(stamps, stamps[1:]) if b > a)
+            self._period_s = gaps[len(gaps) // 2] * 1e-9 / self.params["rate"] if gaps else 0.0
+        return self._period_s
 
     def play(self, should_stop=lambda: False) -> int:
         """Publish the bag; returns how many messages went out."""
         self._wait_for_subscribers(should_stop)
         time.sleep(self.params["start_delay_s"])
-        first_ns, start_wall, last_clock = None, time.monotonic(), None
+        anchor_ns, start_wall, last_clock, previous_ns = None, time.monotonic(), None, None
         for msg in self.bag.raw_messages(self.topics):
             if should_stop():
                 break
             rclpy.spin_once(self, timeout_sec=0.0)  # parameter sets (rate) and services stay live
             self.params.apply()
-            if first_ns is None:
-                first_ns = msg.stamp_ns
-            due = start_wall + (msg.stamp_ns - first_ns) * 1e-9 / self.params["rate"]
+            gap = None if previous_ns is None else (msg.stamp_ns - previous_ns) * 1e-9
+            if anchor_ns is None or gap < 0 or gap > self.params["max_gap_s"]:
+                # The bag's time jumps (back, or forward past max_gap_s): replay on from here
+                # without a burst or a long wait; nodes on /clock see the jump and say so.
+                if anchor_ns is not None:
+                    self.clock_jumps += 1
+                    self.diag.set(
+                        "clock",
+                        Level.WARN,
+                        f"bag time jumped {gap:+.3f} s at {msg.stamp_ns} ns (max_gap_s="
+                        f"{self.params['max_gap_s']}): replaying on from there",
+                        jumps=self.clock_jumps,
+                    )
+                anchor_ns = msg.stamp_ns
+                start_wall = time.monotonic() + (0.0 if gap is None else self.period_s())
+            previous_ns = msg.stamp_ns
+            due = start_wall + (msg.stamp_ns - anchor_ns) * 1e-9 / self.params["rate"]
             delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)

@@ -462,7 +462,7 @@ class PlannerNode(Node):
         self._planning_thread.start()
         self._loader_executor = SingleThreadedExecutor(context=self.context)
         self._loader_executor.add_node(self.loader)
-        threading.Thread(target=self._loader_executor.spin, name="loader", daemon=True).start()
+        threading.Thread(target=self._serve_loads, name="loader", daemon=True).start()
 
     # -- parameters ------------------------------------------------------------------------------
     def _check_param(self, name: str, value, values: dict) -> str | None:
@@ -666,6 +666,13 @@ class PlannerNode(Node):
                 self._stats["failed_plans"] += 1
                 self.get_logger().error(f"tick failed: {exc!r}")
                 self.diag.set("planning", Level.ERROR, f"tick failed, nothing sent: {exc}")
+
+    def _serve_loads(self) -> None:
+        """The loader thread: serves ~/load_model until the context shuts down (Ctrl-C)."""
+        try:
+            self._loader_executor.spin()
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
 
     def stop_planning(self, timeout_s: float = 5.0) -> None:
         """Stop the planning thread (after its current tick); before destroying the node."""
