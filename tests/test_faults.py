@@ -1,0 +1,702 @@
+"""Fault injection on real nodes, each graph on a private ROS domain (docs/safety.md).
+
+Every case checks the robot topic with one oracle (`assert_robot_was_safe`): no command that
+reached the driver (`/simdist/safe_command`) or that the driver reports applied
+(`/simdist/robot/applied_command`) is non-finite or outside the joint-target limits, consecutive
+applied joint targets step at most `max_target_step`, and the safe action follows each fault
+within its bound. The recorder cases check that no recorded message is lost beyond the last
+flush. The Go2 chain runs in lockstep in this process (MuJoCo driver, ingestion, safety
+supervisor); the planner is either the test itself (to inject bad plans) or a real planner
+process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from diagnostic_msgs.msg import DiagnosticArray
+from geometry_msgs.msg import PoseStamped, Twist
+from rclpy.parameter import Parameter
+from rclpy.serialization import serialize_message
+from sensor_msgs.msg import Image, JointState
+from trajectory_msgs.msg import JointTrajectory
+
+from robot_drivers import ros_msgs
+from robot_drivers.ingestion_node import IngestionNode
+from robot_drivers.interface import Command, CommandKind
+from robot_drivers.mujoco_driver_node import CLOCK_START_NS, MujocoDriverNode
+from robot_drivers.safety import GO2_DEFAULT_POSE, GO2_TARGET_HIGH, GO2_TARGET_LOW
+from robot_drivers.safety_node import SafetyNode
+from robot_ros_helpers import RosHarness, diagnostics_text
+from simdist_adapter.bags import (
+    EpisodeBag,
+    EpisodeBagWriter,
+    EpisodeMeta,
+    recover_bag,
+    unfinalised_bags,
+)
+from simdist_planner.model.checkpoint import save_checkpoint
+from simdist_planner.model.config import AttentionConfig, go2_config
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.ros import launch_description as desc
+from simdist_planner.ros import launcher
+
+BIN = pathlib.Path(sys.executable).parent
+PERIOD_NS = 20_000_000  # Go2 control period (50 Hz)
+ACTION_SCALE = 0.25
+MAX_STEP = 1.0  # the supervisor's default max_target_step (rad)
+GO2_NAMES = ros_msgs.action_names("go2")
+
+
+# --- the oracle ---------------------------------------------------------------------------------
+def _target(msg: JointTrajectory) -> np.ndarray:
+    return np.asarray(GO2_DEFAULT_POSE) + ACTION_SCALE * np.asarray(msg.points[0].positions)
+
+
+def assert_robot_was_safe(safe: list, applied: list, max_step: float = MAX_STEP) -> None:
+    """What reached the driver and what it applied: only HOLD / DAMP or finite joint targets
+    inside the limits, and steps between consecutive applied targets within `max_step`."""
+    for msg in safe + applied:
+        kind = msg.header.frame_id
+        assert kind in ("hold", "damp", "joint_position"), f"unknown command kind {kind!r}"
+        if kind == "joint_position":
+            target = _target(msg)
+            assert np.all(np.isfinite(target)), f"non-finite command reached the robot: {target}"
+            assert np.all(target >= np.asarray(GO2_TARGET_LOW) - 1e-5), target
+            assert np.all(target <= np.asarray(GO2_TARGET_HIGH) + 1e-5), target
+    previous = None
+    for msg in applied:
+        if msg.header.frame_id != "joint_position":
+            previous = None  # the robot stands or damps; the next plan starts from there
+            continue
+        target = _target(msg)
+        if previous is not None:
+            step = np.max(np.abs(target - previous))
+            assert step <= max_step + 1e-5, f"applied step {step:.3f} rad > {max_step}"
+        previous = target
+
+
+# --- the Go2 chain in this process --------------------------------------------------------------
+def _go2_ingestion(ros: RosHarness) -> IngestionNode:
+    params = {"use_sim_time": True, "cameras": [""], "height_map_rows": 21,
+              "height_map_cols": 15, "proprio_dim": 35}  # fmt: skip
+    return ros.add(
+        IngestionNode(
+            context=ros.context,
+            parameter_overrides=[Parameter(k, value=v) for k, v in params.items()],
+        )
+    )
+
+
+class Chain:
+    """driver -> ingestion -> (planner) -> safety -> driver in lockstep on /clock."""
+
+    def __init__(self, domain: int, driver_params: dict | None = None, **safety_params):
+        self.ros = RosHarness(domain)
+        sim_time = Parameter("use_sim_time", value=True)
+        values = {"robot": "go2", "task": "go2_flat", "seed": 3, "lockstep_republish_s": 0.2}
+        values.update(driver_params or {})
+        self.driver = self.ros.add(
+            MujocoDriverNode(
+                context=self.ros.context,
+                parameter_overrides=[Parameter(k, value=v) for k, v in values.items()],
+            )
+        )
+        _go2_ingestion(self.ros)
+        self.safety = self.ros.add(
+            SafetyNode(
+                context=self.ros.context,
+                parameter_overrides=[sim_time, Parameter("robot", value="go2")]
+                + [Parameter(k, value=v) for k, v in safety_params.items()],
+            )
+        )
+        self.safe = self.ros.collect(JointTrajectory, "/simdist/safe_command", 200)
+        self.applied = self.ros.collect(JointTrajectory, ros_msgs.APPLIED_COMMAND_TOPIC, 200)
+        self.diagnostics = self.ros.collect(DiagnosticArray, "/diagnostics", 200)
+        self.tick_times: dict[int, float] = {}  # tick -> wall time its observation arrived
+        self.ros.probe.create_subscription(
+            JointState,
+            "/simdist/robot/proprio",
+            lambda m: self.tick_times.setdefault(
+                (ros_msgs.stamp_ns(m.header.stamp) - CLOCK_START_NS) // PERIOD_NS,
+                time.monotonic(),
+            ),
+            200,
+        )
+
+    def tick_stamp(self, k: int) -> int:
+        return CLOCK_START_NS + k * PERIOD_NS
+
+    def run_until_tick(self, ticks: int, timeout_s: float) -> None:
+        assert self.ros.spin_until(lambda: self.driver.tick >= ticks, timeout_s), (
+            f"stalled at tick {self.driver.tick}"
+        )
+
+    def diag(self, node: str) -> list[str]:
+        return [m for _, m in diagnostics_text(self.diagnostics, node)]
+
+    def close(self) -> None:
+        self.ros.close()
+
+
+@pytest.fixture
+def chain(ros_domain):
+    made = []
+
+    def make(**kw) -> Chain:
+        made.append(Chain(ros_domain, **kw))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def _answer(chain: Chain, policy) -> list[int]:
+    """The test plays the planner: `policy(stamp, proprio)` returns [(stamp, values)] to send."""
+    pub = chain.ros.probe.create_publisher(JointTrajectory, "/simdist/action", 10)
+    seen: list[int] = []
+
+    def on_observation(msg):
+        stamp = ros_msgs.stamp_ns(msg.header.stamp)
+        if stamp in seen:
+            return
+        seen.append(stamp)
+        proprio, _ = ros_msgs.split_proprio_msg(msg)
+        for answer_stamp, values in policy(stamp, proprio):
+            cmd = Command(CommandKind.JOINT_POSITION, np.asarray(values, np.float32))
+            pub.publish(ros_msgs.command_to_msg(cmd, GO2_NAMES, answer_stamp, 0.02))
+
+    chain.ros.probe.create_subscription(
+        JointState, "/simdist/observation/proprio", on_observation, 10
+    )
+    return seen
+
+
+def _applied_at(chain: Chain) -> dict[int, str]:
+    return {ros_msgs.stamp_ns(m.header.stamp): m.header.frame_id for m in chain.applied}
+
+
+# --- stale commands and the step limit (make test) ------------------------------------------------
+def test_a_late_plan_or_one_from_another_episode_never_reaches_the_robot(chain):
+    """Every 4th tick the planner answers with the stamp of an observation 0.6 s old (a late
+    plan), every 7th with one 2 s ahead (another episode after a clock reset). Those commands
+    get HOLD; the driver applies HOLD on that tick within answer_timeout_s (wall)."""
+    c = chain(answer_timeout_s=0.3)
+    late, ahead = set(), set()
+
+    def policy(stamp, proprio):
+        k = (stamp - CLOCK_START_NS) // PERIOD_NS
+        if k and k % 4 == 0:
+            late.add(stamp)
+            return [(stamp - 30 * PERIOD_NS, np.zeros(12))]
+        if k and k % 7 == 0:
+            ahead.add(stamp)
+            return [(stamp + 100 * PERIOD_NS, np.zeros(12))]
+        return [(stamp, 0.2 * np.sin(np.arange(12) + k))]
+
+    _answer(c, policy)
+    start = time.monotonic()
+    c.run_until_tick(31, 60.0)  # ticks 0..29 applied and reported
+    c.ros.spin_for(0.2)
+    applied = _applied_at(c)
+    faulty = [s for s in late | ahead if s < c.tick_stamp(30)]
+    assert len(faulty) >= 10
+    for stamp in faulty:
+        assert applied.get(stamp) == "hold", f"tick {stamp}: {applied.get(stamp)}"
+    normal = [c.tick_stamp(k) for k in range(1, 30) if c.tick_stamp(k) not in late | ahead]
+    wrong = [(s, applied.get(s)) for s in normal if applied.get(s) != "joint_position"]
+    assert not wrong, wrong
+    # Applied stamps are the ticks themselves: nothing older or newer acted on the robot.
+    assert set(applied) <= {c.tick_stamp(k) for k in range(c.driver.tick + 1)}
+    # Each faulty tick cost about answer_timeout_s of wall time, no more.
+    assert time.monotonic() - start < len(faulty) * 0.3 + 30.0
+    assert_robot_was_safe(list(c.safe), list(c.applied))
+    texts = c.diag("safety_supervisor")
+    assert any("s old (limit max_command_age_s=0.5)" in t for t in texts)
+    assert any("ahead of the node clock" in t for t in texts)
+
+
+def test_the_step_limit_holds_on_what_the_driver_applied(chain):
+    """The planner jumps between extreme targets, answers some ticks twice with different
+    actions and some ticks early (before the driver has published them). Whatever the driver
+    applies steps at most max_target_step from what it applied before."""
+    c = chain()
+    rng = np.random.default_rng(0)
+
+    def policy(stamp, proprio):
+        answers = [(stamp, rng.uniform(-6.0, 6.0, 12))]
+        r = rng.random()
+        if r < 0.3:  # a second, different answer to the same tick
+            answers.append((stamp, rng.uniform(-6.0, 6.0, 12)))
+        elif r < 0.5:  # an early answer to the next tick
+            answers.append((stamp + PERIOD_NS, rng.uniform(-6.0, 6.0, 12)))
+        return answers
+
+    _answer(c, policy)
+    c.run_until_tick(40, 60.0)
+    moves = [m for m in c.applied if m.header.frame_id == "joint_position"]
+    assert len(moves) >= 35
+    assert_robot_was_safe(list(c.safe), list(c.applied))
+    steps = [np.max(np.abs(_target(b) - _target(a))) for a, b in zip(moves, moves[1:])]
+    assert max(steps) > 0.9 * MAX_STEP  # the limiter was what held them
+    assert any("max_target_step" in t for t in c.diag("safety_supervisor"))
+
+
+# --- NaN anywhere, and a model that outputs NaN ---------------------------------------------------
+def _go2_checkpoint(path: pathlib.Path, scale: float = 1.0) -> str:
+    torch.manual_seed(0)
+    cfg = go2_config(
+        history=3,
+        horizon=4,
+        latent_dim=16,
+        dynamics=AttentionConfig(1, 2),
+        reward=AttentionConfig(1, 2),
+        value=AttentionConfig(1, 2),
+        policy=AttentionConfig(1, 2),
+    )
+    model = WorldModel(cfg)
+    if scale != 1.0:  # finite weights whose activations overflow: the outputs are NaN / Inf
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(scale)
+    save_checkpoint(model, path)
+    return str(path)
+
+
+def _planner(checkpoint: str, domain: int) -> subprocess.Popen:
+    cmd = [str(BIN / "planner_node"), "--ros-args", "-r", "__node:=planner",
+           "-p", f"checkpoint:={checkpoint}", "-p", "lockstep:=true", "-p", "use_sim_time:=true",
+           "-p", "num_samples:=16", "-p", "num_elites:=4", "-p", "iterations:=1",
+           "-p", "horizon:=4"]  # fmt: skip
+    env = dict(os.environ, ROS_DOMAIN_ID=str(domain))
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or ""
+
+
+def _nan_messages(stamp: int) -> list[tuple[str, object]]:
+    """One NaN-laden message for every input topic of the control chain, stamped `stamp`."""
+    proprio = JointState()
+    proprio.header.stamp = ros_msgs.stamp_msg(stamp)
+    proprio.header.frame_id = "go2"
+    proprio.position = [float("nan")] * 38
+    height = Image(height=21, width=15, encoding="32FC1", step=60, is_bigendian=0)
+    height.header.stamp = ros_msgs.stamp_msg(stamp)
+    height.data = np.full(21 * 15, np.nan, np.float32).tobytes()
+    command = JointTrajectory()
+    command.header.stamp = ros_msgs.stamp_msg(stamp)
+    command.header.frame_id = "joint_position"
+    command.joint_names = list(GO2_NAMES)
+    nan_cmd = ros_msgs.command_to_msg(
+        Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), GO2_NAMES, stamp, 0.02
+    )
+    nan_cmd.points[0].positions = [float("nan")] * 12
+    tcp = PoseStamped()
+    tcp.header.stamp = ros_msgs.stamp_msg(stamp)
+    tcp.pose.position.x = float("nan")
+    twist = Twist()
+    twist.linear.x = float("nan")
+    return [
+        ("/simdist/robot/proprio", proprio),
+        ("/height_map", height),
+        ("/cmd_vel", twist),
+        ("/simdist/observation/proprio", proprio),
+        ("/simdist/observation/height_map", height),
+        ("/simdist/action", nan_cmd),
+        ("/simdist/safe_command", nan_cmd),
+        (ros_msgs.APPLIED_COMMAND_TOPIC, nan_cmd),
+        ("/tcp_pose", tcp),
+    ]
+
+
+def _without_injected(messages) -> list:
+    return [
+        m
+        for m in messages
+        if not (
+            m.points
+            and len(m.points[0].positions)
+            and np.isnan(np.asarray(m.points[0].positions)).all()
+        )
+    ]
+
+
+def test_nan_on_every_input_topic_never_reaches_the_robot(chain, tmp_path, ros_domain):
+    """A real planner closes the loop; every few ticks the test publishes a NaN message on one
+    input topic of the chain (stamped as the tick in flight). The loop goes on, nothing
+    non-finite reaches the robot, and each node that read NaN says so on /diagnostics."""
+    c = chain(answer_timeout_s=2.0)
+    planner = _planner(_go2_checkpoint(tmp_path / "ck"), ros_domain)
+    try:
+        kinds = {t: type(m) for t, m in _nan_messages(0)}
+        pubs = {t: c.ros.probe.create_publisher(k, t, 10) for t, k in kinds.items()}
+        c.run_until_tick(3, 90.0)
+        assert c.ros.spin_until(
+            lambda: any(m.header.frame_id == "joint_position" for m in c.applied), 30.0
+        ), "the planner never answered"
+        injected = []
+        for topic in pubs:
+            tick = c.driver.tick
+            stamp = c.tick_stamp(tick)
+            pubs[topic].publish(dict(_nan_messages(stamp))[topic])
+            injected.append(topic)
+            c.run_until_tick(tick + 3, 60.0)
+        assert injected == list(kinds)
+        # The test's own NaN messages on the robot-side topics are the faults, not outputs.
+        safe, applied = _without_injected(c.safe), _without_injected(c.applied)
+        assert (len(c.safe) - len(safe), len(c.applied) - len(applied)) == (1, 1)
+        assert_robot_was_safe(safe, applied)
+        moves = [m for m in applied if m.header.frame_id == "joint_position"]
+        assert len(moves) >= 20  # the loop kept planning and moving between the faults
+        assert planner.poll() is None
+        assert any("sample rejected" in t and "NaN" in t for t in c.diag("ingestion"))
+        assert any("NaN" in t for t in c.diag("safety_supervisor"))
+        assert any("NaN" in t or "non-finite" in t for t in c.diag("mujoco_driver"))
+    finally:
+        log = _stop(planner)
+    assert "Traceback" not in log, log[-3000:]
+
+
+def test_a_model_that_outputs_nan_holds_the_robot(chain, tmp_path, ros_domain):
+    c = chain(answer_timeout_s=2.0)
+    actions = c.ros.collect(JointTrajectory, "/simdist/action")
+    planner = _planner(_go2_checkpoint(tmp_path / "nan", scale=1e30), ros_domain)
+    try:
+        c.run_until_tick(5, 90.0)
+        assert c.ros.spin_until(lambda: any("non-finite" in t for t in c.diag("planner")), 10.0), (
+            c.diag("planner")
+        )
+        assert_robot_was_safe(list(c.safe), list(c.applied))
+        assert len(c.applied) >= 4
+        assert {m.header.frame_id for m in c.applied} == {"hold"}
+        # The planner itself answers with HOLD (not only the supervisor's answer deadline).
+        c.run_until_tick(10, 60.0)
+        assert len(actions) >= 3 and {m.header.frame_id for m in actions} == {"hold"}
+    finally:
+        _stop(planner)
+
+
+# --- a killed node (separate processes, real time) ------------------------------------------------
+KILL_TIMEOUT_S = 0.3  # command_timeout_s of the supervisor in the kill tests
+
+
+def _go2_graph(tmp_path: pathlib.Path, domain: int) -> list[desc.ResolvedNode]:
+    """The go2_flat graph in real time with a tiny model: its nodes as the launchers start them."""
+    import yaml  # noqa: PLC0415 - only the graph tests read parameter files
+
+    data = yaml.safe_load((desc.config_path("go2_flat")).read_text())
+    data["planner"]["ros__parameters"].update(
+        num_samples=16, num_elites=4, iterations=1, horizon=4, control_rate_hz=25.0
+    )
+    data["mujoco_driver"]["ros__parameters"].update(realtime_factor=0.5)
+    data["safety_supervisor"]["ros__parameters"].update(
+        command_timeout_s=KILL_TIMEOUT_S, observation_timeout_s=0.3, max_command_age_s=0.3
+    )
+    data["ingestion"]["ros__parameters"].update(proprio_timeout_s=0.3, height_map_timeout_s=0.3)
+    params = tmp_path / "go2_flat_faults.yaml"
+    params.write_text(yaml.safe_dump(data))
+    graph = desc.resolve(
+        "go2_flat",
+        {
+            "checkpoint": _go2_checkpoint(tmp_path / "ck"),
+            "lockstep": "false",
+            "domain": str(domain),
+            "params_file": str(params),
+        },
+    )
+    return graph, list(graph.nodes)
+
+
+@pytest.mark.parametrize("victim", ["planner", "mujoco_driver"])
+def test_a_killed_planner_or_driver_leaves_the_robot_holding_and_is_named(
+    tmp_path, ros_domain, victim
+):
+    """SIGKILL one node of a running real-time graph: within the supervisor's command timeout
+    the robot topic carries the safe action (HOLD, then DAMP after damp_grace_s), and
+    /diagnostics names the node that went silent."""
+    graph, nodes = _go2_graph(tmp_path, ros_domain)
+    env = desc.launch_env(graph)
+    procs = {
+        n.name: subprocess.Popen(
+            launcher.command_line(n),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for n in nodes
+    }
+    ros = RosHarness(ros_domain)
+    try:
+        safe: list[tuple[float, str]] = []
+        ros.probe.create_subscription(
+            JointTrajectory,
+            "/simdist/safe_command",
+            lambda m: safe.append((time.monotonic(), m.header.frame_id)),
+            100,
+        )
+        applied = ros.collect(JointTrajectory, ros_msgs.APPLIED_COMMAND_TOPIC, 500)
+        diagnostics = ros.collect(DiagnosticArray, "/diagnostics", 500)
+        assert ros.spin_until(lambda: sum(k == "joint_position" for _, k in safe) >= 10, 90.0), (
+            f"the graph never planned: {[p.poll() for p in procs.values()]}"
+        )
+        procs[victim].kill()
+        killed = time.monotonic()
+        assert ros.spin_until(lambda: any(t > killed and k == "damp" for t, k in safe), 10.0), safe[
+            -5:
+        ]
+        after = [(t - killed, k) for t, k in safe if t > killed]
+        first_safe = next(dt for dt, k in after if k in ("hold", "damp"))
+        assert first_safe <= KILL_TIMEOUT_S + 0.5, after[:10]
+        moves_after = [dt for dt, k in after if k == "joint_position"]
+        assert not moves_after or max(moves_after) <= first_safe, after[:10]
+        assert_robot_was_safe([], list(applied))
+        named = f"/{victim}"
+        assert ros.spin_until(
+            lambda: any(
+                named in m and ("no plan" in m or "stale" in m)
+                for node in ("safety_supervisor", "ingestion")
+                for _, m in diagnostics_text(diagnostics, node)
+            ),
+            5.0,
+        ), [m for _, m in diagnostics_text(diagnostics, "safety_supervisor")][-3:]
+    finally:
+        ros.close()
+        logs = {name: _stop(p) for name, p in procs.items()}
+    for name, log in logs.items():
+        if name != victim:
+            assert "Traceback" not in log, f"{name}:\n{log[-6000:]}"
+
+
+# --- the recorder: a full disk -------------------------------------------------------------------
+FILE_LIMIT = 96 * 1024  # bytes a recorder process may write into one file (RLIMIT_FSIZE)
+
+
+def _limited_disk() -> None:
+    """In the recorder's process: a file stops growing at FILE_LIMIT, as on a full disk (the
+    write fails with EFBIG instead of ENOSPC; SIGXFSZ ignored so it is an error, not a kill)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+
+
+def test_a_full_disk_stops_the_recorder_cleanly_and_control_goes_on(chain, tmp_path, ros_domain):
+    c = chain()
+    _answer(c, lambda stamp, proprio: [(stamp, 0.1 * np.ones(12))])
+    bags = tmp_path / "bags"
+    recorder = subprocess.Popen(
+        [str(BIN / "recorder_node"), "--ros-args", "-p", f"bag_dir:={bags}",
+         "-p", "flush_period_s:=0.1", "-p", "use_sim_time:=true"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_limited_disk,
+        env=dict(os.environ, ROS_DOMAIN_ID=str(ros_domain), ROS_LOG_DIR=str(tmp_path / "log")),
+    )  # fmt: skip
+    try:
+        stopped = lambda: any(  # noqa: E731
+            "recording stopped, a write failed" in t for t in c.diag("recorder")
+        )
+        assert c.ros.spin_until(stopped, 120.0), (c.driver.tick, c.diag("recorder")[-3:])
+        tick_at_stop = c.driver.tick
+        c.run_until_tick(tick_at_stop + 50, 60.0)  # control goes on
+        assert recorder.poll() is None, "the recorder died with the disk"
+        count = len(c.diagnostics)
+        assert c.ros.spin_until(lambda: len(c.diagnostics) > count + 2, 5.0)
+        assert any("File too large" in t for t in c.diag("recorder"))
+    finally:
+        log = _stop(recorder)
+    assert "Traceback" not in log, log[-3000:]
+    (bag,) = unfinalised_bags(bags)  # its summary did not fit either
+    assert any(str(bag) in t and "simdist-bag recover" in t for t in c.diag("recorder"))
+    recovered = recover_bag(bag)
+    assert recovered.messages > 50 and recovered.truncated
+    with EpisodeBag(bag) as episode_bag:
+        steps = [
+            json.loads(m.data.data)["step"] for m in episode_bag.messages(["/simdist/episode"])
+        ]
+    # Nothing lost in the middle: every tick from the first up to the last flush.
+    assert steps == list(range(steps[0], steps[0] + len(steps))) and len(steps) >= 10
+
+
+# --- replay: the clock jumps ---------------------------------------------------------------------
+def _jumping_bag(path: pathlib.Path, stamps: list[int]) -> None:
+    """A Go2 episode bag of the driver's topics whose stamps are `stamps` (jumps included)."""
+    from robot_drivers.registry import make_task  # noqa: PLC0415 - the MuJoCo Go2 for its data
+
+    task = make_task("go2_flat", "sim")
+    obs = task.reset(0)
+    with EpisodeBagWriter(path, EpisodeMeta(task="go2_flat")) as bag:
+        bag.add_topic("/simdist/robot/proprio", "sensor_msgs/msg/JointState")
+        bag.add_topic("/height_map", "sensor_msgs/msg/Image")
+        for stamp in stamps:
+            bag.write_raw("/height_map", stamp, serialize_message(
+                ros_msgs.height_map_to_msg(obs.height_map, stamp)))  # fmt: skip
+            bag.write_raw("/simdist/robot/proprio", stamp, serialize_message(
+                ros_msgs.proprio_to_msg(obs, task.spec, stamp)))  # fmt: skip
+            obs = task.step(np.zeros(12, np.float32)).obs
+    task.close()
+
+
+def test_clock_jumps_in_replay_neither_stall_the_planner_nor_pass_a_command_of_another_time(
+    tmp_path, ros_domain
+):
+    """A bag whose time jumps 5 s forward (a bag cut from two runs) is replayed twice into the
+    same running planner, so the second replay takes /clock 7 s back. The replay goes on at
+    once after the forward jump (no 5 s wait) and says so; the planner answers in every segment
+    of both replays; the supervisor forwards only plans that answer an observation of the bag."""
+    base = CLOCK_START_NS
+    stamps = [base + k * PERIOD_NS for k in range(40)]
+    stamps += [stamps[-1] + 5_000_000_000 + k * PERIOD_NS for k in range(1, 41)]
+    _jumping_bag(tmp_path / "bag", stamps)
+    ros = RosHarness(ros_domain)
+    planner = _planner(_go2_checkpoint(tmp_path / "ck"), ros_domain)
+    try:
+        sim_time = Parameter("use_sim_time", value=True)
+        _go2_ingestion(ros)
+        ros.add(SafetyNode(context=ros.context, parameter_overrides=[
+            sim_time, Parameter("robot", value="go2"), Parameter("answer_timeout_s", value=0.0)
+        ]))  # fmt: skip
+        actions = ros.collect(JointTrajectory, "/simdist/action", 1000)
+        safe = ros.collect(JointTrajectory, "/simdist/safe_command", 1000)
+        ready = ros.collect(DiagnosticArray, "/diagnostics", 500)
+        assert ros.spin_until(  # the planner is up (its first diagnostics)
+            lambda: diagnostics_text(ready, "planner"), 60.0
+        )
+        for run in range(2):
+            started = time.monotonic()
+            replay = subprocess.Popen(
+                [str(BIN / "replay_node"), "--ros-args", "-p", f"bag:={tmp_path / 'bag'}",
+                 "-p", "start_delay_s:=0.5"],
+                env=dict(os.environ, ROS_DOMAIN_ID=str(ros_domain)),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            assert ros.spin_until(lambda: replay.poll() is not None, 60.0), "the replay hung"
+            replay_log = replay.communicate()[0]
+            assert replay.returncode == 0, replay_log
+            assert time.monotonic() - started < 5.0 + 8.0, "the replay waited out the jump"
+            ros.spin_for(1.0)
+        jumps = [m for _, m in diagnostics_text(ready, "replay") if "bag time jumped" in m]
+        assert jumps and all("+5.020 s" in m for m in jumps), jumps
+        answered = [ros_msgs.stamp_ns(m.header.stamp) for m in actions]
+        # The second replay starts where the answers' stamps go back.
+        backs = [i for i in range(1, len(answered)) if answered[i] < answered[i - 1] - 10**9]
+        assert len(backs) == 1, backs
+        runs = (answered[: backs[0]], answered[backs[0] :])
+        for segment in (stamps[:40], stamps[40:]):  # no jump stalled the planner
+            for run in runs:
+                assert sum(s in segment for s in run) >= 10, (segment[0], answered[-5:])
+        assert planner.poll() is None
+        assert_robot_was_safe([m for m in safe if m.header.frame_id != "damp"], [])
+        # A forwarded plan answers an observation of its own segment: its stamp is one of the
+        # bag's, and the supervisor held the ones the clock had jumped away from.
+        forwarded = [ros_msgs.stamp_ns(m.header.stamp) for m in safe
+                     if m.header.frame_id == "joint_position"]  # fmt: skip
+        assert forwarded and set(forwarded) <= set(stamps)
+    finally:
+        log = _stop(planner)
+        ros.close()
+    assert "Traceback" not in log, log[-3000:]
+
+
+# --- the recorder is killed ----------------------------------------------------------------------
+def _recorder(bags: pathlib.Path, domain: int, log_dir: pathlib.Path, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(BIN / "recorder_node"), "--ros-args", "-p", f"bag_dir:={bags}",
+         "-p", "flush_period_s:=0.1", "-p", "use_sim_time:=true"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, ROS_DOMAIN_ID=str(domain), ROS_LOG_DIR=str(log_dir)), **kw,
+    )  # fmt: skip
+
+
+def test_a_killed_recorder_loses_at_most_its_last_flush_and_control_goes_on(
+    chain, tmp_path, ros_domain
+):
+    """SIGKILL the recorder mid-episode: the loop keeps ticking; the next recorder reports the
+    unfinalised bag at ERROR; `recover_bag` gives back every tick up to the last flush
+    (flush_period_s), nothing missing in between. (The launcher's respawn: test_launch.)"""
+    c = chain()
+    _answer(c, lambda stamp, proprio: [(stamp, 0.1 * np.ones(12))])
+    bags = tmp_path / "bags"
+    recorder = _recorder(bags, ros_domain, tmp_path / "log")
+    try:
+        assert c.ros.spin_until(lambda: list(bags.glob("*/*.mcap")), 60.0)
+        c.run_until_tick(c.driver.tick + 60, 60.0)
+        c.ros.spin_for(0.3)  # more than one flush period of wall time
+        recorder.kill()
+        killed_at, kill_time = c.driver.tick, time.monotonic()
+        flushed_by = max(k for k, t in c.tick_times.items() if t <= kill_time - 0.1 - 0.2)
+        c.run_until_tick(killed_at + 30, 60.0)  # control goes on without it
+        again = _recorder(bags, ros_domain, tmp_path / "log")
+        try:
+            assert c.ros.spin_until(
+                lambda: any("unfinalised bag" in t for t in c.diag("recorder")), 30.0
+            ), c.diag("recorder")[-3:]
+        finally:
+            _stop(again)
+    finally:
+        _stop(recorder)
+    (bag,) = unfinalised_bags(bags)
+    recover_bag(bag)
+    with EpisodeBag(bag) as episode_bag:
+        steps = [
+            json.loads(m.data.data)["step"] for m in episode_bag.messages(["/simdist/episode"])
+        ]
+    assert steps == list(range(steps[0], steps[0] + len(steps)))
+    # Lost: at most the ticks of the last flush period (0.1 s, plus 0.2 s for delivery).
+    assert steps[-1] >= flushed_by, (steps[-1], flushed_by, killed_at)
+
+
+# --- misconfiguration ----------------------------------------------------------------------------
+def test_a_misspelt_parameter_is_an_error_naming_the_closest_one():
+    """ROS 2 ignores a value for an undeclared parameter; the nodes refuse it by name."""
+    import rclpy  # noqa: PLC0415 - this case makes nodes on the default context
+
+    rclpy.init()
+    try:
+        with pytest.raises(
+            ValueError, match="unknown parameter 'max_target_stepp'.*'max_target_step'"
+        ):
+            SafetyNode(parameter_overrides=[Parameter("max_target_stepp", value=0.5)])
+        node = SafetyNode(parameter_overrides=[Parameter("max_target_step", value=0.5)])
+        assert node.params["max_target_step"] == 0.5
+        node.destroy_node()
+    finally:
+        rclpy.shutdown()
+
+
+def test_a_misspelt_key_in_a_parameter_file_ends_the_graph_naming_it(tmp_path, ros_domain):
+    import yaml  # noqa: PLC0415 - only the graph tests read parameter files
+
+    data = yaml.safe_load(desc.config_path("go2_flat").read_text())
+    planner = data["planner"]["ros__parameters"]
+    planner["num_sample"] = planner.pop("num_samples")
+    params = tmp_path / "typo.yaml"
+    params.write_text(yaml.safe_dump(data))
+    out = subprocess.run(
+        [str(BIN / "simdist"), "launch", "go2_flat", f"params_file:={params}",
+         f"checkpoint:={_go2_checkpoint(tmp_path / 'ck')}", f"domain:={ros_domain}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    log = out.stdout + out.stderr
+    assert out.returncode == 1, log[-3000:]
+    assert "unknown parameter 'num_sample'" in log and "did you mean 'num_samples'" in log
+    assert "node planner died with exit code 1" in log
