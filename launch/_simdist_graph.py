@@ -24,6 +24,7 @@ def _nodes(context, graph_name):
             name=node.name,
             parameters=[str(node.params_file), node.overrides],
             remappings=list(node.remappings),
+            ros_arguments=["--enclave", node.enclave] if node.enclave else [],
             additional_env=graph.env,
             output="screen",
             respawn=node.respawn,

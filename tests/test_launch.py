@@ -132,6 +132,33 @@ def test_sim_graphs_keep_dds_discovery_on_this_machine_unless_asked():
         desc.resolve("peg", {"checkpoint": "/ck", "discovery": "lan"})
 
 
+def test_keystore_runs_every_node_in_its_enclave_with_security_enforced(tmp_path):
+    """SROS2 (real ROS installs): keystore:=DIR gives each node --enclave /simdist/<node> and
+    the DDS-Security environment; a keystore missing an enclave is refused by name."""
+    keystore = tmp_path / "keystore"
+    args = {"checkpoint": "/ck", "robot": "real", "robot_ip": "10.0.0.2", "record": "true"}
+    with pytest.raises(ValueError, match="not an SROS2 keystore"):
+        desc.resolve("peg", {**args, "keystore": str(keystore)})
+    names = [n.name for n in desc.resolve("peg", args).nodes]
+    for name in names[:-1]:
+        (keystore / "enclaves" / "simdist" / name).mkdir(parents=True)
+    with pytest.raises(ValueError, match=f"no enclave\\(s\\) \\['/simdist/{names[-1]}'\\]"):
+        desc.resolve("peg", {**args, "keystore": str(keystore)})
+    (keystore / "enclaves" / "simdist" / names[-1]).mkdir()
+    graph = desc.resolve("peg", {**args, "keystore": str(keystore)})
+    assert graph.env["ROS_SECURITY_KEYSTORE"] == str(keystore)
+    assert (graph.env["ROS_SECURITY_ENABLE"], graph.env["ROS_SECURITY_STRATEGY"]) == (
+        "true",
+        "Enforce",
+    )
+    for node in graph.nodes:
+        tail = desc.ros_args(node)
+        assert tail[tail.index("--enclave") + 1] == f"/simdist/{node.name}"
+    plain = desc.resolve("peg", args)
+    assert not any("--enclave" in desc.ros_args(n) for n in plain.nodes)
+    assert not any(k.startswith("ROS_SECURITY") for k in plain.env)
+
+
 def test_launcher_cli_reports_bad_arguments():
     out = subprocess.run(
         [SIMDIST, "launch", "peg", "checkpoint:=/ck", "robot=sim"], capture_output=True, text=True

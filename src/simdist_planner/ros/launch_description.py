@@ -71,6 +71,7 @@ class ResolvedNode:
     overrides: dict = field(default_factory=dict)  # parameter -> typed value (after the file)
     remappings: tuple[tuple[str, str], ...] = ()
     respawn: bool = False  # NodeSpec.respawn
+    enclave: str = ""  # SROS2 enclave (keystore:=DIR), e.g. /simdist/planner
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class ResolvedGraph:
 # Latched std_msgs/Bool: the recorder hears the whole loop. Set on the driver here, published by
 # the recorder (which imports it), so the name is written once.
 RECORDER_READY_TOPIC = "/simdist/recorder/ready"
+# keystore:=DIR runs node <name> in the SROS2 enclave ENCLAVE_ROOT/<name>.
+ENCLAVE_ROOT = "/simdist"
 
 COMMON_ARGS: tuple[LaunchArg, ...] = (
     LaunchArg(
@@ -125,6 +128,13 @@ COMMON_ARGS: tuple[LaunchArg, ...] = (
     ),
     LaunchArg(
         "params_file", "", "parameter file used instead of config/<graph>.yaml (same sections)"
+    ),
+    LaunchArg(
+        "keystore",
+        "",
+        "SROS2 keystore directory: every node runs in its enclave /simdist/<node> with "
+        "DDS-Security enforced (authenticated, encrypted, access-controlled); needs a ROS install "
+        "whose DDS has the security plugins (docs/safety.md). Empty: no DDS-Security",
     ),
 )
 UR5E_ARGS = (LaunchArg("robot_ip", "", "UR5e controller IP address (robot:=real)"),)
@@ -297,6 +307,7 @@ def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
         "bag_dir",
         "video_checkpoint",
         "params_file",
+        "keystore",
     ):  # nodes may run elsewhere than the caller's cwd
         if args[name]:
             args[name] = os.path.abspath(os.path.expanduser(args[name]))
@@ -361,14 +372,44 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
             overrides["split_episodes"] = args["robot"] != "real"
         nodes.append(
             ResolvedNode(
-                node.name, node.executable, params_file, overrides, node.remappings, node.respawn
+                node.name,
+                node.executable,
+                params_file,
+                overrides,
+                node.remappings,
+                node.respawn,
+                f"{ENCLAVE_ROOT}/{node.name}" if args["keystore"] else "",
             )
         )
     env = {"ROS_DOMAIN_ID": args["domain"]} if args["domain"] else {}
     discovery = args["discovery"] or ("localhost" if args["robot"] != "real" else "")
     if discovery:
         env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = discovery.upper()
+    if args["keystore"]:
+        env.update(_security_env(args["keystore"], nodes))
     return ResolvedGraph(graph, args, env, tuple(nodes))
+
+
+def _security_env(keystore: str, nodes: list[ResolvedNode]) -> dict[str, str]:
+    """SROS2: every node's enclave must be in the keystore; security is enforced, not permissive
+    (a node without valid credentials does not start, rather than run unprotected)."""
+    root = pathlib.Path(keystore)
+    if not (root / "enclaves").is_dir():
+        raise ValueError(
+            f"argument keystore:={keystore} is not an SROS2 keystore (no enclaves/); create one "
+            f"with: ros2 security create_keystore {keystore}"
+        )
+    missing = [n.enclave for n in nodes if not (root / "enclaves" / n.enclave.lstrip("/")).is_dir()]
+    if missing:
+        raise ValueError(
+            f"keystore {keystore} has no enclave(s) {missing}; create each with: "
+            f"ros2 security create_enclave {keystore} <enclave>"
+        )
+    return {
+        "ROS_SECURITY_KEYSTORE": keystore,
+        "ROS_SECURITY_ENABLE": "true",
+        "ROS_SECURITY_STRATEGY": "Enforce",
+    }
 
 
 def ros_args(node: ResolvedNode) -> list[str]:
@@ -378,6 +419,8 @@ def ros_args(node: ResolvedNode) -> list[str]:
         out += ["-p", f"{key}:={_yaml_scalar(value)}"]
     for src, dst in node.remappings:
         out += ["-r", f"{src}:={dst}"]
+    if node.enclave:
+        out += ["--enclave", node.enclave]
     return out
 
 
