@@ -182,6 +182,7 @@ NODE_MODULES = {
     "adapter": "simdist_adapter.adapter_node",
     "planner": "simdist_planner.ros.planner_node",
     "recorder": "simdist_adapter.recorder_node",
+    "viewer": "simdist_viewer.viewer_node",
     "replay": "simdist_adapter.replay_node",
     "ingestion": "robot_drivers.ingestion_node",
     "safety_supervisor": "robot_drivers.safety_node",

@@ -519,3 +519,42 @@ def test_web_viewer_shows_every_panel_of_the_layout_in_headless_chromium(tmp_pat
         target = pathlib.Path(SCREENSHOTS) / f"{graph}.png"
         target.parent.mkdir(parents=True, exist_ok=True)
         PILImage.open(png).convert("RGB").quantize(colors=96).save(target, optimize=True)
+
+
+def test_view_true_in_a_launched_graph_records_the_robot_the_plan_and_the_safety_state(
+    tmp_path, ros_domain
+):
+    """`simdist launch go2_flat view:=true`: the viewer node started by the launch description
+    logs the graph's ticks; Rerun's reader finds the joints, the plan and the executed command
+    (one row per tick or close to it), the safety state and the robot's bodies."""
+    import yaml  # noqa: PLC0415 - only this graph test edits a parameter file
+
+    from simdist_planner.ros import launch_description as desc  # noqa: PLC0415
+    from test_faults import _go2_checkpoint  # noqa: PLC0415 - the faults suite's tiny Go2 model
+
+    steps = 30
+    data = yaml.safe_load(desc.config_path("go2_flat").read_text())
+    data["planner"]["ros__parameters"].update(num_samples=16, num_elites=4, iterations=1, horizon=4)
+    data["mujoco_driver"]["ros__parameters"]["max_steps"] = steps
+    rrd = tmp_path / "view.rrd"
+    data["viewer"]["ros__parameters"].update(recording=str(rrd), mode="none")
+    params = tmp_path / "go2_flat_view.yaml"
+    params.write_text(yaml.safe_dump(data))
+    out = subprocess.run(
+        [str(pathlib.Path(sys.executable).parent / "simdist"), "launch", "go2_flat",
+         f"checkpoint:={_go2_checkpoint(tmp_path / 'ck')}", f"params_file:={params}",
+         f"domain:={ros_domain}", "view:=true", "episodes:=1", "record:=true",
+         f"bag_dir:={tmp_path / 'bags'}"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "started viewer (pid" in out.stderr
+    rows = rrd_rows(rrd)
+
+    def count(prefix: str) -> int:
+        return max((n for e, n in rows.items() if e.startswith(prefix)), default=0)
+
+    for entity in (L.JOINT_POSITION, L.PLAN_FIRST, L.COMMAND):
+        assert count(entity) >= steps - 5, (entity, sorted(rows.items())[:20])
+    assert count(L.SAFETY_STATE) >= 1  # a state change (OK / HOLD / DAMP) is one row
+    assert any(e.startswith(L.ROBOT_3D) for e in rrd_static_entities(rrd) | set(rows))

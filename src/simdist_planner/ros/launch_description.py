@@ -110,6 +110,13 @@ COMMON_ARGS: tuple[LaunchArg, ...] = (
     LaunchArg("video_checkpoint", "", "video:=true: the SimForcing student checkpoint directory"),
     LaunchArg("adapt", "false", "run the adapter node (fine-tunes f on recorded episodes)", BOOL),
     LaunchArg(
+        "view",
+        "false",
+        "run the Rerun viewer node: the robot, cameras, plan, values and safety state, live "
+        "(docs/viewer.md; its mode and ports are node parameters)",
+        BOOL,
+    ),
+    LaunchArg(
         "lockstep",
         "true",
         "robot:=sim only: the simulator advances one control period per command, on /clock",
@@ -203,6 +210,7 @@ def _nodes(robot: str) -> tuple[NodeSpec, ...]:
             when=(("adapt", ("true",)),),
             arg_params=(("checkpoint", "checkpoint"), ("bag_dir", "bag_dir"), ("device", "device")),
         ),
+        NodeSpec("viewer", "viewer_node", when=(("view", ("true",)),)),
     )
 
 
@@ -366,6 +374,8 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
                 args["record"] == "true" and sim_time
             ):  # lockstep: the first tick waits until every tick is recorded
                 overrides["wait_for_ready"] = RECORDER_READY_TOPIC
+        if node.name == "viewer":
+            overrides["graph"] = graph  # its layout
         if node.name == "recorder":
             overrides["task"] = task if args["robot"] == "sim" else graph
             # only simulation announces episodes (/simdist/episode); hardware records a bag per run
