@@ -70,6 +70,10 @@ def test_workers_reproduce_the_in_process_experiment(tmp_path):
         all(math.isfinite(x) for x in returns) and len(set(returns)) > 1
     )  # summed per episode, not a constant
     assert len(saved["plots"]) >= 2 and "simdist" in format_table(saved)
+    probe = saved["probe_trajectory"]  # the deployed round's predicted vs real trajectory
+    assert set(probe["predicted"]) == {"pretrained", "adapted"}
+    assert all(len(v) == len(probe["real"]) > 0 for v in probe["predicted"].values())
+    assert any(p.endswith("predicted_vs_real_trajectory.png") for p in saved["plots"])
 
 
 def test_cli_settings_reach_the_config():

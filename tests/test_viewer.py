@@ -203,7 +203,13 @@ def test_bag_view_adds_an_adaptation_runs_rounds_to_the_same_recording(tmp_path)
          "heldout_deployed": None, "heldout_candidate": None},
     ]  # fmt: skip
     curve = [{"real_episodes": n, "success_rate": r} for n, r in ((0, 0.1), (10, 0.2), (20, 0.4))]
-    results.write_text(json.dumps({"methods": {"simdist": {"curve": curve, "rounds": rounds}}}))
+    predicted = {"pretrained": [0.0, 0.0, 0.1, 0.1], "adapted": [0.1, 0.2, 0.2, 0.4]}
+    probe = {"label": "joint_pos[2]", "real": [0.1, 0.2, 0.3, 0.4], "predicted": predicted}
+    results.write_text(
+        json.dumps(
+            {"methods": {"simdist": {"curve": curve, "rounds": rounds}}, "probe_trajectory": probe}
+        )
+    )
     rrd = tmp_path / "view.rrd"
     args = ["bag", str(tmp_path / "run"), "--rrd", str(rrd), "--results", str(results), "--no-3d"]
     assert view_main(args) == 0
@@ -216,6 +222,8 @@ def test_bag_view_adds_an_adaptation_runs_rounds_to_the_same_recording(tmp_path)
         10,
         20,
     ]
+    assert rows["adaptation/probe_trajectory"] == 4  # real and both predictions per step
+    assert timeline_values(rrd, "adaptation/probe_trajectory", L.FUTURE_STEP) == [0, 1, 2, 3]
     assert rows[L.JOINT_POSITION] == 3 and not any(e.startswith(L.ROBOT_3D) for e in rows)
     assert view_main(["bag", str(tmp_path / "nothing"), "--rrd", str(rrd)]) == 1  # one line
 

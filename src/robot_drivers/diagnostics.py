@@ -140,10 +140,11 @@ class SourceNodes:
         self._asked: dict[str, float] = {}  # key -> monotonic time of the last graph query
 
     def refresh(self, key: str) -> None:
-        """Call while `key`'s stream is fresh (asks the ROS graph at most once a second)."""
+        """Call while `key`'s stream is fresh (asks the ROS graph at most once a second once it
+        knows a name)."""
         now = time.monotonic()
-        if now - self._asked.get(key, -1.0) < 1.0:
-            return
+        if self._seen[key] and now - self._asked.get(key, -1.0) < 1.0:
+            return  # known names are re-checked once a second; unknown ones at every call
         self._asked[key] = now
         names = sorted(
             f"{i.node_namespace.rstrip('/')}/{i.node_name}"

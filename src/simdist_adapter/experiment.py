@@ -313,6 +313,9 @@ class Experiment:
                 results["methods"][name] = r
                 results["seconds"] = time.perf_counter() - start
                 self._write(results)  # a long run that is cut short keeps every finished method
+                simdist = results["methods"].get("simdist")
+                if simdist and any(rd["heldout_candidate"] is not None for rd in simdist["rounds"]):
+                    results["probe_trajectory"] = self.probe_trajectory(simdist)
                 results["plots"] = self.plot(results, episodes)
                 self._write(results)
         finally:
@@ -386,13 +389,13 @@ class Experiment:
             )
             ax.legend()
             files.append(self._save(fig, "predicted_value.png"))
-        simdist = results["methods"].get("simdist")
-        if simdist and any(rd["heldout_candidate"] is not None for rd in simdist["rounds"]):
-            files.append(self._probe_plot(plt, simdist))
+        if results.get("probe_trajectory"):
+            files.append(self._probe_plot(plt, results["probe_trajectory"]))
         return files
 
-    def _probe_plot(self, plt, method: dict) -> str:
-        """Predicted vs real joint trajectory, decoded from latents by a ridge probe on E's."""
+    def probe_trajectory(self, method: dict) -> dict:
+        """Predicted vs real joint trajectory of a held-out window, decoded from the predicted
+        latents by a ridge probe fitted on E's latents: the pretrained and the deployed f."""
         adapted = ModelRegistry(method["registry"]).load_deployed(self.cfg.device)
         pre = self.pretrained
         h, t = pre.config.history, pre.config.horizon
@@ -422,14 +425,24 @@ class Experiment:
                 name: m.predict_window(on_device)["latents"].cpu()
                 for name, m in (("pretrained", pre), ("adapted", adapted))
             }
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(batch["proprio"][0, h + 1 :, joint].numpy(), "k-", label="real")
+        decoded = {}
         for name, lat in preds.items():
             z = lat[0].cpu().numpy()
-            ax.plot(np.c_[z, np.ones(len(z))] @ w, "--", marker="o", label=f"predicted ({name})")
+            decoded[name] = (np.c_[z, np.ones(len(z))] @ w).tolist()
+        return {
+            "label": f"joint_pos[{joint - offset}] (proprio[{joint}])",
+            "real": batch["proprio"][0, h + 1 :, joint].numpy().tolist(),
+            "predicted": decoded,
+        }
+
+    def _probe_plot(self, plt, trajectory: dict) -> str:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(trajectory["real"], "k-", label="real")
+        for name, values in trajectory["predicted"].items():
+            ax.plot(values, "--", marker="o", label=f"predicted ({name})")
         ax.set(
             xlabel="step into the future",
-            ylabel=f"joint_pos[{joint - offset}] (proprio[{joint}])",
+            ylabel=trajectory["label"],
             title="predicted vs real joint trajectory (held-out episode)",
         )
         ax.legend()

@@ -115,5 +115,15 @@ def log_adaptation(rec: rr.RecordingStream, results: str | pathlib.Path) -> int:
             text = f"round {j}: {'deployed' if rd.get('deployed') else 'refused'}: {rd['reason']}"
             rec.log(f"{base}/rounds", rr.TextLog(text, level="INFO"))
             rounds += 1
+    trajectory = data.get("probe_trajectory")
+    if trajectory:  # predicted vs real joint trajectory, pretrained and adapted f
+        entity = f"{L.ADAPTATION}/probe_trajectory"
+        names = ["real", *(f"predicted ({n})" for n in trajectory["predicted"])]
+        rec.log(entity, rr.SeriesLines(names=names), static=True)
+        series = [trajectory["real"], *trajectory["predicted"].values()]
+        for k, values in enumerate(zip(*series)):
+            rec.reset_time()
+            rec.set_time(L.FUTURE_STEP, sequence=k)
+            rec.log(entity, rr.Scalars([float(v) for v in values]))
     rec.reset_time()
     return rounds

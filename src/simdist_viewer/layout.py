@@ -21,6 +21,7 @@ ROS_TIME = "ros_time"  # header stamps (sim time in lockstep, wall time on hardw
 TICK = "tick"  # control ticks since the first stamp the view saw
 REAL_EPISODES = "real_episodes"  # adaptation results: episodes collected so far
 ROUND = "round"  # adaptation results: round number
+FUTURE_STEP = "future_step"  # adaptation results: steps into a predicted window
 
 # entities
 WORLD = "world"
