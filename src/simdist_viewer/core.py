@@ -28,12 +28,13 @@ import rerun as rr
 from robot_drivers import ros_msgs
 from robot_drivers.go2.config import Go2Config
 from robot_drivers.go2.observation import HEIGHT_SCAN_OFFSET
-from robot_drivers.safety import GO2_DEFAULT_POSE
+from robot_drivers.safety import GO2_DEFAULT_POSE, SafetyConfig
 from robot_drivers.ur5e.config import ControllerConfig
 from simdist_viewer import layout as L
 from simdist_viewer.robot3d import RobotScene
 
-GO2_ACTION_SCALE = 0.25  # joint target = default pose + scale * action (safety_supervisor default)
+# joint target = default pose + scale * action, at the safety supervisor's default scale
+GO2_ACTION_SCALE = SafetyConfig(robot="go2").action_scale
 _UR5E = ControllerConfig()  # the arm's controller clips a step to these norms
 UR5E_MAX_STEP_POS = _UR5E.max_step_pos  # m
 # the chunk view's scale per UR5e action element: max step translation (m), rotation (rad), gripper
