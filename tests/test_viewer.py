@@ -34,6 +34,7 @@ from rerun.chunk import RrdReader
 
 from robot_drivers import ros_msgs
 from robot_drivers.interface import Command, CommandKind
+from robot_drivers.ur5e.scene import ARM_JOINTS
 from robot_ros_helpers import RosHarness
 from simdist_adapter.bags import EpisodeBagWriter, EpisodeMeta
 from simdist_viewer import layout as L
@@ -44,14 +45,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 UR5E_PERIOD_NS = 200_000_000
 CAMS = ("wrist", "overhead", "side")
 ACTIONS = list(ros_msgs.UR5E_ACTION_NAMES)
-ARM_JOINTS = [
-    "shoulder_pan_joint",
-    "shoulder_lift_joint",
-    "elbow_joint",
-    "wrist_1_joint",
-    "wrist_2_joint",
-    "wrist_3_joint",
-]
 
 
 def rrd_rows(path: pathlib.Path) -> Counter:

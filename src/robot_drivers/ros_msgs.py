@@ -7,6 +7,7 @@ ValueError) with what is wrong and what was expected; nothing is silently reshap
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -27,6 +28,12 @@ ACTION_NAMES = {"ur5e": UR5E_ACTION_NAMES, "go2": UNITREE_JOINT_NAMES}
 # What a driver actually sent to the robot (command packing, stamped with the command's stamp,
 # HOLD / DAMP when it applied the safe action): the supervisor's step limiter follows it.
 APPLIED_COMMAND_TOPIC = "/simdist/robot/applied_command"
+
+
+def message_class(msgtype: str):
+    """The rclpy message class of 'pkg/msg/Name' (for raw subscriptions and replays)."""
+    pkg, _, name = msgtype.split("/")
+    return getattr(importlib.import_module(f"{pkg}.msg"), name)
 
 
 class MessageError(ValueError):

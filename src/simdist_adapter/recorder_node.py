@@ -15,7 +15,6 @@ that writer has matched our reader yet, and a volatile writer does not resend wh
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import pathlib
@@ -32,6 +31,7 @@ from rclpy.signals import SignalHandlerOptions
 from rosbags.interfaces import Nodetype
 from std_msgs.msg import Bool
 
+from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
 from simdist_adapter.bags import (
@@ -216,7 +216,7 @@ class RecorderNode(Node):
     def _subscribe(self, topic: str, msgtype: str) -> None:
         try:
             msgtype = ros_type_name(msgtype)
-            cls = _message_class(msgtype)
+            cls = ros_msgs.message_class(msgtype)
         except (BagError, ImportError, AttributeError) as exc:
             self.diag.set("topics", Level.WARN, f"not recording {topic} [{msgtype}]: {exc}")
             self._subscribed[topic] = ""
@@ -447,13 +447,6 @@ class RecorderNode(Node):
                 self._finalise(bag)
         except OSError as exc:
             self._io_failed(exc)
-
-
-def _message_class(msgtype: str):
-    """The rclpy message class of 'pkg/msg/Name'."""
-
-    pkg, _, name = msgtype.split("/")
-    return getattr(importlib.import_module(f"{pkg}.msg"), name)
 
 
 def main(args=None):

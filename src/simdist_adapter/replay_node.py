@@ -15,7 +15,6 @@ done (the launcher then stops the graph).
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import time
@@ -26,6 +25,7 @@ from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 
+from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
 from simdist_adapter.bags import BagError, EpisodeBag
@@ -85,11 +85,6 @@ PARAMS = (
 )
 
 
-def message_class(msgtype: str):
-    pkg, _, name = msgtype.split("/")
-    return getattr(importlib.import_module(f"{pkg}.msg"), name)
-
-
 class ReplayNode(Node):
     def __init__(self, **kwargs):
         super().__init__("replay", **kwargs)
@@ -110,7 +105,8 @@ class ReplayNode(Node):
             self.get_logger().warning(f"{self.bag.path} has no {missing}; replaying the rest")
         self.topics = [t for t in wanted if t not in set(self.params["exclude_topics"])]
         self._pubs = {
-            t: self.create_publisher(message_class(self.bag.topics[t]), t, QOS) for t in self.topics
+            t: self.create_publisher(ros_msgs.message_class(self.bag.topics[t]), t, QOS)
+            for t in self.topics
         }
         self._clock_pub = self.create_publisher(Clock, "/clock", QOS)
         self.published = 0

@@ -11,7 +11,6 @@ gate's decision per round; `simdist_adapter.experiment` writes the file).
 
 from __future__ import annotations
 
-import importlib
 import json
 import pathlib
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 import rerun as rr
 from rclpy.serialization import deserialize_message
 
+from robot_drivers import ros_msgs
 from simdist_adapter.bags import EpisodeBag, list_episode_bags
 from simdist_viewer import layout as L
 from simdist_viewer.core import ViewerLogger
@@ -47,12 +47,6 @@ def episode_bags(path: str | pathlib.Path) -> list[pathlib.Path]:
     if not bags:
         raise FileNotFoundError(f"{path}: no episode bag (a directory with episode.json) found")
     return bags
-
-
-def message_class(msgtype: str):
-    """The rclpy message class of 'pkg/msg/Name'."""
-    pkg, _, name = msgtype.split("/")
-    return getattr(importlib.import_module(f"{pkg}.msg"), name)
 
 
 def robot_of(bag: EpisodeBag) -> str:
@@ -84,7 +78,9 @@ def log_bags(
             topics = [t for t in logger.topics if t in bag.topics]
             for m in bag.raw_messages(topics):
                 logger.log(
-                    m.topic, deserialize_message(m.data, message_class(m.msgtype)), m.stamp_ns
+                    m.topic,
+                    deserialize_message(m.data, ros_msgs.message_class(m.msgtype)),
+                    m.stamp_ns,
                 )
                 report.messages += 1
     report.counts = dict(logger.counts) if logger is not None else {}

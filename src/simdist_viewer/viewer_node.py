@@ -15,7 +15,6 @@ with `recording`, also into an .rrd file (finalised when the node stops).
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 import time
@@ -29,6 +28,7 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
+from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
 from simdist_planner.ros.launch_description import GRAPHS
@@ -82,11 +82,6 @@ QOS = QoSProfile(
 IMAGE_TOPICS = ("/camera/", "/simdist/observation/image/", "/simdist/predicted_video/")
 
 
-def _message_class(msgtype: str):
-    pkg, _, name = msgtype.split("/")
-    return getattr(importlib.import_module(f"{pkg}.msg"), name)
-
-
 class ViewerNode(Node):
     """Subscribes to the graph's topics and logs them to Rerun from one thread."""
 
@@ -116,7 +111,7 @@ class ViewerNode(Node):
         self._busy = False
         for topic, msgtype in self.logger.topic_types().items():
             self.create_subscription(
-                _message_class(msgtype), topic, lambda m, t=topic: self._enqueue(t, m), QOS
+                ros_msgs.message_class(msgtype), topic, lambda m, t=topic: self._enqueue(t, m), QOS
             )
         self.diag = Diagnostics(self, hardware_id="viewer")
         self.diag.set("view", Level.OK, f"graph {graph}, mode {p['mode']}", uri=self.uri,
