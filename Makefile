@@ -37,11 +37,11 @@ lint: $(STAMP)
 test: lint
 	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: lint
+test-all: lint chromium
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
-# Debian's headless Chromium for the web-viewer screenshot test (tests/test_viewer.py, slow);
-# without it that test is skipped. Run as root (no sudo in the images).
+# Debian's headless Chromium for the web-viewer screenshot test (tests/test_viewer.py, slow;
+# make test-all installs it first). Run as root (no sudo in the images).
 chromium:
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 
