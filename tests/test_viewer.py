@@ -31,6 +31,7 @@ from rclpy.exceptions import InvalidParameterValueException
 from rclpy.parameter import Parameter
 from rclpy.serialization import serialize_message
 from rerun.chunk import RrdReader
+from std_msgs.msg import String
 
 from robot_drivers import ros_msgs
 from robot_drivers.interface import Command, CommandKind
@@ -559,3 +560,38 @@ def test_view_true_in_a_launched_graph_records_the_robot_the_plan_and_the_safety
         assert count(entity) >= steps - 5, (entity, sorted(rows.items())[:20])
     assert count(L.SAFETY_STATE) >= 1  # a state change (OK / HOLD / DAMP) is one row
     assert any(e.startswith(L.ROBOT_3D) for e in rrd_static_entities(rrd) | set(rows))
+
+
+def test_predicted_frames_and_adapter_progress_sit_beside_the_real_ones(tmp_path):
+    """SimForcing's predicted frames go beside the camera's real frame of the same tick, and the
+    adapter's progress (its JSON status) becomes a log line plus the held-out losses."""
+    import rerun as rr  # noqa: PLC0415 - only this test drives the logger directly
+
+    from simdist_viewer.core import ViewerLogger  # noqa: PLC0415
+
+    rrd = tmp_path / "core.rrd"
+    rec = rr.RecordingStream(L.APPLICATION_ID)
+    rec.save(str(rrd))
+    logger = ViewerLogger(rec, "ur5e", ["wrist"])
+    stamp = 1_000_000_000
+    frame = np.zeros((64, 64, 3), np.uint8)
+    frame[10:20, 10:20] = 255
+    for k in range(3):
+        t = stamp + k * UR5E_PERIOD_NS
+        logger.log("/camera/wrist/image_raw", ros_msgs.image_to_msg(frame, t, "wrist"), t)
+        predicted = ros_msgs.image_to_msg(np.roll(frame, k, axis=1), t, "wrist")
+        assert logger.log("/simdist/predicted_video/wrist", predicted, t) == [
+            L.camera_entity("wrist", "predicted")
+        ]
+    losses = {"heldout_deployed": 0.2, "heldout_candidate": 0.05}
+    for state, extra in (("adapting", {"round": 1}), ("deployed", losses)):
+        status = String(data=json.dumps({"state": state, "stamp": 0.0, **extra}))
+        logger.log("/simdist/adapter/status", status, stamp)
+    rec.flush()
+    rec.disconnect()
+    rows = rrd_rows(rrd)
+    assert rows[L.camera_entity("wrist", "predicted")] == 3
+    assert rows[L.camera_entity("wrist", "raw")] == 3
+    assert rows["adaptation/status"] == 2
+    assert rows["adaptation/heldout_latent_loss"] == 1  # only the round that has both losses
+    assert timeline_values(rrd, L.camera_entity("wrist", "predicted"), L.TICK) == [0, 1, 2]
