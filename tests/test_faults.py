@@ -35,7 +35,13 @@ from robot_drivers import ros_msgs
 from robot_drivers.ingestion_node import IngestionNode
 from robot_drivers.interface import Command, CommandKind
 from robot_drivers.mujoco_driver_node import CLOCK_START_NS, MujocoDriverNode
-from robot_drivers.safety import GO2_DEFAULT_POSE, GO2_TARGET_HIGH, GO2_TARGET_LOW
+from robot_drivers.safety import (
+    GO2_DEFAULT_POSE,
+    GO2_MAX_TARGET_STEP,
+    GO2_TARGET_HIGH,
+    GO2_TARGET_LOW,
+    SafetyConfig,
+)
 from robot_drivers.safety_node import SafetyNode
 from robot_ros_helpers import RosHarness, diagnostics_text
 from simdist_adapter.bags import (
@@ -53,8 +59,8 @@ from simdist_planner.ros import launcher
 
 BIN = pathlib.Path(sys.executable).parent
 PERIOD_NS = 20_000_000  # Go2 control period (50 Hz)
-ACTION_SCALE = 0.25
-MAX_STEP = 1.0  # the supervisor's default max_target_step (rad)
+ACTION_SCALE = SafetyConfig(robot="go2").action_scale
+MAX_STEP = GO2_MAX_TARGET_STEP  # the supervisor's default max_target_step (rad)
 GO2_NAMES = ros_msgs.action_names("go2")
 
 
@@ -296,19 +302,20 @@ def _stop(proc: subprocess.Popen) -> str:
     return out or ""
 
 
-def _nan_messages(stamp: int) -> list[tuple[str, object]]:
-    """One NaN-laden message for every input topic of the control chain, stamped `stamp`."""
-    proprio = JointState()
-    proprio.header.stamp = ros_msgs.stamp_msg(stamp)
-    proprio.header.frame_id = "go2"
-    proprio.position = [float("nan")] * 38
+def _nan_messages(stamp: int, proprio: JointState, observed: JointState) -> list:
+    """One NaN-laden message for every input topic of the control chain, stamped `stamp`.
+    `proprio` / `observed` are real messages of the driver / ingestion: the NaN copies keep
+    their layout, so NaN is what makes them wrong."""
+
+    def nan_copy(msg: JointState) -> JointState:
+        out = JointState(name=list(msg.name), position=[float("nan")] * len(msg.position))
+        out.header.stamp = ros_msgs.stamp_msg(stamp)
+        out.header.frame_id = msg.header.frame_id
+        return out
+
     height = Image(height=21, width=15, encoding="32FC1", step=60, is_bigendian=0)
     height.header.stamp = ros_msgs.stamp_msg(stamp)
     height.data = np.full(21 * 15, np.nan, np.float32).tobytes()
-    command = JointTrajectory()
-    command.header.stamp = ros_msgs.stamp_msg(stamp)
-    command.header.frame_id = "joint_position"
-    command.joint_names = list(GO2_NAMES)
     nan_cmd = ros_msgs.command_to_msg(
         Command(CommandKind.JOINT_POSITION, np.zeros(12, np.float32)), GO2_NAMES, stamp, 0.02
     )
@@ -319,10 +326,10 @@ def _nan_messages(stamp: int) -> list[tuple[str, object]]:
     twist = Twist()
     twist.linear.x = float("nan")
     return [
-        ("/simdist/robot/proprio", proprio),
+        ("/simdist/robot/proprio", nan_copy(proprio)),
         ("/height_map", height),
         ("/cmd_vel", twist),
-        ("/simdist/observation/proprio", proprio),
+        ("/simdist/observation/proprio", nan_copy(observed)),
         ("/simdist/observation/height_map", height),
         ("/simdist/action", nan_cmd),
         ("/simdist/safe_command", nan_cmd),
@@ -348,11 +355,13 @@ def test_nan_on_every_input_topic_never_reaches_the_robot(chain, tmp_path, ros_d
     input topic of the chain (stamped as the tick in flight). The loop goes on, nothing
     non-finite reaches the robot, and each node that read NaN says so on /diagnostics."""
     c = chain(answer_timeout_s=2.0)
+    proprio = c.ros.collect(JointState, "/simdist/robot/proprio")
+    observed = c.ros.collect(JointState, "/simdist/observation/proprio")
     planner = _planner(_go2_checkpoint(tmp_path / "ck"), ros_domain)
     try:
-        kinds = {t: type(m) for t, m in _nan_messages(0)}
-        pubs = {t: c.ros.probe.create_publisher(k, t, 10) for t, k in kinds.items()}
         c.run_until_tick(3, 90.0)
+        kinds = {t: type(m) for t, m in _nan_messages(0, proprio[-1], observed[-1])}
+        pubs = {t: c.ros.probe.create_publisher(k, t, 10) for t, k in kinds.items()}
         assert c.ros.spin_until(
             lambda: any(m.header.frame_id == "joint_position" for m in c.applied), 30.0
         ), "the planner never answered"
@@ -360,7 +369,7 @@ def test_nan_on_every_input_topic_never_reaches_the_robot(chain, tmp_path, ros_d
         for topic in pubs:
             tick = c.driver.tick
             stamp = c.tick_stamp(tick)
-            pubs[topic].publish(dict(_nan_messages(stamp))[topic])
+            pubs[topic].publish(dict(_nan_messages(stamp, proprio[-1], observed[-1]))[topic])
             injected.append(topic)
             c.run_until_tick(tick + 3, 60.0)
         assert injected == list(kinds)
@@ -371,7 +380,9 @@ def test_nan_on_every_input_topic_never_reaches_the_robot(chain, tmp_path, ros_d
         moves = [m for m in applied if m.header.frame_id == "joint_position"]
         assert len(moves) >= 20  # the loop kept planning and moving between the faults
         assert planner.poll() is None
-        assert any("sample rejected" in t and "NaN" in t for t in c.diag("ingestion"))
+        rejected = [t for t in c.diag("ingestion") if "sample rejected" in t and "NaN" in t]
+        assert {t.split(":")[1].strip() for t in rejected} >= {"proprio", "height_map"}, rejected
+        assert any("NaN" in t for t in c.diag("planner")), c.diag("planner")
         assert any("NaN" in t for t in c.diag("safety_supervisor"))
         assert any("NaN" in t or "non-finite" in t for t in c.diag("mujoco_driver"))
     finally:
@@ -402,7 +413,7 @@ def test_a_model_that_outputs_nan_holds_the_robot(chain, tmp_path, ros_domain):
 KILL_TIMEOUT_S = 0.3  # command_timeout_s of the supervisor in the kill tests
 
 
-def _go2_graph(tmp_path: pathlib.Path, domain: int) -> list[desc.ResolvedNode]:
+def _go2_graph(tmp_path: pathlib.Path, domain: int) -> desc.ResolvedGraph:
     """The go2_flat graph in real time with a tiny model: its nodes as the launchers start them."""
     import yaml  # noqa: PLC0415 - only the graph tests read parameter files
 
@@ -426,7 +437,7 @@ def _go2_graph(tmp_path: pathlib.Path, domain: int) -> list[desc.ResolvedNode]:
             "params_file": str(params),
         },
     )
-    return graph, list(graph.nodes)
+    return graph
 
 
 @pytest.mark.parametrize("victim", ["planner", "mujoco_driver"])
@@ -436,7 +447,7 @@ def test_a_killed_planner_or_driver_leaves_the_robot_holding_and_is_named(
     """SIGKILL one node of a running real-time graph: within the supervisor's command timeout
     the robot topic carries the safe action (HOLD, then DAMP after damp_grace_s), and
     /diagnostics names the node that went silent."""
-    graph, nodes = _go2_graph(tmp_path, ros_domain)
+    graph = _go2_graph(tmp_path, ros_domain)
     env = desc.launch_env(graph)
     procs = {
         n.name: subprocess.Popen(
@@ -446,7 +457,7 @@ def test_a_killed_planner_or_driver_leaves_the_robot_holding_and_is_named(
             stderr=subprocess.STDOUT,
             text=True,
         )  # fmt: skip
-        for n in nodes
+        for n in graph.nodes
     }
     ros = RosHarness(ros_domain)
     try:
@@ -494,6 +505,15 @@ def test_a_killed_planner_or_driver_leaves_the_robot_holding_and_is_named(
 FILE_LIMIT = 256 * 1024  # bytes a recorder process may write into one file (RLIMIT_FSIZE)
 
 
+def _recorder(bags: pathlib.Path, domain: int, log_dir: pathlib.Path, **kw) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(BIN / "recorder_node"), "--ros-args", "-p", f"bag_dir:={bags}",
+         "-p", "flush_period_s:=0.1", "-p", "use_sim_time:=true"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, ROS_DOMAIN_ID=str(domain), ROS_LOG_DIR=str(log_dir)), **kw,
+    )  # fmt: skip
+
+
 def _limited_disk() -> None:
     """In the recorder's process: a file stops growing at FILE_LIMIT, as on a full disk (the
     write fails with EFBIG instead of ENOSPC; SIGXFSZ ignored so it is an error, not a kill)."""
@@ -505,12 +525,7 @@ def test_a_full_disk_stops_the_recorder_cleanly_and_control_goes_on(chain, tmp_p
     c = chain()
     _answer(c, lambda stamp, proprio: [(stamp, 0.1 * np.ones(12))])
     bags = tmp_path / "bags"
-    recorder = subprocess.Popen(
-        [str(BIN / "recorder_node"), "--ros-args", "-p", f"bag_dir:={bags}",
-         "-p", "flush_period_s:=0.1", "-p", "use_sim_time:=true"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_limited_disk,
-        env=dict(os.environ, ROS_DOMAIN_ID=str(ros_domain), ROS_LOG_DIR=str(tmp_path / "log")),
-    )  # fmt: skip
+    recorder = _recorder(bags, ros_domain, tmp_path / "log", preexec_fn=_limited_disk)
     try:
         stopped = lambda: any(  # noqa: E731
             "recording stopped, a write failed" in t for t in c.diag("recorder")
@@ -618,15 +633,6 @@ def test_clock_jumps_in_replay_neither_stall_the_planner_nor_pass_a_command_of_a
 
 
 # --- the recorder is killed ----------------------------------------------------------------------
-def _recorder(bags: pathlib.Path, domain: int, log_dir: pathlib.Path, **kw) -> subprocess.Popen:
-    return subprocess.Popen(
-        [str(BIN / "recorder_node"), "--ros-args", "-p", f"bag_dir:={bags}",
-         "-p", "flush_period_s:=0.1", "-p", "use_sim_time:=true"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, ROS_DOMAIN_ID=str(domain), ROS_LOG_DIR=str(log_dir)), **kw,
-    )  # fmt: skip
-
-
 def test_a_killed_recorder_loses_at_most_its_last_flush_and_control_goes_on(
     chain, tmp_path, ros_domain
 ):

@@ -663,6 +663,8 @@ class PlannerNode(Node):
             try:
                 self._tick()
             except Exception as exc:  # noqa: BLE001 - a failed tick sends nothing; the next may plan
+                if not self.context.ok():
+                    return  # Ctrl-C shut the context down mid-tick: nothing can be sent any more
                 self._stats["failed_plans"] += 1
                 self.get_logger().error(f"tick failed: {exc!r}")
                 self.diag.set("planning", Level.ERROR, f"tick failed, nothing sent: {exc}")
