@@ -206,20 +206,22 @@ class SafetySupervisor:
 
     def applied(self, command: Command) -> None:
         """The driver reports the command it applied (its stamp is the observation it answers):
-        the step limiter's reference moves to it. A safe action resets the reference (the robot
-        stands or damps; the next plan starts from there). Forwarded targets with a stamp at or
-        before it can no longer be applied and are forgotten."""
+        the step limiter's reference moves to it. HOLD makes the Go2 stand (its target is the
+        default pose, in sim and on the robot), so the next step is measured from there; DAMP
+        has no target (zero stiffness), so none is. Forwarded targets with a stamp at or before
+        it can no longer be applied and are forgotten."""
         if command.stamp < self._applied_stamp:
             return  # an older report overtaken by a newer one
         self._applied_stamp = command.stamp
         self._pending = [(s, t) for s, t in self._pending if s > command.stamp]
-        if command.kind == CommandKind.JOINT_POSITION and self.config.robot == "go2":
-            values = np.asarray(command.values, dtype=np.float64)
-            self._applied_target = np.asarray(self.config.default_pose) + (
-                self.config.action_scale * values
-            )
-        else:
+        default = np.asarray(self.config.default_pose)
+        if self.config.robot != "go2" or command.kind == CommandKind.DAMP:
             self._applied_target = None
+        elif command.kind == CommandKind.HOLD:
+            self._applied_target = default
+        else:
+            values = np.asarray(command.values, dtype=np.float64)
+            self._applied_target = default + self.config.action_scale * values
 
     def filter(self, command: Command, now: float) -> Decision:
         """Check one planner command received at node time `now`; returns what to forward.
