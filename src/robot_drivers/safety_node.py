@@ -211,6 +211,8 @@ class SafetyNode(Node):
             self.core.applied(ros_msgs.command_from_msg(msg))
         except ros_msgs.MessageError as e:
             self.diag.set("applied", Level.ERROR, f"unreadable applied-command report: {e}")
+            return
+        self.diag.set("applied", Level.OK, "the step limit follows the driver's reports")
 
     def on_action(self, msg: JointTrajectory) -> None:
         self.apply_params()
