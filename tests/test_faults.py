@@ -574,13 +574,13 @@ def _jumping_bag(path: pathlib.Path, stamps: list[int]) -> None:
 def test_clock_jumps_in_replay_neither_stall_the_planner_nor_pass_a_command_of_another_time(
     tmp_path, ros_domain
 ):
-    """A bag whose time jumps 5 s forward (a bag cut from two runs) is replayed twice into the
-    same running planner, so the second replay takes /clock 7 s back. The replay goes on at
-    once after the forward jump (no 5 s wait) and says so; the planner answers in every segment
+    """A bag whose time jumps 30 s forward (a bag cut from two runs) is replayed twice into the
+    same running planner, so the second replay takes /clock 32 s back. The replay goes on at
+    once after the forward jump (no 30 s wait) and says so; the planner answers in every segment
     of both replays; the supervisor forwards only plans that answer an observation of the bag."""
     base = CLOCK_START_NS
     stamps = [base + k * PERIOD_NS for k in range(40)]
-    stamps += [stamps[-1] + 5_000_000_000 + k * PERIOD_NS for k in range(1, 41)]
+    stamps += [stamps[-1] + 30_000_000_000 + k * PERIOD_NS for k in range(1, 41)]
     _jumping_bag(tmp_path / "bag", stamps)
     ros = RosHarness(ros_domain)
     planner = _planner(_go2_checkpoint(tmp_path / "ck"), ros_domain)
@@ -600,17 +600,18 @@ def test_clock_jumps_in_replay_neither_stall_the_planner_nor_pass_a_command_of_a
             started = time.monotonic()
             replay = subprocess.Popen(
                 [str(BIN / "replay_node"), "--ros-args", "-p", f"bag:={tmp_path / 'bag'}",
-                 "-p", "start_delay_s:=0.5"],
+                 "-p", "start_delay_s:=1.0",
+                 "-p", "wait_for_subscribers:=['/simdist/robot/proprio@ingestion']"],
                 env=dict(os.environ, ROS_DOMAIN_ID=str(ros_domain)),
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )  # fmt: skip
             assert ros.spin_until(lambda: replay.poll() is not None, 60.0), "the replay hung"
             replay_log = replay.communicate()[0]
             assert replay.returncode == 0, replay_log
-            assert time.monotonic() - started < 5.0 + 8.0, "the replay waited out the jump"
+            assert time.monotonic() - started < 20.0, "the replay waited out the 30 s jump"
             ros.spin_for(1.0)
         jumps = [m for _, m in diagnostics_text(ready, "replay") if "bag time jumped" in m]
-        assert jumps and all("+5.020 s" in m for m in jumps), jumps
+        assert jumps and all("+30.020 s" in m for m in jumps), jumps
         answered = [ros_msgs.stamp_ns(m.header.stamp) for m in actions]
         # The second replay starts where the answers' stamps go back.
         backs = [i for i in range(1, len(answered)) if answered[i] < answered[i - 1] - 10**9]

@@ -416,10 +416,12 @@ class MujocoDriverNode(Node):
             self.latest is not None
             and time.monotonic() - self.latest[1] <= self.params["command_timeout_s"]
         )
-        if fresh or self.latest is None:
-            self.advance(self.latest[0] if fresh else Command(CommandKind.HOLD))
-        else:  # the stale command's stamp: a newer command is still reported as newer
-            self.advance(Command(CommandKind.HOLD, stamp=self.latest[0].stamp))
+        if fresh:
+            self.advance(self.latest[0])
+        else:  # HOLD with the stale command's stamp, so a newer command still reports as newer
+            self.advance(
+                Command(CommandKind.HOLD, stamp=self.latest[0].stamp if self.latest else 0)
+            )
 
     def advance(self, command: Command) -> None:
         self.params.apply()

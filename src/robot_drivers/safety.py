@@ -153,7 +153,7 @@ class SafetySupervisor:
         # stale stamp) must not move the limit. Targets forwarded since the last report are kept
         # too, so whichever of them the driver applies next, the step from the previous applied
         # one stays within max_target_step.
-        self._applied_target: np.ndarray | None = None  # None: the robot holds / damps
+        self._applied_target: np.ndarray | None = None  # None: no target (damping, none yet)
         self._applied_stamp = -np.inf
         self._pending: list[tuple[float, np.ndarray]] = []  # (stamp, target) not yet reported
         self._timeout_since: float | None = None

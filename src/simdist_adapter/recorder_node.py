@@ -245,10 +245,8 @@ class RecorderNode(Node):
         for bag in list(self._bags):
             try:
                 self._finalise(bag)
-            except OSError:
+            except OSError:  # _finalise took it off the open bags before closing it
                 unfinalised.append(str(bag.path))
-            if bag in self._bags:
-                self._bags.remove(bag)
         self._held = []
         hint = (
             f"; unfinalised: {' '.join(unfinalised)} (simdist-bag recover --all "

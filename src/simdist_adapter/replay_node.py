@@ -7,10 +7,10 @@ real data. `topics` / `exclude_topics` choose what is replayed. The graphs' para
 the driver's topics (`robot_drivers.ros_msgs.driver_topics`), so ingestion and the planner
 recompute everything after them and no recorded action is published on top of theirs; a listed
 topic the bag lacks (a hardware bag has no `/simdist/episode`) is skipped with a warning, and a
-list of which the bag has none is an error. A jump in bag time (backwards, or forward by more
-than `max_gap_s`: a bag cut from two runs, a clock reset) is replayed on from the new time at
-once and reported (WARN); the nodes on /clock see the jump. The node exits 0 when the bag is
-done (the launcher then stops the graph).
+list of which the bag has none is an error. Messages come in time order; a jump forward in bag
+time by more than `max_gap_s` (a bag cut from two runs) is replayed on from the new time at once
+and reported (WARN) instead of waited out; the nodes on /clock see the jump. The node exits 0
+when the bag is done (the launcher then stops the graph).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ PARAMS = (
     Param(
         "max_gap_s",
         1.0,
-        "a step in bag time backwards or larger than this (s) is a clock jump: replay goes on "
-        "from the new time at once (WARN, counted) instead of bursting or waiting it out",
+        "a step in bag time larger than this (s) is a clock jump: replay goes on from the new "
+        "time at once (WARN, counted) instead of waiting it out",
         0.0,
         3600.0,
     ),
@@ -132,9 +132,9 @@ class ReplayNode(Node):
             rclpy.spin_once(self, timeout_sec=0.0)  # parameter sets (rate) and services stay live
             self.params.apply()
             gap = None if previous_ns is None else (msg.stamp_ns - previous_ns) * 1e-9
-            if anchor_ns is None or gap < 0 or gap > self.params["max_gap_s"]:
-                # The bag's time jumps (back, or forward past max_gap_s): replay on from here
-                # without a burst or a long wait; nodes on /clock see the jump and say so.
+            if anchor_ns is None or gap > self.params["max_gap_s"]:
+                # The bag's time jumps: replay on from here without the long wait; nodes on
+                # /clock see the jump.
                 if anchor_ns is not None:
                     self.clock_jumps += 1
                     self.diag.set(
