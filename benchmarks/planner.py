@@ -3,14 +3,16 @@
     python benchmarks/planner.py [--device cuda] [--steps 200] [--robots go2,ur5e]
                                  [--dynamics chunked,autoregressive] [--threads N]
                                  [--samples N] [--iterations N] [--evaluators eager,fast]
+                                 [--precisions float32,bfloat16]
                                  [--checkpoint DIR [--planner-preset NAME]]
 
 Each row builds a randomly initialised WorldModel of the official size (Go2: latent 64,
 H = T = 25, height map; UR5e: three 224x224 cameras through ResNet-18, H = T = 5), the official
 MPPI setting (450 + 22 = 472 candidates, 8 iterations, 64 elites; `--samples` / `--iterations`
 change it) and times `plan()` end to end, observation encoding and the host transfer of the action
-included, once per evaluator (PlannerConfig.evaluator: the eager reference and the fast path),
-the evaluators' steps interleaved so that both see the same machine load. Latency does not
+included, once per evaluator (PlannerConfig.evaluator: the eager reference and the fast path)
+and, for the fast path, once per `--precisions` value (PlannerConfig.precision), the variants'
+steps interleaved so that all see the same machine load. Latency does not
 depend on the weights, so no checkpoint is needed. Prints min / median / p95 / max, the control
 rate (1 / median) beside the rate each robot runs at, the fast path's speed-up, and one
 `RESULT {json}` line per row for comparing runs. `--checkpoint` times one more row: that
@@ -36,6 +38,7 @@ from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning.planner import (
     EVALUATORS,
     PLANNER_PRESETS,
+    PRECISIONS,
     MPPIPlanner,
     default_preset,
     go2_planner_config,
@@ -66,16 +69,16 @@ def random_inputs(cfg, device, generator):
     return {k: v.to(device) for k, v in obs.items()}, proprio.to(device), actions.to(device)
 
 
-def bench(robot: str, dynamics: str, device, steps: int, overrides: dict, evaluators) -> list:
+def bench(robot: str, dynamics: str, device, steps: int, overrides: dict, variants) -> list:
     model_factory, planner_factory, rate_hz = ROBOTS[robot]
     cfg = model_factory(dynamics_kind=dynamics)
     torch.manual_seed(0)
     model = WorldModel(cfg).to(device).eval()
     planner_cfg = planner_factory([-1.0] * cfg.action_dim, [1.0] * cfg.action_dim, **overrides)
-    return time_planner(model, planner_cfg, device, steps, robot, dynamics, rate_hz, evaluators)
+    return time_planner(model, planner_cfg, device, steps, robot, dynamics, rate_hz, variants)
 
 
-def bench_checkpoint(path: str, preset: str, device, steps: int, overrides, evaluators) -> list:
+def bench_checkpoint(path: str, preset: str, device, steps: int, overrides, variants) -> list:
     """The rows of a checkpoint with `preset` (default: the one it plans with)."""
     model = load_checkpoint(path, device=device).eval()
     spec = robot_spec(model.config.robot)
@@ -83,16 +86,18 @@ def bench_checkpoint(path: str, preset: str, device, steps: int, overrides, eval
     planner_cfg = planner_config_for(spec, preset, horizon=model.config.horizon, **overrides)
     label = f"{model.config.dynamics_kind} ({preset})"
     return time_planner(
-        model, planner_cfg, device, steps, spec.name, label, spec.control_rate_hz, evaluators
+        model, planner_cfg, device, steps, spec.name, label, spec.control_rate_hz, variants
     )
 
 
-def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz, evaluators) -> list:
-    """One row per evaluator; their timed steps alternate (eager, fast, eager, ...)."""
+def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz, variants) -> list:
+    """One row per (evaluator, precision) variant; their timed steps alternate."""
     cfg = model.config
     planners = {
-        name: MPPIPlanner(model, replace(planner_cfg, evaluator=name), device)
-        for name in evaluators
+        (evaluator, precision): MPPIPlanner(
+            model, replace(planner_cfg, evaluator=evaluator, precision=precision), device
+        )
+        for evaluator, precision in variants
     }
     inputs = random_inputs(cfg, device, torch.Generator().manual_seed(0))
     for planner in planners.values():
@@ -112,6 +117,7 @@ def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz, evalu
                 "robot": robot,
                 "dynamics": label,
                 "evaluator": planner.evaluator,
+                "precision": planner.config.precision,
                 "candidates": planner_cfg.num_candidates,
                 "iterations": planner_cfg.iterations,
                 "HT": f"{cfg.history}/{cfg.horizon}",
@@ -124,7 +130,7 @@ def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz, evalu
                 "target": rate_hz,
             }
         )
-    if "eager" in latencies and len(rows) > 1:
+    if any(r["evaluator"] == "eager" for r in rows) and len(rows) > 1:
         eager = next(r["median"] for r in rows if r["evaluator"] == "eager")
         for row in rows:
             row["speedup"] = eager / row["median"]
@@ -149,6 +155,11 @@ def main(argv=None) -> None:
         default="eager,fast",
         help="PlannerConfig.evaluator values to time side by side",
     )
+    parser.add_argument(
+        "--precisions",
+        default="float32",
+        help="PlannerConfig.precision values of the fast evaluator to time side by side",
+    )
     parser.add_argument("--checkpoint", default=None, help="also time this checkpoint")
     parser.add_argument(
         "--planner-preset",
@@ -162,6 +173,11 @@ def main(argv=None) -> None:
     evaluators = [e for e in args.evaluators.split(",") if e]
     if not evaluators or not set(evaluators) <= set(EVALUATORS):
         parser.error(f"--evaluators: choose from {EVALUATORS}")
+    precisions = [p for p in args.precisions.split(",") if p]
+    if not precisions or not set(precisions) <= set(PRECISIONS):
+        parser.error(f"--precisions: choose from {PRECISIONS}")
+    variants = [("eager", "float32")] if "eager" in evaluators else []
+    variants += [("fast", p) for p in precisions] if "fast" in evaluators else []
     overrides = {}
     if args.samples:
         overrides["num_samples"] = args.samples
@@ -188,20 +204,20 @@ def main(argv=None) -> None:
         f"{args.steps} timed steps after {WARMUP_STEPS} warm-up"
     )
     header = (
-        f"{'robot':6} {'dynamics':24} {'eval':5} {'cand':>5} {'iter':>4} {'H/T':>6} {'cams':>4} "
-        f"{'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'rate Hz':>8} {'needs':>6} "
-        f"{'speed-up':>8}"
+        f"{'robot':6} {'dynamics':24} {'eval':5} {'prec':4} {'cand':>5} {'iter':>4} {'H/T':>6} "
+        f"{'cams':>4} {'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'rate Hz':>8} "
+        f"{'needs':>6} {'speed-up':>8}"
     )
     print(header)
     print("-" * len(header))
     groups = (
-        bench(robot, kind, device, args.steps, overrides, evaluators)
+        bench(robot, kind, device, args.steps, overrides, variants)
         for robot in robots
         for kind in kinds
     )
     if args.checkpoint:
         checkpoint_rows = bench_checkpoint(
-            args.checkpoint, args.planner_preset, device, args.steps, overrides, evaluators
+            args.checkpoint, args.planner_preset, device, args.steps, overrides, variants
         )
         groups = [*groups, checkpoint_rows]
     for rows in groups:
@@ -210,6 +226,7 @@ def main(argv=None) -> None:
             speedup = f"{row['speedup']:7.2f}x" if "speedup" in row else ""
             print(
                 f"{row['robot']:6} {row['dynamics']:24} {row['evaluator']:5} "
+                f"{'bf16' if row['precision'] == 'bfloat16' else 'f32':4} "
                 f"{row['candidates']:5d} {row['iterations']:4d} {row['HT']:>6} "
                 f"{row['cameras']:4d} {row['min']:9.1f} {row['median']:9.1f} "
                 f"{row['p95']:9.1f} {row['max']:9.1f} {row['rate']:8.1f} "

@@ -21,6 +21,8 @@ wall time per tick - plan latency (the issue's bound: <= 0.3 x plan + 10 ms).
     python benchmarks/ros_graph.py                      # UR5e (three cameras) and Go2
     python benchmarks/ros_graph.py --robot ur5e --seconds 30 --samples 128
     python benchmarks/ros_graph.py --robot go2 --lockstep --samples 64 --iterations 2
+    python benchmarks/ros_graph.py --robot go2 --lockstep --samples 64 --iterations 2 \
+        --precision bfloat16
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import save_checkpoint
 from simdist_planner.model.config import go2_config, ur5e_small_config
 from simdist_planner.model.world_model import WorldModel
+from simdist_planner.planning.planner import PRECISIONS
 from simdist_planner.ros.planner_node import QOS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -77,6 +80,7 @@ def measure(
     workdir: pathlib.Path,
     lockstep: bool = False,
     view: bool = False,
+    precision: str | None = None,
 ) -> dict:
 
     graph = GRAPHS[robot]
@@ -86,6 +90,8 @@ def measure(
         planner["num_samples"], planner["num_elites"] = samples, min(planner["num_elites"], samples)
     if iterations:
         planner["iterations"] = iterations
+    if precision:
+        planner["precision"] = precision
     if lockstep:  # the adapter's registry and scratch space stay in the temporary directory
         adapter = params["adapter"]["ros__parameters"]
         adapter["registry_dir"] = str(workdir / "models")
@@ -207,6 +213,12 @@ def main() -> None:
         "--iterations", type=int, default=None, help="MPPI iterations (default: the config's)"
     )
     parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="the fast evaluator's compute dtype (default: the config's)",
+    )
+    parser.add_argument(
         "--lockstep",
         action="store_true",
         help="simulator waits for each answer (recording and adapter on): ticks per wall second",
@@ -225,7 +237,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for robot in robots:
             result = measure(
-                robot, args.seconds, args.samples, args.iterations, pathlib.Path(tmp), args.lockstep
+                robot,
+                args.seconds,
+                args.samples,
+                args.iterations,
+                pathlib.Path(tmp),
+                args.lockstep,
+                precision=args.precision,
             )
             driver = (
                 "lockstep driver, recorder and adapter" if args.lockstep else "real-time driver"
@@ -243,7 +261,8 @@ def main() -> None:
                 print(f"  planner                   {result['planner']}")
                 if args.view:
                     viewed = measure(robot, args.seconds, args.samples, args.iterations,
-                                     pathlib.Path(tmp), True, view=True)  # fmt: skip
+                                     pathlib.Path(tmp), True, view=True,
+                                     precision=args.precision)  # fmt: skip
                     print(
                         f"  with the viewer           {viewed['actions_hz']:.2f} ticks per wall "
                         f"second = {viewed['actions_hz'] / result['actions_hz']:.1%} of those "

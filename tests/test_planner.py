@@ -268,17 +268,25 @@ def test_policy_prior_trades_the_objective_against_distance_from_pi():
         PlannerConfig(horizon=T, action_low=(-1.0,) * A, action_high=(1.0,) * A, policy_prior=-1.0)
 
 
-def test_base_policy_candidates_are_noised_once_per_step():
+def test_base_policy_candidates_are_noised_and_scored_once_per_step():
+    """pi's noised chunks are drawn once per step and scored in the first iteration only; every
+    refit still ranks them, with the returns of that first scoring."""
     chunk = torch.full((5, A), 0.4)
     model = QuadraticToyModel([0.0, 0.0], policy=chunk)
     planner = make(model, num_samples=100, mixture_coef=0.1, policy_noise_std=0.05, iterations=3)
+    refits = []
+    update = planner._update
+    planner._update = lambda returns: (refits.append(returns.clone()), update(returns))
     model.recorded = []
     result = planner.plan(*inputs())
-    policy_rows = [call[100:] for call in model.recorded[:3]]
-    assert policy_rows[0].shape == (10, 5, A)
-    torch.testing.assert_close(policy_rows[0], policy_rows[1])
-    torch.testing.assert_close(policy_rows[0], policy_rows[2])
-    assert 0.02 < (policy_rows[0] - chunk).std() < 0.1
+    scored = model.recorded[:3]  # the fourth call is the final mean's prediction
+    assert [c.shape[0] for c in scored] == [110, 100, 100]
+    policy_rows = scored[0][100:]
+    assert 0.02 < (policy_rows - chunk).std() < 0.1
+    expected = -(policy_rows - model.target).square().sum(-1) @ planner._discounts  # toy return
+    assert [r.shape[0] for r in refits] == [110] * 3
+    for returns in refits:
+        torch.testing.assert_close(returns[100:], expected)
     np.testing.assert_allclose(result.policy_chunk, chunk.numpy())
 
 
@@ -578,9 +586,8 @@ def test_dynamics_context_is_built_once_per_step_and_keeps_the_plan(kind):
     context_rows = cfg.dynamics.layers * (2 * cfg.history + 1)
     assert rows == {"k": context_rows, "v": context_rows}  # one batch-1 context for the whole step
     plain = MPPIPlanner(_Uncached(model), config).plan(*_real_inputs(cfg))
-    assert (
-        rows["k"] > context_rows * config.num_candidates * config.iterations
-    )  # what the cache saves
+    scored = config.num_candidates + config.num_samples * (config.iterations - 1)
+    assert rows["k"] > context_rows * scored  # what the cache saves
     np.testing.assert_allclose(cached.action, plain.action, atol=1e-5)
     np.testing.assert_allclose(cached.mean, plain.mean, atol=1e-5)
     np.testing.assert_allclose(cached.rewards, plain.rewards, atol=1e-4)

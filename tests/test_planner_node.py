@@ -30,7 +30,7 @@ from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import save_checkpoint
 from simdist_planner.model.config import AttentionConfig, go2_config, ur5e_small_config
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.planning.planner import GO2_TEMPERATURE, planner_config_for
+from simdist_planner.planning.planner import GO2_TEMPERATURE, bf16_supported, planner_config_for
 from simdist_planner.ros.planner_node import (
     PLANNER_FIELDS,
     QOS,
@@ -42,6 +42,7 @@ from simdist_planner.ros.planner_node import (
 
 PLANNER = str(pathlib.Path(sys.executable).parent / "planner_node")
 SPEC = robot_spec("ur5e")
+BF16_CPU = bf16_supported(torch.device("cpu"))
 
 
 def make_checkpoint(path, seed=0, scale=1.0, **overrides):
@@ -221,6 +222,11 @@ def test_set_parameters_applied_or_rejected_with_reason_and_used_next_tick(tmp_p
     assert not bad_prior.successful and "policy_prior" in bad_prior.reason
     (ok_prior,) = ing.set(policy_prior=20.0)
     assert ok_prior.successful
+    (bad_precision,) = ing.set(precision="float16")
+    assert not bad_precision.successful and "precision" in bad_precision.reason
+    (bf16,) = ing.set(precision="bfloat16")  # checked against this machine's CPU
+    assert bf16.successful == BF16_CPU
+    assert bf16.successful or "cpu has no bf16 arithmetic" in bf16.reason
 
     mark = len(ing.diags)
     assert ing.tick()
@@ -228,6 +234,7 @@ def test_set_parameters_applied_or_rejected_with_reason_and_used_next_tick(tmp_p
     _, values = ing.planning_status(mark)
     assert values["num_samples"] == "48"  # the tick after the set planned with the new value
     assert values["warm_start"] == "policy" and values["policy_prior"] == "20.0"
+    assert values["precision"] == ("bfloat16" if BF16_CPU else "float32")
     assert (
         values["temperature"] == "0.4" and values["num_elites"] == "8"
     )  # rejected sets changed nothing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from simdist_planner.planning.planner import EVALUATORS, PLANNER_PRESETS, WARM_STARTS
+from simdist_planner.planning.planner import EVALUATORS, PLANNER_PRESETS, PRECISIONS, WARM_STARTS
 
 # CLI flag -> PlannerConfig field (and `preset`, the factory the others override); shared by
 # simdist-eval and simdist-adapt-experiment.
@@ -20,6 +20,7 @@ PLANNER_FLAGS = {
     "warm_start": "warm_start",
     "policy_prior": "policy_prior",
     "evaluator": "evaluator",
+    "precision": "precision",
 }
 
 
@@ -82,6 +83,13 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         choices=EVALUATORS,
         default=None,
         help="how the planner scores candidates: fast (default) or eager (the reference path)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="the fast evaluator's compute dtype: float32 (default) or bfloat16 (CPUs with bf16 "
+        "instructions, GPUs; docs/planner.md)",
     )
 
 

@@ -31,6 +31,7 @@ two on the same candidates (returns, elite sets, the executed action).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -51,8 +52,12 @@ from simdist_planner.model.world_model import WorldModel
 
 
 def _onednn(x: torch.Tensor) -> bool:
-    """oneDNN's fused linear (+ activation) kernels: CPU float32 with torch's mkldnn build."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.enabled
+    """oneDNN's fused linear (+ activation) kernels: CPU float32 or bfloat16 (mkldnn build)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.enabled
+    )
 
 
 def linear(x: torch.Tensor, weight, bias, gelu: str | None = None) -> torch.Tensor:
@@ -92,6 +97,9 @@ def mlp(module: MLP, x: torch.Tensor) -> torch.Tensor:
 
 
 SHORT_ROW = 16  # rows shorter than this: the reductions by hand (below)
+# The smallest weight sum `_attend` accepts from an unshifted exp: a row whose largest score is
+# below about -69 (or NaN, or an overflow) sends the call to the shifted form.
+TINY_ROW_SUM = 1e-30
 
 
 def _softmax_rows(x: torch.Tensor, row: int) -> torch.Tensor:
@@ -106,84 +114,99 @@ def _softmax_rows(x: torch.Tensor, row: int) -> torch.Tensor:
     return e.div_(e.sum(-1, keepdim=True)).view(x.shape)
 
 
+def _attend(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+    """softmax(q k_t + mask) v for batched q (B, n, d), k_t (B, d, m) and v (B, m, d), the
+    scale 1 / sqrt(d) already in q or k_t: (B, n, d).
+
+    float32 (the precision the eager reference runs in): the scores' softmax, then v.
+    bfloat16 on CPU: torch's softmax and row reductions on bfloat16 rows of 25-51 keys cost
+    more than the rest of the attention, so the weights are exp(score) without the row maximum
+    subtracted (softmax does not change under that shift) and never normalised themselves: v
+    gets a column of ones, the one matmul returns each row's output and its weight sum, and the
+    output is divided by the sum (d values a row instead of m). A call with a row sum that is
+    not finite or below TINY_ROW_SUM (a score beyond exp's range, or NaN) is recomputed with
+    the maximum subtracted, as is every call on other devices (no host sync there).
+    """
+    scores = torch.bmm(q, k_t) if mask is None else torch.baddbmm(mask, q, k_t)
+    if scores.dtype == torch.float32:
+        return torch.bmm(_softmax_rows(scores, scores.shape[-1]), v)
+    v1 = torch.cat((v, v.new_ones(*v.shape[:-1], 1)), dim=-1)
+    if scores.device.type == "cpu":
+        o = torch.bmm(scores.exp(), v1)
+        low, high = torch.aminmax(o[..., -1])  # one pass (amin and amax on bf16: 40x slower)
+        if bool((low >= TINY_ROW_SUM) & (high < torch.inf)):
+            return o[..., :-1] / o[..., -1:]
+    o = torch.bmm((scores - scores.amax(-1, keepdim=True)).exp_(), v1)
+    return o[..., :-1] / o[..., -1:]
+
+
 def _heads(attn: Attention, dim: int) -> tuple[int, int]:
     return attn.heads, dim // attn.heads
 
 
-def _qkv(attn: Attention, x: torch.Tensor) -> torch.Tensor:
-    """q, k, v of `x` (B, n, D) from one stacked projection -> (3, B, heads, n, d) contiguous."""
-    b, n, dim = x.shape
-    h, d = _heads(attn, dim)
-    weight = torch.cat((attn.q.weight, attn.k.weight, attn.v.weight))
-    bias = torch.cat((attn.q.bias, attn.k.bias, attn.v.bias))
-    return linear(x, weight, bias).view(b, n, 3, h, d).permute(2, 0, 3, 1, 4).contiguous()
+def _split_heads(y: torch.Tensor, h: int, d: int, transpose: bool = False) -> torch.Tensor:
+    """(B, n, h * d) -> (B h, n, d) contiguous, or (B h, d, n) with `transpose`."""
+    b, n, _ = y.shape
+    y = y.reshape(b, n, h, d)
+    return (y.permute(0, 2, 3, 1) if transpose else y.transpose(1, 2)).reshape(
+        b * h, *((d, n) if transpose else (n, d))
+    )
 
 
 def self_attention(attn: Attention, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """`attn(x, x, causal)` in inference: `mask` (n, n) is the additive causal mask, or None for
-    unmasked attention."""
+    unmasked attention. q, k and v come from one projection with the three weight matrices
+    stacked (the scale 1 / sqrt(d) folded into q's)."""
     b, n, dim = x.shape
     h, d = _heads(attn, dim)
-    q, k, v = (t.view(b * h, n, d) for t in _qkv(attn, x))
-    if mask is None:
-        scores = torch.bmm(q, k.transpose(1, 2)).mul_(d**-0.5)
-    else:
-        scores = torch.baddbmm(mask, q, k.transpose(1, 2), alpha=d**-0.5)
-    y = torch.bmm(_softmax_rows(scores, n), v).view(b, h, n, d).transpose(1, 2).reshape(b, n, dim)
-    return linear(y, attn.out.weight, attn.out.bias)
+    scale = d**-0.5
+    weight = torch.cat((attn.q.weight * scale, attn.k.weight, attn.v.weight))
+    bias = torch.cat((attn.q.bias * scale, attn.k.bias, attn.v.bias))
+    q, k, v = linear(x, weight, bias).split(dim, dim=-1)
+    y = _attend(_split_heads(q, h, d), _split_heads(k, h, d, True), _split_heads(v, h, d), mask)
+    return linear(
+        y.view(b, h, n, d).transpose(1, 2).reshape(b, n, dim), attn.out.weight, attn.out.bias
+    )
 
 
 def last_token_attention(attn: Attention, x: torch.Tensor) -> torch.Tensor:
     """The last token's row of unmasked `attn(x, x)`: (B, n, D) -> (B, 1, D)."""
     b, n, dim = x.shape
     h, d = _heads(attn, dim)
-    kv_weight = torch.cat((attn.k.weight, attn.v.weight))
-    kv_bias = torch.cat((attn.k.bias, attn.v.bias))
-    kv = linear(x, kv_weight, kv_bias).view(b, n, 2, h, d).permute(2, 0, 3, 1, 4)
-    k, v = kv[0].reshape(b * h, n, d), kv[1].reshape(b * h, n, d)
-    q = linear(x[:, -1:], attn.q.weight, attn.q.bias).view(b * h, 1, d)
-    scores = torch.bmm(q, k.transpose(1, 2)).mul_(d**-0.5)
-    y = torch.bmm(_softmax_rows(scores, n), v).view(b, 1, dim)
-    return linear(y, attn.out.weight, attn.out.bias)
+    k, v = linear(
+        x, torch.cat((attn.k.weight, attn.v.weight)), torch.cat((attn.k.bias, attn.v.bias))
+    ).split(dim, dim=-1)
+    q = linear(x[:, -1:], attn.q.weight * d**-0.5, attn.q.bias * d**-0.5).view(b * h, 1, d)
+    y = _attend(q, _split_heads(k, h, d, True), _split_heads(v, h, d), None)
+    return linear(y.view(b, 1, dim), attn.out.weight, attn.out.bias)
 
 
 @dataclass(frozen=True)
 class SharedCrossAttention:
-    """One layer's cross-attention to a context shared by every query, with the query and output
-    projections folded into the context's keys and values.
+    """One layer's cross-attention to a context shared by every query (batch 1 keys and values,
+    `WorldModel.dynamics_context`): all candidates' tokens attend as one (heads, B n, d) batch
+    to the keys, transposed and scaled once per step."""
 
-    For head j with queries q_j = x W_qj^T + b_qj, the scores q_j k_j^T / sqrt(d) are
-    x (W_qj^T k_j^T / sqrt(d)) + b_qj k_j^T / sqrt(d): one (D -> heads x m) linear map of x.
-    The output sum_j softmax(s_j) v_j W_oj^T + b_o is likewise one (heads x m -> D) map of the
-    stacked attention weights. Two thin matmuls replace the q projection, two batched matmuls
-    per head and the transposes between them.
-    """
-
-    heads: int
-    score_weight: torch.Tensor  # (heads * m, D)
-    score_bias: torch.Tensor  # (heads * m,)
-    out_weight: torch.Tensor  # (D, heads * m)
-    out_bias: torch.Tensor  # (D,)
+    attn: Attention
+    k_t: torch.Tensor  # (heads, d, m): keys^T / sqrt(d)
+    v: torch.Tensor  # (heads, m, d)
 
     @classmethod
-    def fold(cls, attn: Attention, k: torch.Tensor, v: torch.Tensor) -> "SharedCrossAttention":
-        """`k`, `v`: the context's per-head keys / values (1, heads, m, d) (`ContextCache`)."""
-        _, h, m, d = k.shape
-        dim = h * d
-        keys = k[0] * d**-0.5  # (heads, m, d)
-        wq = attn.q.weight.view(h, d, dim)
-        score_weight = torch.einsum("jde,jid->jie", wq, keys).reshape(h * m, dim)
-        score_bias = torch.einsum("jd,jid->ji", attn.q.bias.view(h, d), keys).reshape(h * m)
-        wo = attn.out.weight.view(dim, h, d)
-        out_weight = torch.einsum("jid,ojd->oji", v[0], wo).reshape(dim, h * m)
-        return cls(h, score_weight.contiguous(), score_bias, out_weight.contiguous(), attn.out.bias)
+    def of(cls, attn: Attention, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype):
+        """`k`, `v`: the context's per-head keys / values (1, heads, m, d) (`ContextCache`),
+        prepared in float32 and then cast to `dtype`."""
+        d = k.shape[-1]
+        k_t = (k[0] * d**-0.5).transpose(1, 2).contiguous()
+        return cls(attn, k_t.to(dtype), v[0].to(dtype))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Queries `x` (B, n, D) -> the attention output (B, n, D)."""
-        b, n, _ = x.shape
-        scores = linear(x, self.score_weight, self.score_bias)  # (B, n, heads * m)
-        weights = _softmax_rows(scores, scores.shape[-1] // self.heads)
-        return linear(weights, self.out_weight, self.out_bias)
+        b, n, dim = x.shape
+        h, d = _heads(self.attn, dim)
+        q = linear(x, self.attn.q.weight, self.attn.q.bias).view(b * n, h, d).transpose(0, 1)
+        y = _attend(q, self.k_t, self.v, None)  # (heads, B n, d)
+        y = y.transpose(0, 1).reshape(b, n, dim)
+        return linear(y, self.attn.out.weight, self.attn.out.bias)
 
 
 def _decode(decoder: TransformerDecoder, x, cross: tuple[SharedCrossAttention, ...], mask):
@@ -204,12 +227,17 @@ def _encode(layers, x: torch.Tensor) -> torch.Tensor:
 
 
 def _head_last(head: TransformerHead, x: torch.Tensor) -> torch.Tensor:
-    """A seq2seq head's output for the last token only: (B, n, in) -> (B,)."""
+    """A seq2seq head's features for the last token only, before `out`: (B, n, in) -> (B, D)."""
     x = _encode(head.encoder.layers[:-1], head.embed(x))
     last: EncoderLayer = head.encoder.layers[-1]
     y = last.norm1(x[:, -1:] + last_token_attention(last.attn, x))
-    y = last.norm2(y + mlp(last.mlp, y))
-    return head.out(y)[:, 0, 0]
+    return last.norm2(y + mlp(last.mlp, y))[:, 0]
+
+
+def _out(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """A head's scalar output layer in float32, whatever the precision of its input features: a
+    bfloat16 output would carry 8 bits, the largest share of a bfloat16 return's error."""
+    return F.linear(x.float(), module.weight, module.bias).squeeze(-1)
 
 
 def _causal_mask(n: int, like: torch.Tensor) -> torch.Tensor:
@@ -224,12 +252,32 @@ class FastObjective:
     each iteration's candidates (N, T, A) -> (returns (N,), non-finite mask (N,)).
     """
 
-    def __init__(self, model: WorldModel, discounts: torch.Tensor, tail_discount: float):
+    def __init__(
+        self,
+        model: WorldModel,
+        discounts: torch.Tensor,
+        tail_discount: float,
+        dtype: torch.dtype = torch.float32,
+    ):
         if not self.supports(model):
             raise TypeError(f"FastObjective needs a WorldModel, got {type(model).__name__}")
         self.model = model
         self.discounts = discounts
         self.tail_discount = tail_discount
+        self.dtype = dtype
+        # f, R and V in the compute dtype: the model's own modules in float32, otherwise a copy
+        # whose weights are refreshed from the model at every `prepare`.
+        heads = nn.ModuleList([model.f, model.reward_head, model.value_head])
+        self._heads = heads if dtype == torch.float32 else copy.deepcopy(heads).to(dtype)
+
+    def _refresh(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+        if self.dtype != torch.float32:
+            model = self.model
+            sources = [model.f, model.reward_head, model.value_head]
+            for shadow, source in zip(self._heads, sources, strict=True):
+                for s, p in zip(shadow.parameters(), source.parameters(), strict=True):
+                    s.copy_(p)
+        return tuple(self._heads)
 
     @staticmethod
     def supports(model) -> bool:
@@ -246,33 +294,37 @@ class FastObjective:
     ) -> "PreparedObjective":
         """One step's shared inputs: z (1, D), history (1, 2h, D), f's context of them (batch 1)
         and the raw command (1, C) or None."""
-        model = self.model
+        model, dtype = self.model, self.dtype
+        f, reward_head, value_head = self._refresh()
         t = self.discounts.shape[0]
         commands_n = model._commands_n(command, t + 1, 1)  # (1, T + 1, C) or None
         first = z.unsqueeze(1)
         if model.config.reward_reads_latent_token:
             first = model.history_encoder.latent_token(first)
+        cast = lambda x: None if x is None else x.to(dtype)  # noqa: E731
         return PreparedObjective(
             self,
-            z=z,
-            history=history,
-            context=context,
+            f=f,
+            reward_head=reward_head,
+            value_head=value_head,
+            context_latent=cast(context.tokens[:, -1]),
             cross=tuple(
-                SharedCrossAttention.fold(layer.cross_attn, k, v)
-                for layer, (k, v) in zip(model.f.decoder.layers, context.keys_values, strict=True)
+                SharedCrossAttention.of(layer.cross_attn, k, v, dtype)
+                for layer, (k, v) in zip(f.decoder.layers, context.keys_values, strict=True)
             ),
-            commands_n=commands_n,
-            first_reward_token=first,
-            mask=_causal_mask(t, z),
+            commands_n=cast(commands_n),
+            first_reward_token=cast(first),
+            mask=_causal_mask(t, z).to(dtype),
         )
 
 
 @dataclass(frozen=True)
 class PreparedObjective:
     objective: FastObjective
-    z: torch.Tensor
-    history: torch.Tensor
-    context: ContextCache
+    f: ChunkedDynamics | AutoregressiveDynamics  # f, R and V in the objective's dtype
+    reward_head: nn.Module
+    value_head: nn.Module
+    context_latent: torch.Tensor  # (1, D): the context's last token (autoregressive f's z_t)
     cross: tuple[SharedCrossAttention, ...]  # f's cross-attention, one per decoder layer
     commands_n: torch.Tensor | None
     first_reward_token: torch.Tensor  # (1, 1, D): the reward head's input at step 0
@@ -282,10 +334,11 @@ class PreparedObjective:
         obj = self.objective
         model = obj.model
         n = actions.shape[0]
-        actions_n = model.scaler.normalize("actions", actions.float())
+        actions_n = model.scaler.normalize("actions", actions.float()).to(obj.dtype)
         predicted = self.dynamics_n(actions_n)  # (N, T, D)
-        rewards = model.scaler.denormalize_scalar("rewards", self.rewards_n(predicted, actions_n))
-        last_value = model.scaler.denormalize_scalar("values", self.last_value_n(predicted))
+        rewards_n = self.rewards_n(predicted, actions_n).float()
+        rewards = model.scaler.denormalize_scalar("rewards", rewards_n)
+        last_value = model.scaler.denormalize_scalar("values", self.last_value_n(predicted).float())
         returns = rewards @ obj.discounts + obj.tail_discount * last_value
         bad = ~(
             torch.isfinite(predicted).view(n, -1).all(1)
@@ -295,11 +348,11 @@ class PreparedObjective:
         return returns, bad
 
     def dynamics_n(self, actions_n: torch.Tensor) -> torch.Tensor:
-        f = self.objective.model.f
+        f = self.f
         queries = f.action_embed(actions_n)
         if isinstance(f, ChunkedDynamics):
             return _decode(f.decoder, queries, self.cross, self.mask)
-        z = self.context.tokens[:, -1].expand(actions_n.shape[0], -1)  # autoregressive
+        z = self.context_latent.expand(actions_n.shape[0], -1)  # autoregressive
         out = []
         for k in range(actions_n.shape[1]):
             x = (queries[:, k] + f.latent_in(z)).unsqueeze(1)
@@ -314,20 +367,22 @@ class PreparedObjective:
 
     def rewards_n(self, predicted: torch.Tensor, actions_n: torch.Tensor) -> torch.Tensor:
         """Normalised r^_{t..t+T-1} (N, T); the reward head reads [z_t token, z^_{t+1..t+T-1}]."""
-        model, n = self.objective.model, predicted.shape[0]
+        n = predicted.shape[0]
         first = self.first_reward_token.expand(n, -1, -1)
         latents = torch.cat((first, predicted[:, :-1]), dim=1)
         x = torch.cat([latents, actions_n, *self._commands(n, slice(0, -1))], dim=-1)
-        head = model.reward_head
+        head = self.reward_head
         if isinstance(head, TransformerHead):
-            return head.out(_encode(head.encoder.layers, head.embed(x))).squeeze(-1)
+            return _out(
+                self.objective.model.reward_head.out, _encode(head.encoder.layers, head.embed(x))
+            )
         return head(x)
 
     def last_value_n(self, predicted: torch.Tensor) -> torch.Tensor:
         """Normalised v^_{t+T} (N,): the value head's last output."""
-        model, n = self.objective.model, predicted.shape[0]
+        n = predicted.shape[0]
         x = torch.cat([predicted, *self._commands(n, slice(1, None))], dim=-1)
-        head = model.value_head
+        head = self.value_head
         if isinstance(head, TransformerHead):
-            return _head_last(head, x)
+            return _out(self.objective.model.value_head.out, _head_last(head, x))
         return head(x[:, -1:])[:, 0]

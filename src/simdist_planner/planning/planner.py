@@ -73,6 +73,7 @@ class WorldModelLike(Protocol):
 
 WARM_STARTS = ("roll", "shift", "policy")
 EVALUATORS = ("fast", "eager")
+PRECISIONS = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,11 @@ class PlannerConfig:
     # the model's own dynamics / reward / value calls, the reference the fast path is tested
     # against (docs/planner.md).
     evaluator: str = "fast"
+    # The fast evaluator's compute dtype. "float32": the eager reference's precision (its returns
+    # agree with it to float rounding). "bfloat16": f, R and V with bfloat16 weights and
+    # activations (returns in float32), for CPUs with bf16 instructions (AVX512-BF16, AMX) and
+    # GPUs; its bound against the reference and its closed-loop check are in docs/planner.md.
+    precision: str = "float32"
 
     def __post_init__(self) -> None:
         problems = []
@@ -166,6 +172,10 @@ class PlannerConfig:
             )
         if self.evaluator not in EVALUATORS:
             problems.append(f"evaluator must be one of {EVALUATORS}, got {self.evaluator!r}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        elif self.precision != "float32" and self.evaluator != "fast":
+            problems.append(f"precision {self.precision} needs evaluator 'fast'")
         if self.warm_start not in WARM_STARTS:
             problems.append(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
         if self.std_scale and (
@@ -350,8 +360,9 @@ class MPPIPlanner:
         self._prev_mean = torch.empty(T, A, device=dev)
         self._std = torch.empty(T, A, device=dev)
         self._latents: torch.Tensor | None = None  # (S + P, T + 1, D), sized on first plan()
+        check_precision(config, model, self.device)
         self._fast = (
-            FastObjective(model, self._discounts, self._tail_discount)
+            FastObjective(model, self._discounts, self._tail_discount, getattr(torch, c.precision))
             if c.evaluator == "fast" and FastObjective.supports(model)
             else None
         )
@@ -448,13 +459,20 @@ class MPPIPlanner:
 
         nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
         gaussian_part = self._actions[:S]
+        policy_scores = None  # the base-policy candidates' (returns, bad): fixed for the step
         for _ in range(c.iterations):
             torch.randn(
                 self._noise.shape, generator=self._generator, device=self.device, out=self._noise
             )
             torch.addcmul(self._mean, self._std, self._noise, out=gaussian_part)
             self._clamp(gaussian_part)
-            returns, bad = score(self._actions)
+            if policy_scores is None:
+                returns, bad = score(self._actions)
+                policy_scores = returns[S:], bad[S:]
+            else:  # only the Gaussian candidates are new
+                returns, bad = (
+                    torch.cat(pair) for pair in zip(score(gaussian_part), policy_scores)
+                )
             nonfinite += bad.sum()
             if c.policy_prior:
                 returns = returns - c.policy_prior * self.policy_distance(
@@ -553,17 +571,21 @@ class MPPIPlanner:
         return rewards @ self._discounts + self._tail_discount * values[:, -1], rewards, values
 
     def _scorer(self, z, history, context, command, n: int):
-        """The step's candidate scorer: chunks (n, T, A) -> (returns (n,), non-finite mask (n,)),
-        on the fast path or the eager one (`evaluator`)."""
+        """The step's candidate scorer: chunks (m <= n, T, A) -> (returns (m,), non-finite mask
+        (m,)), on the fast path or the eager one (`evaluator`)."""
         if self._fast is not None:
             return self._fast.prepare(z, history, context, command)
         latents = self._latent_buffer(z, n)
         latents[:, 0].copy_(z.expand(n, -1))
-        z_all, history_all = z.expand(n, -1), history.expand(n, -1, -1)
-        command_all = None if command is None else command.expand(n, -1)
-        return lambda actions: self._evaluate(
-            z_all, history_all, context, command_all, actions, latents
-        )
+
+        def evaluate(actions):  # up to n chunks
+            m = actions.shape[0]
+            command_m = None if command is None else command.expand(m, -1)
+            return self._evaluate(
+                z.expand(m, -1), history.expand(m, -1, -1), context, command_m, actions, latents[:m]
+            )
+
+        return evaluate
 
     def _evaluate(self, z, history, context, command, actions, latents):
         """Discounted returns (N,) of all candidates in one batched pass, and a non-finite mask."""
@@ -622,6 +644,33 @@ class MPPIPlanner:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Does `device` do bf16 arithmetic natively (CUDA: Ampere and later; CPU: oneDNN's check
+    for AVX512-BF16 / AMX)?"""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def check_precision(config: PlannerConfig, model, device: str | torch.device) -> None:
+    """ValueError when `config.precision` cannot run for `model` on `device`: bfloat16 needs the
+    fast evaluator's model layout and bf16 arithmetic on the device (on a CPU without bf16
+    instructions oneDNN emulates it, slower than float32)."""
+    if config.precision == "float32":
+        return
+    if not FastObjective.supports(model):
+        raise ValueError(
+            f"precision {config.precision} runs on the fast evaluator, which does not support "
+            f"a {type(model).__name__}; use precision float32"
+        )
+    device = torch.device(device)
+    if not bf16_supported(device):
+        raise ValueError(
+            f"precision {config.precision}: {device} has no bf16 arithmetic (a CPU needs "
+            f"AVX512-BF16 or AMX); use precision float32"
+        )
 
 
 def _any_nonfinite(*tensors: torch.Tensor) -> torch.Tensor:

@@ -62,11 +62,13 @@ from simdist_planner.planning.planner import (
     EVALUATORS,
     PLANNER_CONFIGS,
     PLANNER_PRESETS,
+    PRECISIONS,
     PRESET_ROBOT,
     WARM_STARTS,
     MPPIPlanner,
     PlannerConfig,
     PlannerError,
+    check_precision,
     default_preset,
     planner_config_for,
 )
@@ -160,6 +162,13 @@ PLANNER_PARAMS = (
         None,
         None,
         EVALUATORS,
+    ),
+    (
+        "precision",
+        "fast evaluator's compute dtype: float32 or bfloat16 (CPUs with bf16 instructions, GPUs)",
+        None,
+        None,
+        PRECISIONS,
     ),
     (
         "policy_prior",
@@ -486,7 +495,9 @@ class PlannerNode(Node):
             raise ValueError(
                 f"horizon={values['horizon']} must equal the model's horizon T={loaded.horizon}"
             )
-        return planner_config_for(spec, self.preset, **{f: values[f] for f in PLANNER_FIELDS})
+        config = planner_config_for(spec, self.preset, **{f: values[f] for f in PLANNER_FIELDS})
+        check_precision(config, loaded.model, loaded.device)
+        return config
 
     def _apply_params(self) -> None:
         """Called at the start of a tick: accepted parameter changes take effect now."""
