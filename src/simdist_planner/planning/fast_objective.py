@@ -9,12 +9,11 @@ step is exact up to float rounding:
 - Attention with head dimensions of 8-16 and 25-51 keys runs as batched matmuls on one
   contiguous (batch x heads) layout with an additive causal mask, not through
   `scaled_dot_product_attention`, whose CPU kernel is 2-3x slower at these sizes. q, k and v
-  come from one projection with the three weight matrices stacked, read from the modules at
-  every call, so a model updated in place is never stale.
+  come from one projection with the three weight matrices stacked (the 1 / sqrt(d) scale in
+  q's), read from the modules at every call, so a model updated in place is never stale.
 - Cross-attention to the context: its keys / values are shared by every candidate (batch 1,
-  `WorldModel.dynamics_context`), so the query and output projections fold into them once per
-  step (`SharedCrossAttention`) and each layer's cross-attention is two thin matmuls and a
-  softmax over all candidates' tokens at once.
+  `WorldModel.dynamics_context`), so every candidate's tokens attend to them in one batched
+  matmul per head (`SharedCrossAttention`), with the keys transposed and scaled once per step.
 - The return reads only the last predicted value, so V's final layer computes its query,
   feed-forward and output for the last token alone (the keys and values of every token are
   still computed; attention is unmasked, so the last token sees all of them).
@@ -22,6 +21,12 @@ step is exact up to float rounding:
 - On CPU each Linear (+ GELU) is one oneDNN call (`linear`), and softmax over rows shorter than
   SHORT_ROW is computed by hand (`_softmax_rows`): both measured faster than torch's defaults at
   these shapes.
+
+`FastObjective(dtype=torch.bfloat16)` (PlannerConfig.precision) runs f, R and V on a bfloat16
+copy of their weights, refreshed from the model at every `prepare`, with bfloat16 activations;
+the inputs are normalised and the heads' scalar outputs computed in float32, and its attention
+weights are formed without the row maximum (`_attend`). It is not exact: its bound against the
+float32 reference is stated in docs/planner.md and tested.
 
 Models outside this layout (MLP heads, any other decoder) are scored through the model's own
 methods for the parts that differ; `FastObjective.supports` says whether a model can use it.
