@@ -4,6 +4,8 @@ Adaptation runs in a worker process.
 """
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -120,3 +122,29 @@ def test_adapt_service_deploys_and_hot_swaps_then_rolls_back(tmp_path, ros_domai
             n.destroy_node()
     finally:
         rclpy.try_shutdown()
+
+
+_PRIORITY = """
+import os, pathlib
+from simdist_adapter.adapter_node import WORKER_NICENESS, lower_cpu_priority
+lower_cpu_priority()
+group = pathlib.Path("/proc/self/autogroup")
+print(os.nice(0), WORKER_NICENESS, group.read_text().split()[-1] if group.exists() else "none")
+"""
+
+
+def test_adaptation_runs_at_the_lowest_cpu_priority_in_its_own_session():
+    """A fine-tuning round must not deschedule the planner: the adapter (and the worker it
+    starts) take niceness 19, also as their session's autogroup where the kernel groups
+    sessions (the launchers start each node in a session of its own)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PRIORITY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        start_new_session=True,
+    ).stdout.split()
+    nice, wanted, group = int(out[0]), int(out[1]), out[2]
+    assert nice == wanted == 19
+    assert group in ("19", "none")

@@ -7,11 +7,9 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
 
 - Timing: in real-time mode a timer ticks at `control_rate_hz`; with `lockstep: true` (MuJoCo on
   /clock) each new observation is one tick, so the simulator never waits on a stale plan. Compute
-  latency and deadline misses (latency > one control period) go to /diagnostics. Ticks run in
-  one planning loop that owns the model (`run_planning`); the executor's callbacks only store
-  the newest observation and wake it. The node's process plans on its main thread and spins
-  the executor on another: torch's OpenMP ops run 1.5-2x slower on a thread that is not the
-  first to use them (docs/launch.md).
+  latency and deadline misses (latency > one control period) go to /diagnostics. Ticks run on
+  a planning thread that owns the model; the executor's callbacks only store the newest
+  observation and wake it (`_planning_loop`).
 - Deadline (real-time mode): if the running latency estimate (EMA + 3 x EMA deviation) says MPPI
   would not finish within `deadline_fraction` of the period, the tick runs the base policy pi
   instead (cheap). In lockstep the simulator waits for the plan, so MPPI always runs and a run is
@@ -391,19 +389,16 @@ def parse_device(device: str) -> str | None:
 
 
 class PlannerNode(Node):
-    def __init__(self, plan_on_own_thread: bool = True, **kwargs):
-        """`plan_on_own_thread`: the node plans on a thread it starts once it is complete (for
-        a node spun in someone else's process); False leaves `run_planning` to the caller, as
-        the node's process does on its main thread (`main`)."""
+    def __init__(self, **kwargs):
         super().__init__("planner", **kwargs)
         self._loaded: LoadedModel | None = None
-        # The planning loop owns every tick; callbacks only store inputs and wake it.
-        self._plan_on_own_thread = plan_on_own_thread
+        # The planning thread owns every tick; callbacks only store inputs and wake it. It
+        # starts once the node is complete.
         self._wake = threading.Condition()
         self._tick_requested = False
         self._stopping = False
         self._planning_thread = threading.Thread(
-            target=self.run_planning, name="planning", daemon=True
+            target=self._planning_loop, name="planning", daemon=True
         )
         robot, checkpoint, wait_for_checkpoint, preset = (
             self.declare_parameter(q.name, q.default, q.descriptor()).value for q in STARTUP_PARAMS
@@ -473,8 +468,7 @@ class PlannerNode(Node):
         else:
             self.diag.set("model", Level.OK, f"loaded {self._loaded.path}", path=self._loaded.path)
         self.diag.set("planning", Level.WARN, "waiting for the first observation")
-        if plan_on_own_thread:
-            self._planning_thread.start()
+        self._planning_thread.start()
         self._loader_executor = SingleThreadedExecutor(context=self.context)
         self._loader_executor.add_node(self.loader)
         threading.Thread(target=self._serve_loads, name="loader", daemon=True).start()
@@ -669,9 +663,7 @@ class PlannerNode(Node):
             self._tick_requested = True
             self._wake.notify()
 
-    def run_planning(self) -> None:
-        """The planning loop: one tick per request, until `stop_planning` (or a tick finds the
-        context shut down)."""
+    def _planning_loop(self) -> None:
         while True:
             with self._wake:
                 while not (self._tick_requested or self._stopping):
@@ -936,35 +928,22 @@ class PlannerNode(Node):
 def main(args=None):
     rclpy.init(args=args)
     try:
-        node = PlannerNode(plan_on_own_thread=False)
+        node = PlannerNode()
     except ValueError as exc:  # a start-up error the user can fix: one line, no traceback
         print(exc, file=sys.stderr)
         rclpy.try_shutdown()
         raise SystemExit(1) from None
-    # This thread plans; the executor (observations, parameters and the timer: callbacks that
-    # return at once) spins on another, and ~/load_model on the node's loader thread
-    # (docs/launch.md).
+    # The node's own threads plan and serve ~/load_model; this executor serves the observations,
+    # parameters and the timer, callbacks that return at once (docs/launch.md).
     executor = SingleThreadedExecutor()
     executor.add_node(node)
-
-    def spin() -> None:
-        try:
-            executor.spin()
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            node.stop_planning()  # the context is gone: end the planning loop
-
-    spinner = threading.Thread(target=spin, name="executor", daemon=True)
-    spinner.start()
     try:
-        node.run_planning()
-    except KeyboardInterrupt:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
         node.stop_planning()
         executor.shutdown()
-        spinner.join(5.0)
         node.destroy_node()
         rclpy.try_shutdown()
 
