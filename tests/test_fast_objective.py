@@ -97,17 +97,20 @@ CASES = [  # (f, heads, command, history, horizon)
 ]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind,heads,command,history,horizon", CASES)
-def test_fast_returns_and_elites_match_eager_on_the_same_candidates(
-    kind, heads, command, history, horizon, device
-):
+def eager_and_fast(case, device, precision="float32"):
+    """The eager and the fast returns of one CASES model on the same 200 random chunks."""
+    kind, heads, command, history, horizon = case
     model = small_model(kind, heads, command, device=device, history=history, horizon=horizon)
     cfg = model.config
     g = torch.Generator().manual_seed(1)
     chunks = (2.0 * torch.randn(200, cfg.horizon, cfg.action_dim, generator=g)).to(device)
-    eager = scores(model, "eager", chunks, device)
-    fast = scores(model, "fast", chunks, device)
+    return scores(model, "eager", chunks, device), scores(model, "fast", chunks, device, precision)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES)
+def test_fast_returns_and_elites_match_eager_on_the_same_candidates(case, device):
+    eager, fast = eager_and_fast(case, device)
     scale = float(eager.abs().max())
     assert scale > 0 and float(eager.std()) > 1e-3 * scale  # the candidates are told apart
     torch.testing.assert_close(fast, eager, rtol=RETURN_RTOL, atol=RETURN_RTOL * scale)
@@ -116,16 +119,9 @@ def test_fast_returns_and_elites_match_eager_on_the_same_candidates(
 
 
 @pytest.mark.parametrize("device", BF16_DEVICES)
-@pytest.mark.parametrize("kind,heads,command,history,horizon", CASES)
-def test_bfloat16_returns_stay_within_their_bound_of_the_float32_reference(
-    kind, heads, command, history, horizon, device
-):
-    model = small_model(kind, heads, command, device=device, history=history, horizon=horizon)
-    cfg = model.config
-    g = torch.Generator().manual_seed(1)
-    chunks = (2.0 * torch.randn(200, cfg.horizon, cfg.action_dim, generator=g)).to(device)
-    eager = scores(model, "eager", chunks, device)
-    bf16 = scores(model, "fast", chunks, device, precision="bfloat16")
+@pytest.mark.parametrize("case", CASES)
+def test_bfloat16_returns_stay_within_their_bound_of_the_float32_reference(case, device):
+    eager, bf16 = eager_and_fast(case, device, precision="bfloat16")
     assert bf16.dtype == torch.float32
     scale = float(eager.abs().max())
     assert 0 < float((bf16 - eager).abs().max()) <= BF16_RETURN_RTOL * scale  # bf16, within bound
