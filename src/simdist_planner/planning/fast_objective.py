@@ -272,16 +272,15 @@ class FastObjective:
         self.dtype = dtype
         # f, R and V in the compute dtype: the model's own modules in float32, otherwise a copy
         # whose weights are refreshed from the model at every `prepare`.
-        heads = nn.ModuleList([model.f, model.reward_head, model.value_head])
-        self._heads = heads if dtype == torch.float32 else copy.deepcopy(heads).to(dtype)
+        self._sources = nn.ModuleList([model.f, model.reward_head, model.value_head])
+        self._heads = (
+            self._sources if dtype == torch.float32 else copy.deepcopy(self._sources).to(dtype)
+        )
 
     def _refresh(self) -> tuple[nn.Module, nn.Module, nn.Module]:
-        if self.dtype != torch.float32:
-            model = self.model
-            sources = [model.f, model.reward_head, model.value_head]
-            for shadow, source in zip(self._heads, sources, strict=True):
-                for s, p in zip(shadow.parameters(), source.parameters(), strict=True):
-                    s.copy_(p)
+        if self._heads is not self._sources:
+            for s, p in zip(self._heads.parameters(), self._sources.parameters(), strict=True):
+                s.copy_(p)
         return tuple(self._heads)
 
     @staticmethod
