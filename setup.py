@@ -36,6 +36,7 @@ setup(
             "simdist-select-checkpoint = simdist_planner.cli.select_checkpoint:main",
             "simdist-import-official = simdist_planner.cli.import_official:main",
             "simdist-adapt-experiment = simdist_adapter.experiment:main",
+            "simdist-ladder = simdist_adapter.ladder:main",
             "simdist-episode-report = simdist_adapter.episode_report:main",
             "simdist-bag = simdist_adapter.bag_tool:main",
             "simdist-view = simdist_viewer.cli:main",

@@ -162,6 +162,23 @@ PARAMS = (
         1_000_000,
         read_only=True,
     ),
+    Param(
+        "speed",
+        0.0,
+        "Go2: commanded forward speed vx (m/s); 0 = the task's own (0.5); a course's episode "
+        "limit follows it",
+        0.0,
+        2.0,
+        read_only=True,
+    ),
+    Param(
+        "panel_friction",
+        0.0,
+        "slippery_slope, variant real: the PTFE panels' friction; 0 = the stand-in's own (0.15)",
+        0.0,
+        2.0,
+        read_only=True,
+    ),
     Param("seed", 0, "seed of the next ~/reset (and of the first episode)", 0, 2**31 - 1),
     Param(
         "lockstep",
@@ -246,8 +263,13 @@ class MujocoDriverNode(Node):
             )
             if p["max_steps"]:
                 overrides["max_steps"] = p["max_steps"]
-        elif p["max_steps"]:
-            overrides["episode_s"] = p["max_steps"] * Go2Config().control_dt
+        else:
+            if p["max_steps"]:
+                overrides["episode_s"] = p["max_steps"] * Go2Config().control_dt
+            if p["speed"]:
+                overrides["speed"] = p["speed"]
+            if p["panel_friction"]:
+                overrides["panel_friction"] = p["panel_friction"]
         self.episode = SimEpisode(make_task(p["task"], p["variant"], **overrides))
         self.spec = self.episode.task.spec
         self.period_ns = round(1e9 / self.spec.control_rate_hz)
@@ -534,6 +556,8 @@ def _check(name, value, values) -> str | None:
             )
     if name == "variant" and value not in ("sim", "real"):
         return f"variant must be 'sim' or 'real', got {value!r}"
+    if name in ("speed", "panel_friction") and value and ROBOT_OF_TASK.get(values["task"]) != "go2":
+        return f"{name} is a Go2 task option; task {values['task']!r} has none (leave it 0)"
     if name == "region" and value not in ("narrow", "wide"):
         return f"region must be 'narrow' or 'wide', got {value!r}"
     return None

@@ -15,11 +15,10 @@ fine-tuning, our analogue of the paper's Fig. 8).
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import json
 import math
-import multiprocessing
+import os
 import pathlib
 import time
 from dataclasses import dataclass, field
@@ -28,17 +27,22 @@ import numpy as np
 import torch
 
 from robot_drivers.registry import make_task
-from robot_drivers.tasks.base import Task
 from simdist_adapter.adapter import adapt_on_dataset
+from simdist_adapter.episodes import (
+    COLLECT_SEED,
+    EVAL_SEED,
+    Episode,
+    EpisodeJob,
+    EpisodePool,
+    EpisodeStore,
+    course,
+)
 from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
 from simdist_adapter.registry import ModelRegistry
 from simdist_planner.cli.common import add_planner_arguments, planner_overrides
 from simdist_planner.data.dataset import ShardWriter, StepLayout, episode_record, shard_name
-from simdist_planner.evaluation.agents import Agent, build_agents
 from simdist_planner.evaluation.evaluate import task_overrides
 from simdist_planner.model.checkpoint import load_checkpoint
-from simdist_planner.planning.observation import ObservationError, observation_arrays
-from simdist_planner.planning.planner import PlannerError
 
 METHODS = {
     "simdist": {},
@@ -46,7 +50,24 @@ METHODS = {
     "unfreeze_value": {"train_value": True},
     "base_policy": None,
 }
-EVAL_SEED, COLLECT_SEED = 0, 100_000  # evaluation and data-collection seeds never overlap
+
+
+def _score(episodes: list[Episode], dt: float) -> dict:
+    """Success, return, distance, errors and throughput (successes per minute of robot time,
+    the paper's Fig. 6) of one evaluation's episodes."""
+    dist = [e.distance for e in episodes if not math.isnan(e.distance)]
+    minutes = sum(e.steps for e in episodes) * dt / 60.0
+    successes = sum(e.success for e in episodes)
+    return {
+        "success_rate": float(np.mean([e.success for e in episodes])),
+        "successes": int(successes),
+        "episodes": len(episodes),
+        "mean_return": float(np.mean([e.episode_return for e in episodes])),
+        "mean_distance": float(np.mean(dist)) if dist else None,
+        "errors": sum(bool(e.error) for e in episodes),
+        "robot_minutes": minutes,
+        "successes_per_minute": successes / minutes if minutes > 0 else 0.0,
+    }
 
 
 @dataclass
@@ -60,6 +81,12 @@ class ExperimentConfig:
     episodes_per_round: int = 10  # M
     eval_episodes: int = 20
     max_steps: int | None = None  # episode length override (None: the task's)
+    # Go2 task options (robot_drivers.tasks.go2_tasks): the commanded speed of collection and of
+    # the headline evaluation, and the Slippery Slope stand-in's panel friction (None: the task's)
+    speed: float | None = None
+    panel_friction: float | None = None
+    other_speeds: tuple[float, ...] = ()  # further speeds evaluated after every round
+    other_eval_episodes: int = 5  # evaluation episodes at each of other_speeds
     device: str = "cpu"
     workers: int = 1  # processes running episodes side by side (each: one task + one model copy)
     planner: dict = field(default_factory=dict)  # PlannerConfig overrides (num_samples, ...)
@@ -71,160 +98,67 @@ class ExperimentConfig:
             raise ValueError(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
         if min(self.rounds, self.episodes_per_round, self.eval_episodes, self.workers) < 1:
             raise ValueError("rounds, episodes_per_round, eval_episodes and workers must be >= 1")
-
-
-@dataclass
-class Episode:
-    success: bool
-    distance: float
-    steps: int
-    error: str
-    episode_return: float = (
-        0.0  # sum of the task's privileged rewards (the UR5e tasks have no distance)
-    )
-    rows: list[dict] = field(default_factory=list)  # observation arrays o_0..o_L
-    actions: list[np.ndarray] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)  # planner's v^_{t+1} per step
-
-
-def run_episode(task: Task, agent: Agent, seed: int, record: bool) -> Episode:
-    """One seeded episode; a planner / observation error ends it as a failure, never acted on."""
-    obs = task.reset(seed)
-    agent.reset(seed)
-    ep = Episode(False, math.nan, 0, "")
-    try:
-        while ep.steps < task.max_steps:
-            if record:
-                ep.rows.append(observation_arrays(obs, task.spec))
-            action = agent.act(obs)
-            if agent.last_plan is not None:
-                ep.values.append(float(agent.last_plan.values[0]))
-            result = task.step(action)
-            ep.actions.append(action)
-            obs, ep.steps = result.obs, ep.steps + 1
-            ep.episode_return += float(result.reward)
-            ep.distance = float(result.info.get("distance", math.nan))
-            ep.success = bool(result.success)
-            if result.terminated or result.truncated:
-                break
-        if record:
-            ep.rows.append(observation_arrays(obs, task.spec))
-    except (PlannerError, ObservationError) as err:
-        ep.error = str(err)
-        ep.rows = ep.rows[: len(ep.actions) + 1]
-    return ep
-
-
-class EpisodeRunner:
-    """Seeded episodes of one task, for world models given by checkpoint directory.
-
-    Holds the task and the most recent models; `EpisodePool` runs one of these per worker
-    process, and with one worker the experiment uses one directly, so both paths run the same
-    code. An episode depends only on its seed and the checkpoint, never on which worker ran it.
-    """
-
-    def __init__(self, task_name: str, overrides: dict, device: str, planner: dict):
-        self.task = make_task(task_name, "real", **overrides)
-        self.device, self.planner = device, planner
-        self._models: dict[str, object] = {}
-
-    def model(self, checkpoint: str):
-        if checkpoint not in self._models:
-            if len(self._models) >= 2:  # the pretrained and the deployed model are enough
-                self._models.pop(next(iter(self._models)))
-            self._models[checkpoint] = load_checkpoint(checkpoint, device=self.device)
-        return self._models[checkpoint]
-
-    def agent(self, checkpoint: str, planner: bool) -> Agent:
-        name = "planner" if planner else "policy"
-        return build_agents([name], self.task, self.model(checkpoint), self.device, **self.planner)[
-            name
-        ]
-
-    def episode(self, checkpoint: str, planner: bool, seed: int, record: bool) -> Episode:
-        return run_episode(self.task, self.agent(checkpoint, planner), seed, record)
-
-
-_RUNNER: EpisodeRunner | None = None  # the worker process's runner
-
-
-def _init_worker(task_name: str, overrides: dict, device: str, planner: dict) -> None:
-    global _RUNNER
-    torch.set_num_threads(1)  # the workers share the cores
-    _RUNNER = EpisodeRunner(task_name, overrides, device, planner)
-
-
-def _worker_episode(checkpoint: str, planner: bool, seed: int, record: bool) -> Episode:
-    return _RUNNER.episode(checkpoint, planner, seed, record)
-
-
-class EpisodePool:
-    """`run(checkpoint, planner, seeds, record)` over one runner or a pool of spawned workers."""
-
-    def __init__(self, task_name: str, overrides: dict, device: str, planner: dict, workers: int):
-        args = (task_name, overrides, device, planner)
-        self._local = EpisodeRunner(*args) if workers == 1 else None
-        self._pool = None
-        if workers > 1:
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=args,
-            )
-
-    def run(self, checkpoint, planner: bool, seeds, record: bool) -> list[Episode]:
-        checkpoint = str(pathlib.Path(checkpoint).resolve())  # a registry link: cache by version
-        if self._pool is None:
-            return [self._local.episode(checkpoint, planner, s, record) for s in seeds]
-        futures = [
-            self._pool.submit(_worker_episode, checkpoint, planner, s, record) for s in seeds
-        ]
-        return [f.result() for f in futures]
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-        if self._local is not None:
-            self._local.task.close()
+        if self.other_speeds and self.other_eval_episodes < 1:
+            raise ValueError("other_eval_episodes must be >= 1 when other_speeds are given")
 
 
 class Experiment:
+    """Algorithm 1 measured; everything it finishes is kept in `out`, so a killed run resumes.
+
+    Kept: every episode (`out/episodes/`, by its job), each method's registry and its rounds
+    (`out/<method>/rounds.json`, written when a round's adaptation ends and again when its
+    evaluation ends). A round whose adaptation was not recorded is re-run from its start (its
+    episodes come from the store); a version it deployed before the kill is rolled back first.
+    """
+
     def __init__(self, config: ExperimentConfig):
         self.cfg = config
         self.out = pathlib.Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.pretrained = load_checkpoint(config.checkpoint, device=config.device)
         overrides = task_overrides(config.task, config.region, config.max_steps, self.pretrained)
-        probe = make_task(config.task, "real", **overrides)  # each runner builds its own
+        self.course = course(speed=config.speed, panel_friction=config.panel_friction)
+        probe = make_task(config.task, "real", **overrides, **dict(self.course))
         self.spec = probe.spec
         probe.close()
         self.layout = StepLayout.from_spec(self.spec)
         self.pool = EpisodePool(
-            config.task, overrides, config.device, config.planner, config.workers
+            config.task,
+            overrides,
+            config.device,
+            config.planner,
+            config.workers,
+            EpisodeStore(self.out / "episodes"),
         )
-        self._scores: dict[tuple[str, bool], tuple[dict, list[Episode]]] = {}
         self._t0 = time.perf_counter()
 
+    def _course(self, speed: float | None) -> tuple:
+        return course(**{**dict(self.course), "speed": speed}) if speed else self.course
+
     def evaluate(self, checkpoint, planner: bool = True) -> tuple[dict, list[Episode]]:
-        """Success over the evaluation seeds; a checkpoint already evaluated is not run again
-        (episodes are deterministic per seed, so the methods share the zero-shot figures)."""
-        key = (str(pathlib.Path(checkpoint).resolve()), planner)
-        if key not in self._scores:
-            eps = self.pool.run(
-                checkpoint, planner, range(EVAL_SEED, EVAL_SEED + self.cfg.eval_episodes), False
-            )
-            dist = [e.distance for e in eps if not math.isnan(e.distance)]
-            self._scores[key] = (
-                {
-                    "success_rate": float(np.mean([e.success for e in eps])),
-                    "mean_return": float(np.mean([e.episode_return for e in eps])),
-                    "mean_distance": float(np.mean(dist)) if dist else None,
-                    "errors": sum(bool(e.error) for e in eps),
-                },
-                eps,
-            )
-        return self._scores[key]
+        """Success over the evaluation seeds at the headline speed, and at each other speed.
+
+        Episodes are stored by the checkpoint's weights, so an evaluation already run (the shared
+        zero-shot one, a round whose candidate was refused) is read back, not run again."""
+        cfg = self.cfg
+        speeds = [(cfg.speed, cfg.eval_episodes)] + [
+            (s, cfg.other_eval_episodes) for s in cfg.other_speeds
+        ]
+        jobs = [
+            EpisodeJob(str(checkpoint), planner, seed, course=self._course(speed))
+            for speed, n in speeds
+            for seed in range(EVAL_SEED, EVAL_SEED + n)
+        ]
+        episodes = self.pool.run(jobs)
+        dt = 1.0 / self.spec.control_rate_hz
+        by_speed, k = {}, 0
+        for speed, n in speeds:
+            by_speed[speed] = _score(episodes[k : k + n], dt)
+            k += n
+        headline = by_speed.pop(cfg.speed)
+        if by_speed:
+            headline["other_speeds"] = {f"{s:g}": v for s, v in by_speed.items()}
+        return headline, episodes[: cfg.eval_episodes]
 
     def run_method(self, name: str) -> dict:
         cfg, overrides = self.cfg, METHODS[name]
@@ -236,68 +170,114 @@ class Experiment:
         registry = ModelRegistry(root / "registry")
         if not registry.history():
             registry.init_from(cfg.checkpoint)
-        score, eps = self.evaluate(
-            cfg.checkpoint
-        )  # v0000 holds these weights: shared by all methods
-        curve, rounds, collected, transitions = [{"real_episodes": 0, **score}], [], 0, 0
+        rounds = self._read_rounds(root)
+        if len(rounds) > cfg.rounds:
+            raise ValueError(
+                f"{root} holds {len(rounds)} rounds, more than the {cfg.rounds} asked for: "
+                "resume with at least as many rounds, or use another --out"
+            )
+        deployed = 1 + sum(r["report"]["deployed"] for r in rounds)
+        while len(registry.history()) > deployed:  # deployed by a round killed before its record
+            self._say(name, f"rolling back {registry.deployed_version}: its round is re-run")
+            registry.rollback()
+        self.evaluate(cfg.checkpoint)  # the zero-shot figures: shared by all methods
         adapt_cfg = dataclasses.replace(cfg.adapt, device=cfg.device, **overrides)
-        shard = root / "d_real" / shard_name(0)
-        shard.unlink(missing_ok=True)
         for j in range(cfg.rounds):
-            seeds = range(
-                COLLECT_SEED + collected, COLLECT_SEED + collected + cfg.episodes_per_round
-            )
-            episodes = self.pool.run(registry.deployed_path(), True, seeds, record=True)
-            with ShardWriter(
-                shard, self.layout, {"task": cfg.task, "config": "{}"}, resume=shard.exists()
-            ) as w:
-                for seed, ep in zip(seeds, episodes):
-                    if len(ep.actions) >= 1 and len(ep.rows) >= 2:
-                        w.append(
-                            episode_record(
-                                ep.rows,
-                                ep.actions[: len(ep.rows) - 1],
-                                collected,
-                                self.layout,
-                                seed,
-                                ep.success,
-                                f"{cfg.task} seed {seed}",
-                            )
-                        )
-                        transitions += len(ep.rows) - 1
-                    collected += 1
-            self._say(name, f"round {j + 1}: {collected} real episodes, adapting f")
-            try:
-                report = adapt_on_dataset(
-                    registry,
-                    root / "d_real",
-                    adapt_cfg,
-                    episodes=collected,
-                    transitions=transitions,
-                ).to_dict()
-            except ValueError as exc:  # e.g. too few windows yet: the deployed model stays
-                report = {
-                    "deployed": False,
-                    "reason": f"round skipped: {exc}",
-                    "version": registry.deployed_version,
-                    "heldout_deployed": None,
-                    "heldout_candidate": None,
-                    "sim_deployed": None,
-                    "sim_candidate": None,
-                }
+            if j < len(rounds) and rounds[j]["score"] is not None:
+                continue
+            if j == len(rounds):
+                rounds.append(self._adapt_round(name, root, registry, adapt_cfg, rounds))
+                self._write_rounds(root, rounds)
             score, eps = self.evaluate(registry.deployed_path())
-            curve.append({"real_episodes": collected, **score})
-            rounds.append(report)
+            rounds[j]["score"] = score
+            self._write_rounds(root, rounds)
             self._say(
-                name, f"round {j + 1}: {report['reason']}; success {score['success_rate']:.2f}"
+                name,
+                f"round {j + 1}: {rounds[j]['report']['reason']}; "
+                f"success {score['success_rate']:.2f}",
             )
+        zero, _ = self.evaluate(cfg.checkpoint)
+        _, eps = self.evaluate(registry.deployed_path())  # read back from the store
         return {
-            "curve": curve,
-            "rounds": rounds,
+            "curve": [{"real_episodes": 0, **zero}]
+            + [{"real_episodes": r["collected"], **r["score"]} for r in rounds],
+            "rounds": [r["report"] for r in rounds],
             "eval_episodes": eps,
             "registry": str(registry.root),
             "d_real": str(root / "d_real"),
         }
+
+    def _adapt_round(
+        self, name: str, root: pathlib.Path, registry: ModelRegistry, adapt_cfg, rounds: list
+    ) -> dict:
+        """Collect a round's on-policy episodes, rebuild D_real from every round's, adapt f."""
+        cfg, j = self.cfg, len(rounds)
+        collect_with = str(registry.deployed_path().resolve())
+        first = COLLECT_SEED + j * cfg.episodes_per_round
+        seeds = list(range(first, first + cfg.episodes_per_round))
+        self._say(name, f"round {j + 1}: collecting {len(seeds)} planner episodes")
+        collections = [(r["collect_checkpoint"], r["seeds"]) for r in rounds]
+        collections.append((collect_with, seeds))
+        jobs = [
+            EpisodeJob(ck, True, seed, record=True, course=self.course)
+            for ck, round_seeds in collections
+            for seed in round_seeds
+        ]
+        episodes = self.pool.run(jobs)
+        shard = root / "d_real" / shard_name(0)
+        shard.unlink(missing_ok=True)
+        transitions = 0
+        with ShardWriter(shard, self.layout, {"task": cfg.task, "config": "{}"}) as w:
+            for index, (job, ep) in enumerate(zip(jobs, episodes)):
+                if len(ep.actions) >= 1 and len(ep.rows) >= 2:
+                    w.append(
+                        episode_record(
+                            ep.rows,
+                            ep.actions[: len(ep.rows) - 1],
+                            index,
+                            self.layout,
+                            job.seed,
+                            ep.success,
+                            f"{cfg.task} seed {job.seed}",
+                        )
+                    )
+                    transitions += len(ep.rows) - 1
+        collected = len(jobs)
+        self._say(name, f"round {j + 1}: {collected} real episodes, adapting f")
+        try:
+            report = adapt_on_dataset(
+                registry, root / "d_real", adapt_cfg, episodes=collected, transitions=transitions
+            ).to_dict()
+        except ValueError as exc:  # e.g. too few windows yet: the deployed model stays
+            report = {
+                "deployed": False,
+                "reason": f"round skipped: {exc}",
+                "version": registry.deployed_version,
+                "heldout_deployed": None,
+                "heldout_candidate": None,
+                "sim_deployed": None,
+                "sim_candidate": None,
+            }
+        return {
+            "report": report,
+            "collected": collected,
+            "transitions": transitions,
+            "collect_checkpoint": collect_with,
+            "seeds": seeds,
+            "score": None,
+        }
+
+    @staticmethod
+    def _read_rounds(root: pathlib.Path) -> list[dict]:
+        path = root / "rounds.json"
+        return json.loads(path.read_text()) if path.is_file() else []
+
+    @staticmethod
+    def _write_rounds(root: pathlib.Path, rounds: list[dict]) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".rounds.json.{os.getpid()}"
+        tmp.write_text(json.dumps(rounds, indent=1, default=float))
+        os.replace(tmp, root / "rounds.json")
 
     def run(self) -> dict:
         start = time.perf_counter()

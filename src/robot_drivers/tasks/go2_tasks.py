@@ -12,6 +12,13 @@ privileged state, scaled by the control period as IsaacLab's reward manager does
 holds the start heading (the official WalkStraightCommand's yaw feedback) so that long straight
 runs stay straight: wz = wz_cmd + heading_gain * wrap(heading_ref - yaw).
 
+A course's episode limit follows its commanded speed: `COURSE_TIME_FACTOR` (2.5) x the course's
+success distance / vx, so a robot walking at the commanded speed has 2.5 times the time it needs
+(Slippery Slope: 9.1 s at 0.5 m/s, 15.2 s at 0.3, 45.5 s at 0.1). `make_go2_task` takes the two
+settings the paper varies as task options: `speed` (the commanded vx; the paper's speeds per
+course are `PAPER_SPEEDS`) and, for the Slippery Slope stand-in, `panel_friction` (the PTFE
+panels' friction, `SLIPPERY_SLOPE_GAP`'s 0.15 by default).
+
 Every step reports `speed`: the mean forward speed along the start heading over the last
 `speed_window_s` (or the whole episode while it is shorter). On go2_flat success means walking:
 no fall (which includes base or thigh contact) for the whole episode and `speed` within
@@ -21,6 +28,7 @@ no fall (which includes base or thigh contact) for the whole episode and `speed`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +41,11 @@ from robot_drivers.interface import Command, CommandKind, Observation
 from robot_drivers.tasks.base import Policy, StepResult, Task
 
 GO2_TASKS = ("go2_flat", "go2_slope", "slippery_slope", "foam")
+# The commanded forward speeds of the paper's real-world trials (m/s), five trials each.
+PAPER_SPEEDS = {"slippery_slope": (0.1, 0.3, 0.5), "foam": (0.2, 0.7, 1.2)}
+# A course's episode limit: this many times the time its success distance takes at the command.
+COURSE_TIME_FACTOR = 2.5
+FREE_EPISODE_S = 20.0  # the episode limit of a task without a success distance (go2_flat)
 
 
 @dataclass(frozen=True)
@@ -107,7 +120,8 @@ class Go2TaskConfig:
     friction_range: tuple[float, float] | None = None
     heading_gain: float = 1.0  # yaw feedback; 0 disables
     max_wz: float = 1.0  # the trained yaw-rate range
-    episode_s: float = 20.0
+    # None: COURSE_TIME_FACTOR x success_distance / vx on a course, else FREE_EPISODE_S
+    episode_s: float | None = None
     success_distance: float | None = None  # m along the start heading; None = survive the episode
     # With success_distance None: also |speed - vx| <= walk_tolerance at the end (None = survive)
     walk_tolerance: float | None = None
@@ -129,12 +143,26 @@ class Go2TaskConfig:
             raise ValueError(
                 f"friction_range must be (lo, hi) with 0 < lo <= hi, got {self.friction_range}"
             )
-        if self.episode_s <= 0 or self.heading_gain < 0:
-            raise ValueError("episode_s must be > 0 and heading_gain >= 0")
+        if (self.episode_s is not None and self.episode_s <= 0) or self.heading_gain < 0:
+            raise ValueError("episode_s must be > 0 (or None) and heading_gain >= 0")
+        if self.episode_s is None and self.success_distance is not None and self.command[0] <= 0:
+            raise ValueError(
+                f"a course's episode limit follows the commanded speed, which must be > 0; got "
+                f"vx={self.command[0]} (give episode_s to run it anyway)"
+            )
         if self.speed_window_s <= 0 or (
             self.walk_tolerance is not None and self.walk_tolerance <= 0
         ):
             raise ValueError("speed_window_s and walk_tolerance must be > 0")
+
+    @property
+    def episode_seconds(self) -> float:
+        """The episode limit (s): episode_s, else derived from the course and the command."""
+        if self.episode_s is not None:
+            return self.episode_s
+        if self.success_distance is not None:
+            return COURSE_TIME_FACTOR * self.success_distance / self.command[0]
+        return FREE_EPISODE_S
 
 
 def _wrap(a: float) -> float:
@@ -148,7 +176,7 @@ class Go2Task(Task):
         self.name, self.variant, self.config = name, variant, config
         terrain = config.gap.apply(config.terrain) if config.gap else config.terrain
         self.backend = MujocoGo2Backend(config.go2, terrain)
-        self.max_steps = int(round(config.episode_s / config.go2.control_dt))
+        self.max_steps = int(round(config.episode_seconds / config.go2.control_dt))
         self._base_command = np.asarray(config.command, dtype=np.float64)
         self._obs: Observation | None = None
 
@@ -277,8 +305,19 @@ def rollout(
     return Rollout(r, k + 1, np.mean(vel, axis=0), values)
 
 
-def make_go2_task(name: str, variant: str = "sim", **overrides) -> Go2Task:
-    """Build one of GO2_TASKS; overrides replace `Go2TaskConfig` fields (command=(0.3, 0, 0))."""
+def make_go2_task(
+    name: str,
+    variant: str = "sim",
+    *,
+    speed: float | None = None,
+    panel_friction: float | None = None,
+    **overrides,
+) -> Go2Task:
+    """Build one of GO2_TASKS; overrides replace `Go2TaskConfig` fields (command=(0.3, 0, 0)).
+
+    Task options: `speed` replaces the command's vx (m/s, > 0); `panel_friction` replaces the
+    PTFE panels' friction of the Slippery Slope stand-in (slippery_slope, variant "real").
+    """
     if name not in GO2_TASKS:
         raise ValueError(f"unknown Go2 task {name!r}; expected one of {GO2_TASKS}")
     if variant not in ("sim", "real"):
@@ -306,4 +345,33 @@ def make_go2_task(name: str, variant: str = "sim", **overrides) -> Go2Task:
         raise ValueError(f"unknown override(s) {unknown} for {name}; allowed: {sorted(known)}")
     if "command" in overrides:
         overrides["command"] = tuple(float(c) for c in overrides["command"])
+    if speed is not None:
+        if "command" in overrides or "command_ranges" in overrides:
+            raise ValueError("give either speed or command / command_ranges, not both")
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed must be a finite commanded vx > 0 (m/s), got {speed}")
+        _, vy, wz = Go2TaskConfig.command
+        overrides["command"] = (float(speed), vy, wz)
+    if panel_friction is not None:
+        if (name, variant) != ("slippery_slope", "real"):
+            raise ValueError(
+                f"panel_friction sets the PTFE panels of the Slippery Slope stand-in "
+                f"(slippery_slope, variant 'real'), not {name} {variant!r}"
+            )
+        if not (math.isfinite(panel_friction) and panel_friction > 0):
+            raise ValueError(f"panel_friction must be finite and > 0, got {panel_friction}")
+        base["gap"] = slippery_slope_gap(panel_friction)
     return Go2Task(name, variant, Go2TaskConfig(**{**base, **overrides}))
+
+
+def slippery_slope_gap(panel_friction: float) -> Go2Gap:
+    """The Slippery Slope stand-in with its panels' friction set to `panel_friction`."""
+    if panel_friction == SLIPPERY_SLOPE_GAP.panel_friction:
+        return SLIPPERY_SLOPE_GAP
+    return dataclasses.replace(
+        SLIPPERY_SLOPE_GAP,
+        description=f"PTFE sheets on both panels: foot-panel friction 0.8 -> {panel_friction:g} "
+        "(a rung of the stand-in ladder, docs/adaptation.md). Geometry is unchanged, so the "
+        "height scan cannot see the difference.",
+        panel_friction=float(panel_friction),
+    )

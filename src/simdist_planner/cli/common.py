@@ -93,6 +93,33 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_course_arguments(p: argparse.ArgumentParser) -> None:
+    """The Go2 task options the paper varies: commanded speed and the stand-in's panel friction."""
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        help="Go2: commanded forward speed vx in m/s (default: the task's, 0.5); a course's "
+        "episode limit follows it (2.5 x its length / speed)",
+    )
+    p.add_argument(
+        "--friction",
+        type=float,
+        default=None,
+        help="slippery_slope --variant real: the PTFE panels' friction (default 0.15)",
+    )
+
+
+def course_overrides(args) -> dict:
+    """`task_overrides` keywords of the course flags the user set."""
+    out = {}
+    if args.speed is not None:
+        out["speed"] = args.speed
+    if args.friction is not None:
+        out["panel_friction"] = args.friction
+    return out
+
+
 def planner_overrides(args) -> dict:
     """The PlannerConfig overrides the user set (flags left at None keep the preset's value);
     `preset` names the preset itself."""

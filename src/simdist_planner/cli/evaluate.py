@@ -2,6 +2,7 @@
 
     simdist-eval --task peg --region wide --checkpoint CKPT --episodes 50
     simdist-eval --task go2_flat --checkpoint CKPT --agents policy,planner --device cuda
+    simdist-eval --task slippery_slope --variant real --speed 0.3 --friction 0.12 --checkpoint CKPT
 
 Every agent runs the same seeded episodes (seed, seed + 1, ...; the seed resets both the task and
 the agent). The table gives the success rate, the mean episode return (sum of the task's
@@ -19,7 +20,12 @@ import pathlib
 import torch
 
 from robot_drivers.registry import make_task
-from simdist_planner.cli.common import add_planner_arguments, planner_overrides
+from simdist_planner.cli.common import (
+    add_course_arguments,
+    add_planner_arguments,
+    course_overrides,
+    planner_overrides,
+)
 from simdist_planner.evaluation.agents import AGENTS, build_agents
 from simdist_planner.evaluation.evaluate import UR5E_TASKS, evaluate, format_table, task_overrides
 from simdist_planner.model.checkpoint import load_checkpoint
@@ -55,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--max-steps", type=int, default=None, help="episode length in steps (default: the task's)"
     )
+    add_course_arguments(p)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_planner_arguments(p)
     p.add_argument(
@@ -77,9 +84,10 @@ def main(argv=None) -> int:
     )
     if args.max_steps is not None and args.max_steps < 1:
         raise SystemExit(f"simdist-eval: --max-steps must be >= 1, got {args.max_steps}")
-    task = make_task(
-        args.task, args.variant, **task_overrides(args.task, args.region, args.max_steps, model)
+    overrides = task_overrides(
+        args.task, args.region, args.max_steps, model, **course_overrides(args)
     )
+    task = make_task(args.task, args.variant, **overrides)
     try:
         agents = build_agents(names, task, model, args.device, **planner_overrides(args))
         summaries = evaluate(

@@ -15,6 +15,7 @@ from dataclasses import asdict
 import torch
 
 from robot_drivers.registry import make_task
+from simdist_planner.cli.common import add_course_arguments, course_overrides
 from simdist_planner.evaluation.evaluate import task_overrides
 from simdist_planner.evaluation.probe import (
     DRIVERS,
@@ -47,6 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--max-steps", type=int, default=None, help="episode length in steps (default: the task's)"
     )
+    add_course_arguments(p)
     p.add_argument("--every", type=int, default=ProbeConfig.every)
     p.add_argument("--start", type=int, default=ProbeConfig.start)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -62,7 +64,9 @@ def main(argv=None) -> int:
         models[name or path] = load_checkpoint(path, device=args.device)
     seeds = [int(s) for s in args.seeds.split(",")]
     first = next(iter(models.values()))
-    overrides = task_overrides(args.task, args.region, args.max_steps, first)
+    overrides = task_overrides(
+        args.task, args.region, args.max_steps, first, **course_overrides(args)
+    )
     task = make_task(args.task, args.variant, **overrides)
     twin = None if copyable(task) else make_task(args.task, args.variant, **overrides)
     try:

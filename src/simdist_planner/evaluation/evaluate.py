@@ -130,10 +130,16 @@ def format_table(summaries: list[AgentSummary], title: str) -> str:
 
 
 def task_overrides(
-    task_name: str, region: str | None = None, max_steps: int | None = None, model=None
+    task_name: str,
+    region: str | None = None,
+    max_steps: int | None = None,
+    model=None,
+    speed: float | None = None,
+    panel_friction: float | None = None,
 ) -> dict:
     """make_task overrides: UR5e region, images rendered at the model's size, episode length
-    (so a shortened episode still ends the task's own way: truncation, survival success)."""
+    (so a shortened episode still ends the task's own way: truncation, survival success), and the
+    Go2 task options `speed` and `panel_friction` (robot_drivers.tasks.go2_tasks)."""
     overrides = {}
     if task_name in UR5E_TASKS:
         overrides["region"] = region or "wide"
@@ -141,9 +147,17 @@ def task_overrides(
             overrides["image_size"] = (model.config.image.height, model.config.image.width)
         if max_steps is not None:
             overrides["max_steps"] = max_steps
+        if speed is not None or panel_friction is not None:
+            raise ValueError(
+                f"speed and panel friction are Go2 task options, not options of {task_name!r}"
+            )
     else:
         if region is not None:
             raise ValueError(f"--region applies to the UR5e tasks {UR5E_TASKS}, not {task_name!r}")
         if max_steps is not None:
             overrides["episode_s"] = max_steps * Go2Config().control_dt
+        if speed is not None:
+            overrides["speed"] = speed
+        if panel_friction is not None:
+            overrides["panel_friction"] = panel_friction
     return overrides

@@ -8,6 +8,7 @@ command lines. Nothing here imports rclpy, launch or launch_ros.
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 from dataclasses import dataclass, field, replace
@@ -145,7 +146,20 @@ COMMON_ARGS: tuple[LaunchArg, ...] = (
     ),
 )
 UR5E_ARGS = (LaunchArg("robot_ip", "", "UR5e controller IP address (robot:=real)"),)
-GO2_ARGS = (LaunchArg("network_interface", "", "network interface wired to the Go2 (robot:=real)"),)
+GO2_ARGS = (
+    LaunchArg("network_interface", "", "network interface wired to the Go2 (robot:=real)"),
+    LaunchArg(
+        "speed",
+        "0",
+        "robot:=sim: commanded forward speed in m/s (0: the task's, 0.5); a course's episode "
+        "limit follows it",
+    ),
+    LaunchArg(
+        "friction",
+        "0",
+        "robot:=sim variant:=real, go2_slope: the PTFE panels' friction (0: the stand-in's, 0.15)",
+    ),
+)
 
 
 _REAL = (("robot", ("real",)),)
@@ -168,6 +182,7 @@ def _nodes(robot: str) -> tuple[NodeSpec, ...]:
             arg_params=(("network_interface", "network_interface"),),
         )
     )
+    course = (("speed", "speed"), ("panel_friction", "friction")) if robot == "go2" else ()
     return (
         NodeSpec(
             "mujoco_driver",
@@ -178,6 +193,7 @@ def _nodes(robot: str) -> tuple[NodeSpec, ...]:
                 ("lockstep", "lockstep"),
                 ("seed", "seed"),
                 ("episodes", "episodes"),
+                *course,
             ),
         ),
         hw_driver,
@@ -301,6 +317,19 @@ def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
     for name in ("seed", "episodes"):
         if not args[name].lstrip("-").isdigit() or int(args[name]) < 0:
             raise ValueError(f"argument {name}:={args[name]!r} must be a non-negative integer")
+    for name in ("speed", "friction"):
+        if name in args and not _non_negative_number(args[name]):
+            raise ValueError(
+                f"argument {name}:={args[name]!r} must be a number >= 0 (0: the task's)"
+            )
+    if (
+        float(args.get("friction", 0))
+        and dict(_graph(graph).sim_tasks).get(args["variant"]) != "slippery_slope"
+    ):
+        raise ValueError(
+            "argument friction:= sets the Slippery Slope stand-in's panels: graph go2_slope "
+            f"with variant:=real, not {graph} variant:={args['variant']}"
+        )
     if args["domain"] and not (args["domain"].isdigit() and 0 <= int(args["domain"]) <= 232):
         raise ValueError(
             f"argument domain:={args['domain']!r} must be an integer ROS domain id 0..232"
@@ -326,6 +355,14 @@ def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
             if hw_arg in args and not args[hw_arg]:
                 raise ValueError(f"robot:=real needs {hw_arg}:=<value> for graph {graph!r}")
     return args
+
+
+def _non_negative_number(value: str) -> bool:
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return math.isfinite(number) and number >= 0
 
 
 def _typed(value: str, like):

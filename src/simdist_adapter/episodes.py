@@ -1,0 +1,309 @@
+"""Seeded episodes on a "real" stand-in: run in this process or in spawned workers, kept on disk.
+
+An episode depends only on its job (the checkpoint's weights, MPPI or pi, the seed, the task and
+its options), never on which worker ran it. `EpisodeStore` keeps every finished episode under
+the job's key, so a long experiment that is killed resumes without running them again: the
+stats as JSON, a recorded episode's observation rows and actions beside them as `.npz`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import pathlib
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+
+from robot_drivers.registry import make_task
+from robot_drivers.tasks.base import Task
+from simdist_planner.evaluation.agents import Agent, build_agents
+from simdist_planner.model.checkpoint import load_checkpoint
+from simdist_planner.planning.observation import ObservationError, observation_arrays
+from simdist_planner.planning.planner import PlannerError
+
+# Seed ranges that never overlap: evaluation episodes, on-policy collection (D_real) and the
+# selection of a stand-in (simdist-ladder), so no figure is measured on the seeds it was chosen on.
+EVAL_SEED, COLLECT_SEED, SELECTION_SEED = 0, 100_000, 200_000
+
+
+@dataclass
+class Episode:
+    success: bool
+    distance: float
+    steps: int
+    error: str
+    episode_return: float = 0.0  # sum of the task's privileged rewards
+    rows: list[dict] = field(default_factory=list)  # observation arrays o_0..o_L (recorded)
+    actions: list[np.ndarray] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)  # planner's v^_{t+1} per step
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """One episode to run: `course` holds task options on top of the pool's own overrides
+    (e.g. (("panel_friction", 0.12), ("speed", 0.3))), sorted by name."""
+
+    checkpoint: str
+    planner: bool  # MPPI with the pool's planner settings, else pi alone
+    seed: int
+    record: bool = False  # keep the observation rows and actions (D_real)
+    course: tuple[tuple[str, float], ...] = ()
+
+
+def course(**options) -> tuple[tuple[str, float], ...]:
+    """Task options as an `EpisodeJob.course` (None values left out)."""
+    return tuple(sorted((k, float(v)) for k, v in options.items() if v is not None))
+
+
+def run_episode(task: Task, agent: Agent, seed: int, record: bool) -> Episode:
+    """One seeded episode; a planner / observation error ends it as a failure, never acted on."""
+    obs = task.reset(seed)
+    agent.reset(seed)
+    ep = Episode(False, math.nan, 0, "")
+    try:
+        while ep.steps < task.max_steps:
+            if record:
+                ep.rows.append(observation_arrays(obs, task.spec))
+            action = agent.act(obs)
+            if agent.last_plan is not None:
+                ep.values.append(float(agent.last_plan.values[0]))
+            result = task.step(action)
+            ep.actions.append(action)
+            obs, ep.steps = result.obs, ep.steps + 1
+            ep.episode_return += float(result.reward)
+            ep.distance = float(result.info.get("distance", math.nan))
+            ep.success = bool(result.success)
+            if result.terminated or result.truncated:
+                break
+        if record:
+            ep.rows.append(observation_arrays(obs, task.spec))
+    except (PlannerError, ObservationError) as err:
+        ep.error = str(err)
+        ep.rows = ep.rows[: len(ep.actions) + 1]
+    return ep
+
+
+class EpisodeRunner:
+    """Seeded episodes of one "real" task, for world models given by checkpoint directory.
+
+    Holds a task per set of task options and the most recent models; `EpisodePool` runs one of
+    these per worker process, and with one worker uses one directly, so both paths run the same
+    code.
+    """
+
+    MAX_MODELS = 2  # the pretrained and the deployed model are enough
+    MAX_TASKS = 4  # the task options one experiment interleaves (three speeds)
+
+    def __init__(self, task_name: str, overrides: dict, device: str, planner: dict):
+        self.task_name, self.overrides = task_name, dict(overrides)
+        self.device, self.planner = device, planner
+        self._models: dict[str, object] = {}
+        self._tasks: dict[tuple, Task] = {}
+
+    def task(self, options: tuple = ()) -> Task:
+        if options not in self._tasks:
+            if len(self._tasks) >= self.MAX_TASKS:
+                self._tasks.pop(next(iter(self._tasks))).close()
+            self._tasks[options] = make_task(
+                self.task_name, "real", **{**self.overrides, **dict(options)}
+            )
+        return self._tasks[options]
+
+    def model(self, checkpoint: str):
+        if checkpoint not in self._models:
+            if len(self._models) >= self.MAX_MODELS:
+                self._models.pop(next(iter(self._models)))
+            self._models[checkpoint] = load_checkpoint(checkpoint, device=self.device)
+        return self._models[checkpoint]
+
+    def agent(self, task: Task, checkpoint: str, planner: bool) -> Agent:
+        name = "planner" if planner else "policy"
+        agents = build_agents([name], task, self.model(checkpoint), self.device, **self.planner)
+        return agents[name]
+
+    def episode(self, job: EpisodeJob) -> Episode:
+        task = self.task(job.course)
+        return run_episode(
+            task, self.agent(task, job.checkpoint, job.planner), job.seed, job.record
+        )
+
+    def close(self) -> None:
+        for task in self._tasks.values():
+            task.close()
+        self._tasks.clear()
+
+
+_RUNNER: EpisodeRunner | None = None  # the worker process's runner
+
+
+def _init_worker(task_name: str, overrides: dict, device: str, planner: dict) -> None:
+    global _RUNNER
+    torch.set_num_threads(1)  # the workers share the cores
+    _RUNNER = EpisodeRunner(task_name, overrides, device, planner)
+
+
+def _worker_episode(job: EpisodeJob) -> Episode:
+    return _RUNNER.episode(job)
+
+
+class EpisodeStore:
+    """Finished episodes on disk, one `<key>.json` each (plus `<key>.npz` when recorded).
+
+    The JSON is written last, by rename, so an episode is either whole or absent: a kill in the
+    middle of a write leaves at most a stray temporary file, never a half episode.
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = pathlib.Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @staticmethod
+    def key(identity: dict) -> str:
+        text = json.dumps(identity, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    def load(self, key: str) -> Episode | None:
+        meta = self.root / f"{key}.json"
+        if not meta.is_file():
+            return None
+        data = json.loads(meta.read_text())
+        ep = Episode(**data["episode"])
+        if data["recorded"]:
+            with np.load(self.root / f"{key}.npz") as arrays:
+                ep.actions = list(arrays["actions"])
+                names = [n[len("rows_") :] for n in arrays.files if n.startswith("rows_")]
+                rows = {n: arrays[f"rows_{n}"] for n in names}
+                count = len(next(iter(rows.values()))) if rows else 0
+                ep.rows = [{n: rows[n][i] for n in names} for i in range(count)]
+        return ep
+
+    def save(self, key: str, ep: Episode, identity: dict) -> None:
+        recorded = bool(ep.rows)
+        if recorded:
+            arrays = {f"rows_{n}": np.stack([r[n] for r in ep.rows]) for n in ep.rows[0]}
+            arrays["actions"] = np.asarray(ep.actions, dtype=np.float32).reshape(
+                len(ep.actions), -1
+            )
+            self._replace(self.root / f"{key}.npz", lambda f: np.savez(f, **arrays))
+        stats = {k: v for k, v in asdict(ep).items() if k not in ("rows", "actions")}
+        text = json.dumps({"job": identity, "episode": stats, "recorded": recorded}, default=float)
+        self._replace(self.root / f"{key}.json", lambda f: f.write(text.encode()))
+
+    @staticmethod
+    def _replace(path: pathlib.Path, write) -> None:
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+def weights_digest(checkpoint: str | os.PathLike) -> str:
+    """SHA-256 of a checkpoint's weights file: the model's identity in an episode's key."""
+    path = pathlib.Path(checkpoint) / "model.safetensors"
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class EpisodePool:
+    """`run(jobs)` over one runner or a pool of spawned workers, reusing stored episodes."""
+
+    def __init__(
+        self,
+        task_name: str,
+        overrides: dict,
+        device: str,
+        planner: dict,
+        workers: int,
+        store: EpisodeStore | None = None,
+    ):
+        args = (task_name, overrides, device, planner)
+        self._identity = {
+            "task": task_name,
+            "overrides": overrides,
+            "device": device,
+            "planner": planner,
+        }
+        self.store = store
+        self._digests: dict[tuple, str] = {}
+        self._local = EpisodeRunner(*args) if workers == 1 else None
+        self._pool = None
+        if workers > 1:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=args,
+            )
+
+    def identity(self, job: EpisodeJob) -> dict:
+        """What an episode depends on; a registry link counts by the weights it points to."""
+        path = pathlib.Path(job.checkpoint).resolve()
+        stat = (path / "model.safetensors").stat()
+        cache = (str(path), stat.st_mtime_ns, stat.st_size)
+        if cache not in self._digests:
+            self._digests[cache] = weights_digest(path)
+        return {
+            **self._identity,
+            "planner": self._identity["planner"] if job.planner else None,
+            "agent": "planner" if job.planner else "policy",
+            "weights": self._digests[cache],
+            "seed": job.seed,
+            "record": job.record,
+            "course": dict(job.course),
+        }
+
+    def run(
+        self,
+        jobs: Sequence[EpisodeJob],
+        on_done: Callable[[int, Episode, bool], None] | None = None,
+    ) -> list[Episode]:
+        """Every job's episode, in order; stored ones are loaded, the rest run and stored as
+        each finishes. `on_done(index, episode, stored)` is called once per job."""
+        jobs = [replace(j, checkpoint=str(pathlib.Path(j.checkpoint).resolve())) for j in jobs]
+        identities = [self.identity(j) for j in jobs]
+        keys = [EpisodeStore.key(i) for i in identities]
+        out: list[Episode | None] = [None] * len(jobs)
+        todo = []
+        for i, key in enumerate(keys):
+            ep = self.store.load(key) if self.store is not None else None
+            if ep is not None:
+                out[i] = ep
+                if on_done:
+                    on_done(i, ep, True)
+            else:
+                todo.append(i)
+
+        def finish(i: int, ep: Episode) -> None:
+            out[i] = ep
+            if self.store is not None:
+                self.store.save(keys[i], ep, identities[i])
+            if on_done:
+                on_done(i, ep, False)
+
+        if self._pool is None:
+            for i in todo:
+                finish(i, self._local.episode(jobs[i]))
+        else:
+            futures = {self._pool.submit(_worker_episode, jobs[i]): i for i in todo}
+            for future in concurrent.futures.as_completed(futures):
+                finish(futures[future], future.result())
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+        if self._local is not None:
+            self._local.close()
