@@ -181,6 +181,34 @@ def test_a_robot_that_falls_at_once_does_not_restart_episodes_in_a_loop(ros_doma
         ros.close()
 
 
+def test_driver_runs_the_stand_in_at_the_commanded_speed_and_panel_friction(ros_domain):
+    """The launch arguments speed:= and friction:= reach the task: the panels, the episode limit
+    and the command the robot publishes (which is what the planner is commanded)."""
+    ros = RosHarness(ros_domain)
+    try:
+        values = {"robot": "go2", "task": "slippery_slope", "variant": "real", "speed": 0.3}
+        values["panel_friction"] = 0.12
+        node = ros.add(
+            MujocoDriverNode(
+                context=ros.context,
+                parameter_overrides=[Parameter(k, value=v) for k, v in values.items()],
+            )
+        )
+        task = node.episode.task
+        assert task.backend.terrain.panel_friction == 0.12 and task.max_steps == 758
+        proprio = ros.collect(JointState, "/simdist/robot/proprio")
+        assert ros.spin_until(lambda: proprio)
+        command = ros_msgs.split_proprio_msg(proprio[-1])[1]
+        np.testing.assert_allclose(command[0], 0.3)
+        with pytest.raises(ValueError, match="speed is a Go2 task option"):
+            MujocoDriverNode(
+                context=ros.context,
+                parameter_overrides=[Parameter("task", value="peg"), Parameter("speed", value=0.3)],
+            )
+    finally:
+        ros.close()
+
+
 def test_driver_warns_when_a_second_node_publishes_robot_commands(ros_domain):
     """Only the safety supervisor should publish /simdist/safe_command; a second publisher
     (anything on the domain can join) is reported on /diagnostics."""

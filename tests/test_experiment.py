@@ -2,11 +2,18 @@
 
 A small randomly initialised Go2 model on Slippery Slope keeps it CPU-cheap; what is checked is
 the machinery: every figure lands in results.json, adaptation touches the registry, the shared
-zero-shot evaluation, and that episodes in spawned workers reproduce the in-process run exactly.
+zero-shot evaluation, that episodes in spawned workers reproduce the in-process run exactly, and
+that a killed run resumes from its output folder with the figures of an uninterrupted one.
 """
 
 import json
 import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -16,16 +23,20 @@ from simdist_planner.model.checkpoint import save_checkpoint
 from test_adapter import small_model
 
 
-def config(tmp_path, checkpoint, workers: int) -> ExperimentConfig:
+def config(tmp_path, checkpoint, workers: int, out: str = "", rounds: int = 1) -> ExperimentConfig:
     return ExperimentConfig(
         task="slippery_slope",
         checkpoint=str(checkpoint),
-        out=str(tmp_path / f"w{workers}"),
+        out=str(tmp_path / (out or f"w{workers}")),
         methods=("simdist", "unfreeze_encoder", "base_policy"),
-        rounds=1,
+        rounds=rounds,
         episodes_per_round=3,
         eval_episodes=2,
         max_steps=12,
+        speed=0.3,
+        panel_friction=0.12,
+        other_speeds=(0.5,),
+        other_eval_episodes=1,
         workers=workers,
         planner={"num_samples": 8, "iterations": 1, "num_elites": 2},
         adapt=AdaptConfig(batch_size=8, lr=1e-3, warmup_steps=2, max_steps=6, holdout=0.34),
@@ -57,6 +68,10 @@ def test_workers_reproduce_the_in_process_experiment(tmp_path):
     simdist, encoder = saved["methods"]["simdist"], saved["methods"]["unfreeze_encoder"]
     assert [c["real_episodes"] for c in simdist["curve"]] == [0, 3]
     assert simdist["curve"][0] == encoder["curve"][0]  # one zero-shot evaluation serves both
+    zero = simdist["curve"][0]
+    assert zero["episodes"] == 2 and set(zero["other_speeds"]) == {"0.5"}
+    assert zero["other_speeds"]["0.5"]["episodes"] == 1 and zero["robot_minutes"] > 0
+    assert zero["successes_per_minute"] == zero["successes"] / zero["robot_minutes"]
     assert simdist["rounds"][0]["heldout_candidate"] is not None
     history = json.loads((tmp_path / "w2" / "simdist" / "registry" / "history.json").read_text())
     assert simdist["rounds"][0]["deployed"] and [h["version"] for h in history] == [
@@ -69,7 +84,9 @@ def test_workers_reproduce_the_in_process_experiment(tmp_path):
     assert (
         all(math.isfinite(x) for x in returns) and len(set(returns)) > 1
     )  # summed per episode, not a constant
-    assert len(saved["plots"]) >= 2 and "simdist" in format_table(saved)
+    assert len(saved["plots"]) >= 3 and "simdist" in format_table(saved)
+    assert any(p.endswith("successes_per_minute.png") for p in saved["plots"])
+    assert "0.5 m/s" in format_table(saved)
     probe = saved["probe_trajectory"]  # the deployed round's predicted vs real trajectory
     assert set(probe["predicted"]) == {"pretrained", "adapted"}
     assert all(len(v) == len(probe["real"]) > 0 for v in probe["predicted"].values())
@@ -120,3 +137,85 @@ def test_cli_settings_reach_the_config():
     }
     with pytest.raises(ValueError, match="workers"):
         ExperimentConfig(checkpoint="ckpt", workers=0)
+
+
+def _stored(out: pathlib.Path) -> dict[str, tuple[int, int]]:
+    """Every stored episode file with its inode and mtime: rewritten files would change both."""
+    return {
+        p.name: (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in (out / "episodes").iterdir()
+        if not p.name.startswith(".")
+    }
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume")
+    checkpoint = save_checkpoint(small_model(), tmp / "pretrained")
+    return tmp, checkpoint, Experiment(config(tmp, checkpoint, 1, "reference", rounds=2)).run()
+
+
+@pytest.mark.timeout(600)
+def test_a_run_killed_in_the_middle_of_a_round_resumes_where_it_stopped(uninterrupted):
+    """SIGKILL while round 1 collects its episodes: the resumed run keeps what was stored (no
+    episode runs twice, the registry is the one it left) and ends with the uninterrupted run's
+    figures."""
+    tmp, checkpoint, reference = uninterrupted
+    out = tmp / "killed"
+    script = (  # one torch thread, as in this test process (conftest): the same float32 sums
+        "import sys; sys.path.insert(0, sys.argv[1]); import pathlib, torch;"
+        "torch.set_num_threads(1);"
+        "from test_experiment import config; from simdist_adapter.experiment import Experiment;"
+        "Experiment(config(pathlib.Path(sys.argv[2]), sys.argv[3], 1, 'killed', 2)).run()"
+    )
+    tests = str(pathlib.Path(__file__).parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, tests, str(tmp), str(checkpoint)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not any((out / "episodes").glob("*.npz")):  # round 1 has stored an episode
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    kept = _stored(out)
+    assert not (out / "simdist" / "rounds.json").exists()  # killed before the round's record
+    resumed = Experiment(config(tmp, checkpoint, 1, "killed", rounds=2)).run()
+    assert figures(resumed) == figures(reference)
+    now = _stored(out)
+    assert all(now[name] == stat for name, stat in kept.items())  # nothing stored ran again
+    history = json.loads((out / "simdist" / "registry" / "history.json").read_text())
+    assert len(history) == 1 + sum(rd["deployed"] for rd in resumed["methods"]["simdist"]["rounds"])
+
+
+def test_a_round_killed_after_deploying_is_rolled_back_and_run_again(uninterrupted, monkeypatch):
+    """The window between the registry's deploy and the round's record: the resumed run rolls
+    the unrecorded version back, runs the round again, and reports the uninterrupted figures."""
+    tmp, checkpoint, reference = uninterrupted
+    cfg = config(tmp, checkpoint, 1, "deployed", rounds=2)
+    write = Experiment._write_rounds
+
+    def killed(root, rounds):
+        raise KeyboardInterrupt("killed after the registry deployed round 1")
+
+    monkeypatch.setattr(Experiment, "_write_rounds", staticmethod(killed))
+    with pytest.raises(KeyboardInterrupt):
+        Experiment(cfg).run()
+    registry = pathlib.Path(cfg.out) / "simdist" / "registry"
+    assert [h["version"] for h in json.loads((registry / "history.json").read_text())] == [
+        "v0000",
+        "v0001",
+    ]
+    monkeypatch.setattr(Experiment, "_write_rounds", staticmethod(write))
+    resumed = Experiment(cfg).run()
+    assert figures(resumed) == figures(reference)
+    versions = [h["version"] for h in json.loads((registry / "history.json").read_text())]
+    assert versions[0] == "v0000" and "v0001" not in versions  # rolled back, deployed anew
+    assert len(versions) == 1 + sum(
+        rd["deployed"] for rd in resumed["methods"]["simdist"]["rounds"]
+    )

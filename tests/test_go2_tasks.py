@@ -34,7 +34,9 @@ def test_tasks_reset_step_and_score(name, variant):
     assert set(r.info) >= {"distance", "fallen", "vel_rmse"}
     json.dumps(r.info)  # the driver node publishes it as JSON
     assert not r.success and not r.truncated
-    assert task.max_steps == 1000
+    # a course's limit follows the command (2.5 x its length / 0.5 m/s); go2_flat runs 20 s
+    course = {"go2_flat": None, "go2_slope": 1.82, "slippery_slope": 1.82, "foam": 3.0}[name]
+    assert task.max_steps == (1000 if course is None else round(2.5 * course / 0.5 / 0.02))
 
 
 def test_real_variants_are_documented_changes_of_the_sim_course():
@@ -48,11 +50,40 @@ def test_real_variants_are_documented_changes_of_the_sim_course():
     assert SLIPPERY_SLOPE_GAP.description and FOAM_GAP.description
 
 
+def test_speed_and_panel_friction_are_task_options():
+    """The paper's two knobs of the Slippery Slope stand-in: the commanded speed (the episode
+    limit follows it) and the PTFE panels' friction; anything else is refused by name."""
+    task = make_task("slippery_slope", "real", speed=0.3, panel_friction=0.12)
+    assert task.backend.terrain.panel_friction == 0.12
+    assert task.config.gap.name == "slippery_slope" and "0.12" in task.config.gap.description
+    assert task.config.command == (0.3, 0.0, 0.0)
+    assert task.max_steps == round(2.5 * 1.82 / 0.3 / 0.02)  # 15.2 s
+    obs = task.reset(0)
+    np.testing.assert_allclose(obs.command[0], 0.3)  # the model is commanded the same speed
+    slow = make_task("foam", "real", speed=0.2)
+    assert slow.max_steps == round(2.5 * 3.0 / 0.2 / 0.02)
+    assert make_task("slippery_slope", "real", panel_friction=0.15).config.gap is SLIPPERY_SLOPE_GAP
+    # an explicit episode length wins over the derived one
+    assert make_task("slippery_slope", "real", speed=0.1, episode_s=2.0).max_steps == 100
+    with pytest.raises(ValueError, match="panel_friction"):
+        make_task("slippery_slope", "sim", panel_friction=0.12)
+    with pytest.raises(ValueError, match="panel_friction"):
+        make_task("foam", "real", panel_friction=0.12)
+    with pytest.raises(ValueError, match="panel_friction must be"):
+        make_task("slippery_slope", "real", panel_friction=0.0)
+    with pytest.raises(ValueError, match="speed must be"):
+        make_task("slippery_slope", "real", speed=-0.3)
+    with pytest.raises(ValueError, match="either speed or command"):
+        make_task("go2_flat", "sim", speed=0.3, command=(0.3, 0.0, 0.0))
+    with pytest.raises(ValueError, match="follows the commanded speed"):
+        make_task("go2_slope", "sim", command=(0.0, 0.0, 0.0))
+
+
 def test_bad_task_arguments_raise_clearly():
     with pytest.raises(ValueError, match="no 'real' variant"):
         make_task("go2_flat", "real")
     with pytest.raises(ValueError, match="unknown override"):
-        make_task("go2_flat", "sim", speed=1.0)
+        make_task("go2_flat", "sim", velocity=1.0)
     with pytest.raises(ValueError, match="command"):
         make_task("go2_flat", "sim", command=(0.5, np.nan, 0.0))
     task = make_task("go2_flat", "sim")

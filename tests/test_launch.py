@@ -60,6 +60,24 @@ def test_sim_graph_command_lines(tmp_path):
     )  # recording: tick 0 waits for the recorder
 
 
+def test_go2_graphs_take_the_stand_ins_speed_and_panel_friction():
+    graph = desc.resolve("go2_slope", {"checkpoint": "/ck", "speed": "0.3", "friction": "0.12"})
+    driver = next(n for n in graph.nodes if n.name == "mujoco_driver")
+    assert driver.overrides["task"] == "slippery_slope"
+    assert driver.overrides["speed"] == 0.3 and driver.overrides["panel_friction"] == 0.12
+    assert "-p" in launcher.command_line(driver) and "speed:=0.3" in launcher.command_line(driver)
+    default = desc.resolve("go2_flat", {"checkpoint": "/ck"}).nodes[0]
+    assert default.overrides["speed"] == 0.0 and default.overrides["panel_friction"] == 0.0
+    with pytest.raises(ValueError, match="friction:= sets the Slippery Slope"):
+        desc.resolve("go2_flat", {"checkpoint": "/ck", "friction": "0.12"})
+    with pytest.raises(ValueError, match="friction:= sets the Slippery Slope"):
+        desc.resolve("go2_slope", {"checkpoint": "/ck", "variant": "sim", "friction": "0.12"})
+    with pytest.raises(ValueError, match="speed:='fast' must be a number"):
+        desc.resolve("go2_slope", {"checkpoint": "/ck", "speed": "fast"})
+    with pytest.raises(ValueError, match="unknown argument"):  # the UR5e graphs have neither
+        desc.resolve("peg", {"checkpoint": "/ck", "speed": "0.3"})
+
+
 def test_real_and_replay_graphs_swap_the_robot_side():
     real = desc.resolve(
         "go2_slope", {"robot": "real", "checkpoint": "/ck", "network_interface": "eth1"}

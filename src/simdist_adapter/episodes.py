@@ -1,9 +1,11 @@
 """Seeded episodes on a "real" stand-in: run in this process or in spawned workers, kept on disk.
 
 An episode depends only on its job (the checkpoint's weights, MPPI or pi, the seed, the task and
-its options), never on which worker ran it. `EpisodeStore` keeps every finished episode under
-the job's key, so a long experiment that is killed resumes without running them again: the
-stats as JSON, a recorded episode's observation rows and actions beside them as `.npz`.
+its options) and on the torch thread count it runs with (float32 sums are split differently, and
+a contact-rich episode can amplify the last bits), never on which worker ran it. Workers run one
+thread each. `EpisodeStore` keeps every finished episode under the job's key and thread count, so
+a long experiment that is killed resumes without running them again: the stats as JSON, a
+recorded episode's observation rows and actions beside them as `.npz`.
 """
 
 from __future__ import annotations
@@ -237,6 +239,7 @@ class EpisodePool:
             "planner": planner,
         }
         self.store = store
+        self._workers = workers
         self._digests: dict[tuple, str] = {}
         self._local = EpisodeRunner(*args) if workers == 1 else None
         self._pool = None
@@ -263,6 +266,7 @@ class EpisodePool:
             "seed": job.seed,
             "record": job.record,
             "course": dict(job.course),
+            "threads": 1 if self._workers > 1 else torch.get_num_threads(),
         }
 
     def run(

@@ -39,7 +39,11 @@ from simdist_adapter.episodes import (
 )
 from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
 from simdist_adapter.registry import ModelRegistry
-from simdist_planner.cli.common import add_planner_arguments, planner_overrides
+from simdist_planner.cli.common import (
+    add_course_arguments,
+    add_planner_arguments,
+    planner_overrides,
+)
 from simdist_planner.data.dataset import ShardWriter, StepLayout, episode_record, shard_name
 from simdist_planner.evaluation.evaluate import task_overrides
 from simdist_planner.model.checkpoint import load_checkpoint
@@ -316,22 +320,39 @@ class Experiment:
         import matplotlib.pyplot as plt  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
         files = []
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name, r in results["methods"].items():
-            xs = [c["real_episodes"] for c in r["curve"]]
-            ys = [c["success_rate"] for c in r["curve"]]
-            if name == "base_policy" and results["methods"].get("simdist"):
-                xs = [c["real_episodes"] for c in results["methods"]["simdist"]["curve"]]
-                ys = ys * len(xs)
-            ax.plot(xs, ys, marker="o", label=name)
-        ax.set(
-            xlabel="real episodes",
-            ylabel="success rate",
-            title=f"{self.cfg.task}: success vs real data",
-            ylim=(-0.05, 1.05),
-        )
-        ax.legend()
-        files.append(self._save(fig, "success_vs_episodes.png"))
+        rounds_x = [
+            c["real_episodes"] for c in results["methods"].get("simdist", {}).get("curve", [])
+        ]
+        headline = "" if self.cfg.speed is None else f" at {self.cfg.speed:g} m/s"
+        for file, key, ylabel, title in (
+            ("success_vs_episodes.png", "success_rate", "success rate", "success vs real data"),
+            (
+                "successes_per_minute.png",
+                "successes_per_minute",
+                "successes per minute of robot time",
+                "throughput (paper Fig. 6)",
+            ),
+        ):
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for m, (name, r) in enumerate(results["methods"].items()):
+                xs = [c["real_episodes"] for c in r["curve"]]
+                ys = [c[key] for c in r["curve"]]
+                if name == "base_policy" and rounds_x:  # pi never changes: flat over the rounds
+                    xs, ys = rounds_x, ys * len(rounds_x)
+                ax.plot(xs, ys, marker="o", color=f"C{m}", label=f"{name}{headline}")
+                for k, speed in enumerate(r["curve"][0].get("other_speeds", {})):
+                    other = [c["other_speeds"][speed][key] for c in r["curve"]]
+                    if name == "base_policy" and rounds_x:
+                        other = other * len(rounds_x)
+                    style = ("--", ":", "-.")[k % 3]
+                    ax.plot(
+                        xs, other, style, marker=".", color=f"C{m}", label=f"{name} {speed} m/s"
+                    )
+            ax.set(xlabel="real episodes", ylabel=ylabel, title=f"{self.cfg.task}: {title}")
+            if key == "success_rate":
+                ax.set_ylim(-0.05, 1.05)
+            ax.legend(fontsize="small")
+            files.append(self._save(fig, file))
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for name, r in results["methods"].items():
@@ -438,10 +459,26 @@ class Experiment:
         return str(path)
 
 
+def _fraction(score: dict | None) -> str:
+    return "-" if score is None else f"{score['successes']}/{score['episodes']}"
+
+
 def format_table(results: dict) -> str:
+    """One row per evaluation: success k / n at the headline speed (and at each other speed),
+    successes per minute of robot time, return, distance, the round's held-out latent loss."""
+    other = sorted(
+        {
+            s
+            for r in results["methods"].values()
+            for c in r["curve"]
+            for s in c.get("other_speeds", {})
+        },
+        key=float,
+    )
     lines = [
-        f"{'method':18} {'real eps':>8} {'success':>8} {'return':>8} {'distance':>9} "
-        f"{'held-out loss before->after':>30}"
+        f"{'method':18} {'real eps':>8} {'success':>8} "
+        + "".join(f"{s + ' m/s':>9} " for s in other)
+        + f"{'succ/min':>8} {'return':>8} {'distance':>9} {'held-out loss before->after':>30}"
     ]
     for name, r in results["methods"].items():
         for k, c in enumerate(r["curve"]):
@@ -451,9 +488,11 @@ def format_table(results: dict) -> str:
                 refused = "" if rd["deployed"] else " (refused)"
                 loss = f"{rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f}{refused}"
             dist = "-" if c["mean_distance"] is None else f"{c['mean_distance']:.2f}"
+            speeds = "".join(f"{_fraction(c.get('other_speeds', {}).get(s)):>9} " for s in other)
             lines.append(
-                f"{name:18} {c['real_episodes']:8d} {c['success_rate']:8.2f} "
-                f"{c['mean_return']:8.2f} {dist:>9} {loss:>30}"
+                f"{name:18} {c['real_episodes']:8d} {_fraction(c):>8} "
+                f"{speeds}{c['successes_per_minute']:8.2f} {c['mean_return']:8.2f} {dist:>9} "
+                f"{loss:>30}"
             )
     return "\n".join(lines)
 
@@ -482,6 +521,18 @@ def parse_args(argv=None) -> ExperimentConfig:
     p.add_argument("--episodes-per-round", type=int, default=10)
     p.add_argument("--eval-episodes", type=int, default=20)
     p.add_argument("--max-steps", type=int, default=None)
+    add_course_arguments(p)
+    p.add_argument(
+        "--other-speeds",
+        default="",
+        help="Go2: comma list of further commanded speeds (m/s) evaluated after every round",
+    )
+    p.add_argument(
+        "--other-eval-episodes",
+        type=int,
+        default=5,
+        help="evaluation episodes at each of --other-speeds",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--workers", type=int, default=1, help="processes running episodes side by side")
     add_planner_arguments(p)
@@ -515,6 +566,10 @@ def parse_args(argv=None) -> ExperimentConfig:
         episodes_per_round=a.episodes_per_round,
         eval_episodes=a.eval_episodes,
         max_steps=a.max_steps,
+        speed=a.speed,
+        panel_friction=a.friction,
+        other_speeds=tuple(float(x) for x in a.other_speeds.split(",") if x),
+        other_eval_episodes=a.other_eval_episodes,
         device=a.device,
         workers=a.workers,
         planner=planner_overrides(a),
