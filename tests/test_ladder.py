@@ -6,6 +6,12 @@ the command runs on a small random Go2 model, is killed and resumed, and writes 
 
 import json
 import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -106,3 +112,45 @@ def test_the_ladder_command_resumes_and_keeps_every_cell(tmp_path, capsys):
     assert len(saved) == 4 and all(len(c["success"]) == 2 for c in saved.values())
     assert {c["agent"] for c in saved.values()} == {"policy", "planner"}
     assert saved[cell_key("planner", 0.12, 0.5)]["planner"]["num_samples"] == 8
+
+
+def test_a_worker_dies_with_the_process_that_spawned_it(tmp_path):
+    """A killed experiment must not leave its workers running episodes nobody will read."""
+    pid_file = tmp_path / "worker.pid"
+    script = (
+        "import multiprocessing as mp, sys, time\n"
+        "def work(path):\n"
+        "    from simdist_adapter.episodes import _die_with_parent\n"
+        "    import os, pathlib\n"
+        "    _die_with_parent()\n"
+        "    pathlib.Path(path).write_text(str(os.getpid()))\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    mp.get_context('spawn').Process(target=work, args=(sys.argv[1],)).start()\n"
+        "    time.sleep(120)\n"
+    )
+    (tmp_path / "parent.py").write_text(script)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(pid_file)])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        assert pathlib.Path(f"/proc/{worker}").exists()
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie awaiting its reaper counts as ended)."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
