@@ -15,9 +15,11 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
-from simdist_adapter.episodes import SELECTION_SEED, Episode, EpisodeStore
+from simdist_adapter.episodes import SELECTION_SEED, Episode, EpisodeStore, weights_digest
 from simdist_adapter.ladder import cell_key, format_table, main, select_friction
+from simdist_adapter.registry import ModelRegistry
 from simdist_planner.model.checkpoint import save_checkpoint
 from test_adapter import small_model
 
@@ -154,3 +156,16 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_an_episode_key_names_the_weights_not_the_file(tmp_path):
+    """A registry's v0000 is the pretrained model saved again: the same weights, so the same
+    episodes (a refused candidate's evaluation is read back, not run); other weights differ."""
+    model = small_model()
+    pretrained = save_checkpoint(model, tmp_path / "pretrained")
+    registry = ModelRegistry(tmp_path / "registry")
+    registry.init_from(pretrained)
+    assert weights_digest(registry.deployed_path()) == weights_digest(pretrained)
+    with torch.no_grad():
+        next(model.f.parameters()).view(-1)[0] += 1e-6
+    assert weights_digest(save_checkpoint(model, tmp_path / "other")) != weights_digest(pretrained)

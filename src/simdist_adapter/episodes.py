@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from robot_drivers.registry import make_task
 from robot_drivers.tasks.base import Task
@@ -228,12 +229,15 @@ class EpisodeStore:
 
 
 def weights_digest(checkpoint: str | os.PathLike) -> str:
-    """SHA-256 of a checkpoint's weights file: the model's identity in an episode's key."""
-    path = pathlib.Path(checkpoint) / "model.safetensors"
+    """SHA-256 over a checkpoint's tensors (name, dtype, shape, values, in name order): the
+    model's identity in an episode's key. The file's bytes would not do: the same weights saved
+    twice (a registry's v0000 is the pretrained model saved again) may lay out differently."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    with safe_open(str(pathlib.Path(checkpoint) / "model.safetensors"), "pt") as f:
+        for name in sorted(f.keys()):
+            tensor = f.get_tensor(name).contiguous()
+            digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
