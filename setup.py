@@ -37,6 +37,7 @@ setup(
             "simdist-import-official = simdist_planner.cli.import_official:main",
             "simdist-adapt-experiment = simdist_adapter.experiment:main",
             "simdist-ladder = simdist_adapter.ladder:main",
+            "simdist-slip = simdist_adapter.slip:main",
             "simdist-episode-report = simdist_adapter.episode_report:main",
             "simdist-bag = simdist_adapter.bag_tool:main",
             "simdist-view = simdist_viewer.cli:main",
