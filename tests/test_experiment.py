@@ -6,6 +6,7 @@ zero-shot evaluation, that episodes in spawned workers reproduce the in-process 
 that a killed run resumes from its output folder with the figures of an uninterrupted one.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -219,3 +220,10 @@ def test_a_round_killed_after_deploying_is_rolled_back_and_run_again(uninterrupt
     assert len(versions) == 1 + sum(
         rd["deployed"] for rd in resumed["methods"]["simdist"]["rounds"]
     )
+    # an ablation run into the same folder with fewer rounds: results.json keeps both methods
+    one = Experiment(dataclasses.replace(cfg, methods=("unfreeze_value",), rounds=1)).run()
+    assert set(one["methods"]) == {"simdist", "unfreeze_encoder", "base_policy", "unfreeze_value"}
+    assert one["methods"]["unfreeze_value"]["config"]["rounds"] == 1
+    assert one["methods"]["simdist"]["config"]["rounds"] == 2
+    assert len(one["methods"]["unfreeze_value"]["curve"]) == 2
+    assert one["methods"]["simdist"]["curve"] == resumed["methods"]["simdist"]["curve"]

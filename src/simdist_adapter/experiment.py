@@ -284,17 +284,23 @@ class Experiment:
         os.replace(tmp, root / "rounds.json")
 
     def run(self) -> dict:
+        """Run the configured methods; results.json keeps the methods that earlier runs into the
+        same `out` measured and this one does not (e.g. an ablation run with fewer rounds), each
+        method with the config it ran under."""
         start = time.perf_counter()
+        config = json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str))
+        saved = self.out / "results.json"
+        earlier = json.loads(saved.read_text())["methods"] if saved.is_file() else {}
         results = {
-            "config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)),
-            "methods": {},
+            "config": config,
+            "methods": {k: v for k, v in earlier.items() if k not in self.cfg.methods},
         }
         episodes = {}
         try:
             for name in self.cfg.methods:
                 r = self.run_method(name)
                 episodes[name] = r.pop("eval_episodes")
-                results["methods"][name] = r
+                results["methods"][name] = {**r, "config": config}
                 results["seconds"] = time.perf_counter() - start
                 self._write(results)  # a long run that is cut short keeps every finished method
                 simdist = results["methods"].get("simdist")
