@@ -12,6 +12,7 @@ from std_msgs.msg import String
 from robot_drivers.specs import robot_spec
 from simdist_adapter import demo
 from simdist_planner.planning.planner import planner_config_for
+from simdist_planner.ros import launch_description as desc
 
 
 @pytest.fixture()
@@ -68,3 +69,20 @@ def test_the_official_model_plans_with_the_official_preset_at_demo_size():
 
 def test_without_an_export_the_demo_falls_back_to_pretraining(tmp_path):
     assert demo.official_checkpoint(tmp_path / "out", tmp_path / "no_export") is None
+
+
+def test_the_demo_runs_the_chosen_stand_in(tmp_path):
+    """The graph the demo starts is the pre-registered rung: its driver gets the panel friction
+    and the commanded speed, and the progress estimate uses that rung's episode limit."""
+    params = demo.demo_params(tmp_path, tmp_path / "bags", 4, demo.DEMO_PARAMS)
+    cmd = demo.graph_command(tmp_path / "ck", tmp_path / "bags", "42", params)
+    args = dict(a.split(":=", 1) for a in cmd[3:])
+    graph = desc.resolve("go2_slope", args)
+    driver = next(n for n in graph.nodes if n.name == "mujoco_driver")
+    stand_in = demo.CHOSEN_STAND_IN
+    assert driver.overrides["task"] == "slippery_slope"
+    assert driver.overrides["speed"] == stand_in.speed
+    assert driver.overrides["panel_friction"] == stand_in.friction
+    assert {n.name for n in graph.nodes} >= {"recorder", "adapter", "planner"}
+    assert demo.episode_steps() == round(2.5 * 1.82 / stand_in.speed / 0.02)
+    assert f"--friction {stand_in.friction:g}" in demo.FULL_RESULT

@@ -40,6 +40,20 @@ from simdist_planner.planning.planner import PlannerError
 EVAL_SEED, COLLECT_SEED, SELECTION_SEED = 0, 100_000, 200_000
 
 
+@dataclass(frozen=True)
+class StandIn:
+    """A rung of the Slippery Slope ladder: the panels' friction and the commanded speed."""
+
+    friction: float
+    speed: float  # m/s
+
+
+# The rung `simdist_adapter.ladder.select_friction` chose on the imported official model's
+# ladder before any adaptation run (table and commands: docs/adaptation.md); the demo and the
+# documented experiment run on it.
+CHOSEN_STAND_IN = StandIn(friction=0.13, speed=0.3)
+
+
 @dataclass
 class Episode:
     success: bool
