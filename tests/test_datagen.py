@@ -334,17 +334,19 @@ def test_workers_stop_when_the_generator_is_killed(tmp_path):
         ]
     )
     shards = [out / shard_name(k) for k in range(2)]
-    deadline = time.time() + 120
-    while time.time() < deadline and not all(
-        p.exists() and p.stat().st_size > 50_000 for p in shards
-    ):
-        time.sleep(0.05)
-    # the kill hits the generator mid-generation: it and both its workers run, both shards grow
-    workers = _spawned_workers(proc.pid)
-    assert proc.poll() is None, "the generator ended before it could be killed"
-    assert len(workers) == 2 and all(_running(*w) for w in workers.items()), workers
-    assert all(p.stat().st_size > 50_000 for p in shards), "the workers wrote too little"
-    proc.send_signal(signal.SIGKILL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not all(
+            p.exists() and p.stat().st_size > 50_000 for p in shards
+        ):
+            time.sleep(0.05)
+        # the kill hits the generator mid-generation: it and both its workers run, shards grow
+        workers = _spawned_workers(proc.pid)
+        assert proc.poll() is None, "the generator ended before it could be killed"
+        assert len(workers) == 2 and all(_running(*w) for w in workers.items()), workers
+        assert all(p.stat().st_size > 50_000 for p in shards), "the workers wrote too little"
+    finally:  # a failed check must not leave a million-episode generator running
+        proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     deadline = time.time() + 10  # the workers notice within a second
     while time.time() < deadline and any(_running(*w) for w in workers.items()):
