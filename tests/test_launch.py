@@ -391,6 +391,42 @@ def _read_until(proc, marker: str) -> str:
     return text
 
 
+def test_supervisor_escalates_and_dumps_the_stack_of_a_node_that_ignores_signals(tmp_path, capsys):
+    """A node deaf to SIGINT and SIGTERM gets SIGABRT, which prints where it hangs, then dies."""
+    script = tmp_path / "deaf_node"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "def hang_here():\n"
+        "    print('deaf and up', flush=True)\n"
+        "    while True:\n"
+        "        time.sleep(0.05)\n"
+        "hang_here()\n"
+    )
+    script.chmod(0o755)
+    graph = desc.ResolvedGraph(
+        graph="deaf",
+        args={},
+        env={},
+        nodes=(desc.ResolvedNode("deaf", str(script), tmp_path / "none.yaml"),),
+    )
+    logs = []
+    sup = launcher.Supervisor(graph, launcher.Escalation(0.5, 0.5, 5.0), log=logs.append)
+    sup.start()  # the launcher's own environment (PYTHONFAULTHANDLER) and output pump
+    output, deadline = "", time.monotonic() + 30.0
+    while "[deaf] deaf and up" not in output and time.monotonic() < deadline:
+        time.sleep(0.05)
+        output += capsys.readouterr().out
+    assert "[deaf] deaf and up" in output, output
+    sup.shutdown()
+    output += capsys.readouterr().out
+    assert sup.procs["deaf"].returncode == -signal.SIGABRT, output
+    assert logs[-2:] == ["escalating to SIGTERM for ['deaf']", "escalating to SIGABRT for ['deaf']"]
+    assert "in hang_here" in output, output
+
+
 def test_launcher_forwards_sigint_to_every_node(tmp_path, ros_domain):
     _replay_bag(tmp_path / "ep", seconds=120)
     checkpoint = make_checkpoint(tmp_path / "ck")
@@ -405,7 +441,7 @@ def test_launcher_forwards_sigint_to_every_node(tmp_path, ros_domain):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stdout + stderr
     assert "stop requested; forwarding SIGINT" in stderr
-    assert "escalating" not in stderr, "a node ignored SIGINT"
+    assert "escalating" not in stderr, f"a node ignored SIGINT:\n{stderr}\n{stdout[-6000:]}"
     pids = _started_pids(stderr)
     assert len(pids) == 3 and not any(_alive(p) for p in pids.values())
 

@@ -2,7 +2,7 @@
 
 Starts the node set of `launch_description.resolve()` as subprocesses with the same parameter
 files, overrides and remappings the launch_ros files use, prefixes their output with the node
-name, supervises them, forwards Ctrl-C (SIGINT to every node, then SIGTERM, then SIGKILL) and
+name, supervises them, forwards Ctrl-C (SIGINT to every node, then SIGTERM, SIGABRT and SIGKILL) and
 exits non-zero when a node dies, except a node marked respawn (the recorder), which is started
 again. A node that exits 0 on its own (e.g. the MuJoCo driver after `episodes:=N`) ends the
 graph cleanly.

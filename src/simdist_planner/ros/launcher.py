@@ -2,7 +2,7 @@
 
 Starts the node set of `launch_description.resolve()` as subprocesses with the same parameter
 files, overrides and remappings the launch_ros files use, prefixes their output with the node
-name, supervises them, forwards Ctrl-C (SIGINT to every node, then SIGTERM, then SIGKILL) and
+name, supervises them, forwards Ctrl-C (SIGINT to every node, then SIGTERM, SIGABRT and SIGKILL) and
 exits non-zero when a node dies. A node that exits 0 on its own (e.g. the MuJoCo driver after
 `episodes:=N`) ends the graph cleanly.
 """
@@ -25,10 +25,13 @@ from simdist_planner.ros import launch_description as desc
 
 @dataclass(frozen=True)
 class Escalation:
-    """How long each node gets after SIGINT, then after SIGTERM, before it is killed."""
+    """How long each node gets after SIGINT, then after SIGTERM, then after SIGABRT (which
+    prints the Python stack of every thread of a node that is still running: nodes run with
+    PYTHONFAULTHANDLER=1), before it is killed."""
 
     sigint_timeout_s: float = 10.0
     sigterm_timeout_s: float = 5.0
+    sigabrt_timeout_s: float = 3.0
 
 
 def executable_path(executable: str) -> str:
@@ -79,7 +82,8 @@ class Supervisor:
         self._stop.set()
 
     def start(self) -> None:
-        self._env = desc.launch_env(self.graph)
+        # faulthandler: a node that ignores SIGINT and SIGTERM shows where it hangs on SIGABRT
+        self._env = {**desc.launch_env(self.graph), "PYTHONFAULTHANDLER": "1"}
         self._commands = {
             node.name: (node, command_line(node)) for node in self.graph.nodes
         }  # all found before any starts
@@ -149,10 +153,12 @@ class Supervisor:
         return code
 
     def shutdown(self) -> None:
-        """SIGINT to every live node, then SIGTERM, then SIGKILL to the ones still running."""
+        """SIGINT to every live node, then SIGTERM, SIGABRT (a stack dump) and SIGKILL to the
+        ones still running."""
         for sig, timeout in (
             (signal.SIGINT, self.escalation.sigint_timeout_s),
             (signal.SIGTERM, self.escalation.sigterm_timeout_s),
+            (signal.SIGABRT, self.escalation.sigabrt_timeout_s),
             (signal.SIGKILL, 5.0),
         ):
             alive = {n: p for n, p in self.procs.items() if p.poll() is None}
