@@ -427,6 +427,24 @@ def test_supervisor_escalates_and_dumps_the_stack_of_a_node_that_ignores_signals
     assert "in hang_here" in output, output
 
 
+def _wait_for_nodes(names: set[str], proc: subprocess.Popen, timeout_s: float) -> None:
+    """Until every named node is discovered on this test's ROS domain (or fail with the output)."""
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    try:
+        probe = rclpy.create_node("sigint_probe", context=context)
+        deadline = time.monotonic() + timeout_s
+        while not names <= set(probe.get_node_names()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, (
+                f"nodes not up: {names - set(probe.get_node_names())}"
+            )
+            time.sleep(0.2)
+        probe.destroy_node()
+    finally:
+        rclpy.try_shutdown(context=context)
+
+
 def test_launcher_forwards_sigint_to_every_node(tmp_path, ros_domain):
     _replay_bag(tmp_path / "ep", seconds=120)
     checkpoint = make_checkpoint(tmp_path / "ck")
@@ -435,8 +453,10 @@ def test_launcher_forwards_sigint_to_every_node(tmp_path, ros_domain):
          f"checkpoint:={checkpoint}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(8.0)  # every node up (planner imports torch)
-    assert proc.poll() is None, proc.communicate()
+    # SIGINT only once every node is in the ROS graph: the test is about a running graph, not
+    # about a signal racing a node's start-up
+    _wait_for_nodes({"replay", "ingestion", "planner"}, proc, timeout_s=60.0)
+    time.sleep(1.0)  # their spin loops running
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stdout + stderr
