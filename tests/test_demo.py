@@ -85,4 +85,6 @@ def test_the_demo_runs_the_chosen_stand_in(tmp_path):
     assert driver.overrides["panel_friction"] == stand_in.friction
     assert {n.name for n in graph.nodes} >= {"recorder", "adapter", "planner"}
     assert demo.episode_steps() == round(2.5 * 1.82 / stand_in.speed / 0.02)
-    assert f"--friction {stand_in.friction:g}" in demo.FULL_RESULT
+    command = demo.full_result("float32")
+    assert f"--friction {stand_in.friction:g} " in command
+    assert f"--speed {stand_in.speed:g} " in command and "--precision float32 " in command

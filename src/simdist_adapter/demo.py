@@ -22,7 +22,7 @@
 Demo-sized settings (fewer MPPI samples than the official 450, a short pretraining) keep it under
 20 minutes on two CPU cores. At that size the planner is not the one the result is measured
 with, so the demo shows the loop, not the gain; `simdist-adapt-experiment` runs the full
-measurement (`FULL_RESULT`, printed at the end).
+measurement (`full_result`, printed at the end).
 """
 
 from __future__ import annotations
@@ -39,13 +39,14 @@ import sys
 import time
 
 import rclpy
+import torch
 import yaml
 from std_msgs.msg import String
 
 from robot_drivers.registry import make_task
 from robot_drivers.specs import robot_spec
 from simdist_adapter.episodes import CHOSEN_STAND_IN
-from simdist_planner.planning.planner import OFFICIAL_PRESET, planner_config_for
+from simdist_planner.planning.planner import OFFICIAL_PRESET, bf16_supported, planner_config_for
 from simdist_planner.ros.launch_description import config_path
 from simdist_planner.ros.planner_node import PLANNER_FIELDS
 
@@ -63,14 +64,18 @@ DEMO_PARAMS = {
 }
 # The planner's demo size for the official model (the official controller: 450 x 8).
 OFFICIAL_DEMO_PLANNER = {"num_samples": 64, "iterations": 2, "num_elites": 16}
-# The command of the measured result on the same stand-in (docs/adaptation.md, Results).
-FULL_RESULT = (
-    "simdist-adapt-experiment --task slippery_slope --checkpoint OFFICIAL_MODEL --out OUT "
-    f"--speed {CHOSEN_STAND_IN.speed:g} --friction {CHOSEN_STAND_IN.friction:g} "
-    "--other-speeds 0.1,0.5 --eval-episodes 20 --episodes-per-round 10 --rounds 2 "
-    "--adapt-steps 2000 --adapt-warmup 200 --precision bfloat16 --workers 2 "
-    "--methods simdist,base_policy"
-)
+
+
+def full_result(precision: str) -> str:
+    """The command of the measured result on the same stand-in (docs/adaptation.md, Results),
+    with the evaluator precision this machine runs (bfloat16 needs AVX512-BF16, AMX or CUDA)."""
+    return (
+        "simdist-adapt-experiment --task slippery_slope --checkpoint OFFICIAL_MODEL --out OUT "
+        f"--speed {CHOSEN_STAND_IN.speed:g} --friction {CHOSEN_STAND_IN.friction:g} "
+        "--other-speeds 0.1,0.5 --eval-episodes 20 --episodes-per-round 10 --rounds 2 "
+        f"--adapt-steps 2000 --adapt-warmup 200 --precision {precision} --workers 2 "
+        "--methods simdist,base_policy"
+    )
 
 
 def run(cmd: list[str], what: str) -> float:
@@ -459,7 +464,7 @@ def main(argv=None) -> int:
         f"note: demo-size MPPI ({_planner_size(overrides)}) is not the planner the result is "
         "measured with (the official 450 + 22 samples x 8 iterations); at this size no gain is "
         "expected in 20 minutes on two cores. The measured result (docs/adaptation.md):\n"
-        f"  {FULL_RESULT}"
+        f"  {full_result('bfloat16' if bf16_supported(torch.device('cpu')) else 'float32')}"
     )
     (out / "demo_results.json").write_text(
         json.dumps(
