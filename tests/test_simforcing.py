@@ -311,6 +311,10 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
         ("full", 0.0),
         ("full", 1.0),
     ]
+    for r in result["table"]:  # the motion-aware columns beside the whole-frame ones
+        assert {"psnr", "ssim", "psnr_moving", "ssim_moving", "centroid_px"} <= set(r)
+        assert r["centroid_px"] >= 0.0
+    assert 0.0 < result["moving_pixel_fraction"] < 1.0
     assert len(result["latency"]) == 4 and all(r["seconds"] > 0 for r in result["latency"])
     assert isinstance(result["full_beats_sft"], bool)
     assert all(

@@ -90,7 +90,13 @@ def predict(
 
 
 class Scorer:
-    """PSNR / SSIM always; LPIPS / FID / FVD when their local weight files are configured."""
+    """Whole-frame PSNR / SSIM, the same on the moving pixels, and the robot centroid error always;
+    LPIPS (whole-frame and moving pixels) / FID / FVD when their local weight files are configured.
+
+    Moving pixels: `metrics.motion_mask` of the REAL video (|real_t - real_0| > `motion_threshold`
+    in some channel, pixels in [0, 1]). Centroid error: `metrics.centroid_error` with the
+    first-frame colour segmenter, in pixels.
+    """
 
     def __init__(
         self,
@@ -98,22 +104,42 @@ class Scorer:
         lpips_heads: str | None = None,
         fid_weights: str | None = None,
         fvd_weights: str | None = None,
+        motion_threshold: float = metrics.MOTION_THRESHOLD,
     ):
         self.m = metrics
+        self.motion_threshold = motion_threshold
+        self.segmenter = metrics.FirstFrameColourSegmenter(motion_threshold)
+        self.lpips = (
+            metrics.LPIPS(lpips_backbone, lpips_heads) if lpips_backbone and lpips_heads else None
+        )
         self.extra = {}
-        if lpips_backbone and lpips_heads:
-            self.extra["lpips"] = metrics.LPIPS(lpips_backbone, lpips_heads)
         if fid_weights:
             self.extra["fid"] = metrics.FrechetInceptionDistance(fid_weights)
         if fvd_weights:
             self.extra["fvd"] = metrics.FrechetVideoDistance(fvd_weights)
 
-    def __call__(self, pred: torch.Tensor, gt: torch.Tensor) -> dict[str, float]:
-        p, g = pred[:, :, 1:], gt[:, :, 1:]
+    def __call__(
+        self, pred: torch.Tensor, gt: torch.Tensor, first_mask: torch.Tensor, start: int = 1
+    ) -> dict[str, float]:
+        """Scores of frames start..T-1 of (N, 3, T, H, W) videos; `first_mask` (N, H, W) is the
+        robot mask of the real first frame."""
+        p, g = pred[:, :, start:], gt[:, :, start:]
+        moving = self.m.motion_mask(gt, self.motion_threshold)[:, start:]
         scores = {"psnr": self.m.psnr(p, g), "ssim": self.m.ssim(p, g)}
+        if self.lpips is not None:
+            scores["lpips"] = self.lpips(p, g)
+        scores["psnr_moving"] = self.m.masked_psnr(p, g, moving)
+        scores["ssim_moving"] = self.m.masked_ssim(p, g, moving)
+        if self.lpips is not None:
+            scores["lpips_moving"] = self.lpips(p, g, mask=moving)
+        scores["centroid_px"] = self.m.centroid_error(pred, gt, first_mask, start, self.segmenter)
         for name, metric in self.extra.items():
             scores[name] = metric(p, g)
         return scores
+
+    def moving_fraction(self, gt: torch.Tensor, start: int = 1) -> float:
+        """Fraction of the scored pixels that the motion mask marks as moving."""
+        return float(self.m.motion_mask(gt, self.motion_threshold)[:, start:].float().mean())
 
 
 def latency_grid(bundle: ModelBundle, item: dict, cfg: EvalConfig) -> list[dict]:
@@ -189,6 +215,7 @@ def qualitative_grid(
 def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scorer: Scorer) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     data = PairedVideoDataset(PairedWindows.load(heldout))
+    first_mask = torch.stack([data[i]["mask"] for i in range(len(data))])
     table, preds, gt = [], {}, None
     available = [
         v
@@ -210,7 +237,7 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
                     if bundle.info.get("init", "teacher") == "teacher"
                     else " from the base backbone"
                 )
-            row = {"method": name, "variant": variant.value, "w": w, **scorer(pred, gt)}
+            row = {"method": name, "variant": variant.value, "w": w, **scorer(pred, gt, first_mask)}
             log.info("%s", row)
             table.append(row)
             if variant is Variant.SFT or (variant.sim_conditioning and w == cfg.guidance):
@@ -226,6 +253,8 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         "sim_steps": cfg.sim_steps,
         "real_steps": cfg.real_steps,
         "device": cfg.device,
+        "motion_threshold": scorer.motion_threshold,
+        "moving_pixel_fraction": scorer.moving_fraction(gt),
         "table": table,
         "latency": latency,
     }
@@ -240,13 +269,28 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
     return result
 
 
+COLUMNS = {
+    "psnr": "PSNR",
+    "ssim": "SSIM",
+    "lpips": "LPIPS",
+    "psnr_moving": "moving PSNR",
+    "ssim_moving": "moving SSIM",
+    "lpips_moving": "moving LPIPS",
+    "centroid_px": "centroid err (px)",
+    "fid": "FID",
+    "fvd": "FVD",
+}
+
+
 def format_markdown(result: dict) -> str:
-    keys = [k for k in ("psnr", "ssim", "lpips", "fid", "fvd") if k in result["table"][0]]
+    keys = [k for k in COLUMNS if k in result["table"][0]]
     lines = [
         f"Held-out windows: {result['heldout_windows']}, N_s={result['sim_steps']}, "
         f"N_r={result['real_steps']}, device {result['device']}",
+        f"Moving pixels (|real_t - real_0| > {result['motion_threshold']:g}): "
+        f"{100 * result['moving_pixel_fraction']:.1f}% of the scored pixels",
         "",
-        "| method | " + " | ".join(k.upper() for k in keys) + " |",
+        "| method | " + " | ".join(COLUMNS[k] for k in keys) + " |",
         "|---|" + "---|" * len(keys),
     ]
     lines += [
@@ -267,7 +311,9 @@ def format_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def small_run(out: str, device: str, source: str | None = None) -> dict:
+def small_run(
+    out: str, device: str, source: str | None = None, scorer: Scorer | None = None
+) -> dict:
     """Data (the MuJoCo peg, or `source`: a task or "synthetic") -> training -> evaluation."""
     os.makedirs(out, exist_ok=True)
     train_file, heldout_file = os.path.join(out, "train.h5"), os.path.join(out, "heldout.h5")
@@ -296,7 +342,7 @@ def small_run(out: str, device: str, source: str | None = None) -> dict:
         heldout_file,
         os.path.join(out, "eval"),
         EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2),
-        Scorer(),
+        scorer or Scorer(),
     )
 
 
@@ -325,13 +371,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fid-weights", help="local Inception-v3 weights")
     p.add_argument("--fvd-weights", help="local R3D-18 weights")
     p.add_argument(
+        "--motion-threshold",
+        type=float,
+        default=metrics.MOTION_THRESHOLD,
+        help="colour change (pixels in [0, 1]) that marks a real pixel as moving",
+    )
+    p.add_argument(
         "--threads", type=int, help="torch CPU threads (1 is fastest on a busy shared CPU)"
     )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    scorer = Scorer(
+        args.lpips_backbone,
+        args.lpips_heads,
+        args.fid_weights,
+        args.fvd_weights,
+        args.motion_threshold,
+    )
     if args.small:
-        result = small_run(args.out, args.device, args.source)
+        result = small_run(args.out, args.device, args.source, scorer)
     else:
         if not (args.run and args.heldout):
             p.error("--run and --heldout are required unless --small")
@@ -341,7 +400,6 @@ def main(argv: list[str] | None = None) -> None:
             guidance=args.guidance,
             device=args.device,
         )
-        scorer = Scorer(args.lpips_backbone, args.lpips_heads, args.fid_weights, args.fvd_weights)
         result = evaluate_run(args.run, args.heldout, args.out, cfg, scorer)
     print(format_markdown(result))
 
