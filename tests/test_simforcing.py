@@ -23,7 +23,12 @@ from sim_video_world_model.config import (
     TrainConfig,
     Variant,
 )
-from sim_video_world_model.evaluate import EvalConfig, Scorer, evaluate_run
+from sim_video_world_model.evaluate import (
+    EvalConfig,
+    Scorer,
+    baseline_predictions,
+    evaluate_run,
+)
 from sim_video_world_model.metrics import frechet_distance
 from sim_video_world_model.objective import StudentObjective, corrupt_sim_latent, latent_motion
 from sim_video_world_model.paired_data import (
@@ -307,14 +312,23 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     )
     result = evaluate_run(out, data, str(tmp_path / "eval"), ecfg, Scorer())
     assert [(r["variant"], r["w"]) for r in result["table"]] == [
+        ("baseline", None),
+        ("baseline", None),
+        ("baseline", None),
         ("sft", 0.0),
         ("full", 0.0),
         ("full", 1.0),
     ]
     for r in result["table"]:  # the motion-aware columns beside the whole-frame ones
         assert {"psnr", "ssim", "psnr_moving", "ssim_moving", "centroid_px"} <= set(r)
-        assert r["centroid_px"] >= 0.0
+        assert r["centroid_px"] >= 0.0 and 0.0 <= r["robot_found"] <= 1.0
     assert 0.0 < result["moving_pixel_fraction"] < 1.0
+    assert result["scored_frames"] == [2, 4]  # the frames no row, baselines included, was given
+    assert [r["method"] for r in result["table"][:3]] == list(
+        baseline_predictions(torch.zeros(1, 3, 5, 2, 2), 2)
+    )
+    assert "baseline: copy first frame" in (tmp_path / "eval" / "results.md").read_text()
+    assert result["table"][0]["robot_found"] == 1.0  # a copy keeps the first frame's robot
     assert len(result["latency"]) == 4 and all(r["seconds"] > 0 for r in result["latency"])
     assert isinstance(result["full_beats_sft"], bool)
     assert all(

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sim_video_world_model import metrics
+from sim_video_world_model.evaluate import Scorer, baseline_predictions
 from sim_video_world_model.paired_data import (
     SyntheticArmWorld,
     SyntheticWorldConfig,
@@ -92,6 +93,12 @@ def test_centroid_error_of_a_shifted_square_equals_the_shift():
     assert metrics.centroid_error(copy, real, mask) == pytest.approx(mean_shift, abs=1e-5)
     # from frame 3 on: only the frames scored count
     assert metrics.centroid_error(copy, real, mask, start=3) == pytest.approx(SPEED * 3.5, abs=1e-5)
+    assert metrics.robot_tracking(shifted, real, mask)[1] == 1.0
+    # a prediction without the robot: found in no frame, placed at its frame-0 position
+    blank = square_video(real_offsets())
+    blank[:, :, 1:] = background(2)[:, :, None] * 2 - 1
+    error, found = metrics.robot_tracking(blank, real, mask)
+    assert found == 0.0 and error == pytest.approx(mean_shift, abs=1e-5)
 
 
 def test_segmenter_follows_the_square_under_camera_noise():
@@ -142,3 +149,49 @@ def test_masked_lpips_is_zero_for_a_perfect_prediction_and_larger_on_moving_pixe
     assert lpips(copy, real, mask=moving) > lpips(copy, real) > 0.0
     with pytest.raises(ValueError, match="does not fit"):
         metrics.masked_psnr(copy, real, moving[:, 1:])
+
+
+def test_baselines_copy_and_extrapolate_only_the_context_frames():
+    real = square_video(real_offsets())
+    rows = baseline_predictions(real, 2)
+    first, last, linear = rows.values()
+    assert list(rows) == [
+        "baseline: copy first frame",
+        "baseline: copy last context frame (frame 1)",
+        "baseline: linear extrapolation of frames 0, 1",
+    ]
+    for pred in rows.values():  # the context frames are given, the rest is predicted
+        assert pred.shape == real.shape and torch.equal(pred[:, :, :2], real[:, :, :2])
+    assert all(torch.equal(first[:, :, t], real[:, :, 0]) for t in range(2, FRAMES))
+    assert all(torch.equal(last[:, :, t], real[:, :, 1]) for t in range(2, FRAMES))
+    # a video whose pixels change linearly in time is extrapolated exactly (and clamped)
+    ramp = torch.linspace(-0.9, 0.3, FRAMES).view(1, 1, FRAMES, 1, 1).expand(2, 3, -1, 4, 4)
+    exact = baseline_predictions(ramp, 2)["baseline: linear extrapolation of frames 0, 1"]
+    torch.testing.assert_close(exact, ramp)
+    assert metrics.psnr(exact[:, :, 2:], ramp[:, :, 2:]) == metrics.MAX_PSNR
+    steep = torch.linspace(-1, 1, FRAMES).view(1, 1, FRAMES, 1, 1).expand(1, 3, -1, 2, 2)
+    far = baseline_predictions(steep[:, :, [0, 2, 4, 4, 4]], 2)
+    assert far["baseline: linear extrapolation of frames 0, 1"].max() == 1.0
+    # one context frame: only the copy of the first frame
+    assert list(baseline_predictions(real, 1)) == ["baseline: copy first frame"]
+    with pytest.raises(ValueError, match="nothing to predict"):
+        baseline_predictions(real, FRAMES)
+
+
+def test_the_scorer_scores_only_the_frames_after_the_context():
+    real = square_video(real_offsets())
+    rows = baseline_predictions(real, 2)
+    scorer = Scorer()
+    copy_first = scorer(rows["baseline: copy first frame"], real, first_mask(), start=2)
+    copy_last = scorer(rows["baseline: copy last context frame (frame 1)"], real, first_mask(), 2)
+    # copying a later frame is closer on the moving pixels and in position: the square moved on
+    assert copy_last["psnr_moving"] > copy_first["psnr_moving"]
+    mean_t = np.mean(np.arange(2, FRAMES))
+    assert copy_first["centroid_px"] == pytest.approx(SPEED * mean_t, abs=1e-5)
+    assert copy_last["centroid_px"] == pytest.approx(SPEED * (mean_t - 1), abs=1e-5)
+    # the perfect prediction is perfect on every column; frame 0 / 1 errors are not scored
+    spoiled = real.clone()
+    spoiled[:, :, :2] = -1.0
+    perfect = scorer(spoiled, real, first_mask(), start=2)
+    assert perfect["psnr"] == perfect["psnr_moving"] == metrics.MAX_PSNR
+    assert perfect["centroid_px"] == pytest.approx(0.0, abs=1e-6)

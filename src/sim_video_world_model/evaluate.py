@@ -4,8 +4,10 @@ table, the guidance sweep, the (N_s, N_r, w) latency grid and a qualitative PNG 
     simforcing-eval --run runs/sf --heldout heldout.h5 --out runs/sf/eval
     simforcing-eval --small --threads 1 --out runs/small   # data + training + evaluation on a CPU
 
-Predictions start from the real first frame and the window's actions; scores cover the predicted
-frames 1..T-1 only (frame 0 is the given observation).
+Predictions start from the real first frame and the window's actions. Baselines (copy the first
+frame, copy the last context frame, extrapolate the last two context frames linearly) see the
+first `context_frames` real frames; every row is scored on the frames after those, which no row
+was given.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ ROW_NAMES = {
 
 @dataclasses.dataclass
 class EvalConfig:
+    """`context_frames`: real frames the baselines see (the models see frame 0 only); every row is
+    scored on frames context_frames..T-1."""
+
+    context_frames: int = 2
     sim_steps: int = 5
     real_steps: int = 10
     guidance: float = 0.6
@@ -56,6 +62,32 @@ class EvalConfig:
     batch_size: int = 8
     seed: int = 0
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.context_frames < 1:
+            raise ValueError(f"context_frames must be >= 1, got {self.context_frames}")
+
+
+def baseline_predictions(gt: torch.Tensor, context: int) -> dict[str, torch.Tensor]:
+    """Predictions from the first `context` real frames of (N, 3, T, H, W) videos, by name; frames
+    0..context-1 are the given ones. Copy the first frame; with two or more context frames also
+    copy the last one and extrapolate the last two linearly (x_{c-1} + k (x_{c-1} - x_{c-2}) for
+    the k-th frame after them, clamped to [-1, 1])."""
+    t = gt.shape[2]
+    if not 1 <= context < t:
+        raise ValueError(f"{context} context frames leave nothing to predict in {t} frames")
+    given, future = gt[:, :, :context], t - context
+    rows = {"baseline: copy first frame": gt[:, :, :1].expand(-1, -1, future, -1, -1)}
+    if context >= 2:
+        last, prev = gt[:, :, context - 1 : context], gt[:, :, context - 2 : context - 1]
+        k = torch.arange(1, future + 1, dtype=gt.dtype).view(1, 1, -1, 1, 1)
+        rows[f"baseline: copy last context frame (frame {context - 1})"] = last.expand_as(
+            gt[:, :, context:]
+        )
+        rows[f"baseline: linear extrapolation of frames {context - 2}, {context - 1}"] = (
+            last + k * (last - prev)
+        ).clamp(-1, 1)
+    return {name: torch.cat([given, v], dim=2) for name, v in rows.items()}
 
 
 def predict(
@@ -132,7 +164,9 @@ class Scorer:
         scores["ssim_moving"] = self.m.masked_ssim(p, g, moving)
         if self.lpips is not None:
             scores["lpips_moving"] = self.lpips(p, g, mask=moving)
-        scores["centroid_px"] = self.m.centroid_error(pred, gt, first_mask, start, self.segmenter)
+        scores["centroid_px"], scores["robot_found"] = self.m.robot_tracking(
+            pred, gt, first_mask, start, self.segmenter
+        )
         for name, metric in self.extra.items():
             scores[name] = metric(p, g)
         return scores
@@ -216,7 +250,9 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
     os.makedirs(out_dir, exist_ok=True)
     data = PairedVideoDataset(PairedWindows.load(heldout))
     first_mask = torch.stack([data[i]["mask"] for i in range(len(data))])
-    table, preds, gt = [], {}, None
+    gt = torch.stack([data[i]["real"] for i in range(len(data))])
+    start = cfg.context_frames
+    table, preds = [], {}
     available = [
         v
         for v in Variant
@@ -224,12 +260,16 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
     ]
     if not available:
         raise FileNotFoundError(f"no student_<variant>/ checkpoint under {run_dir}")
+    for name, pred in baseline_predictions(gt, start).items():
+        row = {"method": name, "variant": "baseline", "w": None}
+        table.append(dict(row, **scorer(pred, gt, first_mask, start)))
+        log.info("%s", table[-1])
     torch.manual_seed(cfg.seed)
     for variant in available:
         bundle = load_bundle(os.path.join(run_dir, f"student_{variant.value}"), cfg.device)
         weights = cfg.sweep if variant.sim_conditioning else (0.0,)
         for w in weights:
-            pred, gt = predict(bundle, data, cfg.sim_steps, cfg.real_steps, w, cfg)
+            pred, _ = predict(bundle, data, cfg.sim_steps, cfg.real_steps, w, cfg)
             name = ROW_NAMES[variant] + (f" w={w:g}" if variant.sim_conditioning else "")
             if variant is Variant.SFT:
                 name += (
@@ -237,7 +277,12 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
                     if bundle.info.get("init", "teacher") == "teacher"
                     else " from the base backbone"
                 )
-            row = {"method": name, "variant": variant.value, "w": w, **scorer(pred, gt, first_mask)}
+            row = {
+                "method": name,
+                "variant": variant.value,
+                "w": w,
+                **scorer(pred, gt, first_mask, start),
+            }
             log.info("%s", row)
             table.append(row)
             if variant is Variant.SFT or (variant.sim_conditioning and w == cfg.guidance):
@@ -253,8 +298,10 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         "sim_steps": cfg.sim_steps,
         "real_steps": cfg.real_steps,
         "device": cfg.device,
+        "context_frames": start,
+        "scored_frames": [start, gt.shape[2] - 1],
         "motion_threshold": scorer.motion_threshold,
-        "moving_pixel_fraction": scorer.moving_fraction(gt),
+        "moving_pixel_fraction": scorer.moving_fraction(gt, start),
         "table": table,
         "latency": latency,
     }
@@ -277,6 +324,7 @@ COLUMNS = {
     "ssim_moving": "moving SSIM",
     "lpips_moving": "moving LPIPS",
     "centroid_px": "centroid err (px)",
+    "robot_found": "robot found",
     "fid": "FID",
     "fvd": "FVD",
 }
@@ -287,6 +335,8 @@ def format_markdown(result: dict) -> str:
     lines = [
         f"Held-out windows: {result['heldout_windows']}, N_s={result['sim_steps']}, "
         f"N_r={result['real_steps']}, device {result['device']}",
+        f"Scored frames {result['scored_frames'][0]}..{result['scored_frames'][1]}: the models "
+        f"see frame 0, the baselines frames 0..{result['context_frames'] - 1}",
         f"Moving pixels (|real_t - real_0| > {result['motion_threshold']:g}): "
         f"{100 * result['moving_pixel_fraction']:.1f}% of the scored pixels",
         "",
@@ -312,9 +362,14 @@ def format_markdown(result: dict) -> str:
 
 
 def small_run(
-    out: str, device: str, source: str | None = None, scorer: Scorer | None = None
+    out: str,
+    device: str,
+    source: str | None = None,
+    scorer: Scorer | None = None,
+    **eval_options,
 ) -> dict:
-    """Data (the MuJoCo peg, or `source`: a task or "synthetic") -> training -> evaluation."""
+    """Data (the MuJoCo peg, or `source`: a task or "synthetic") -> training -> evaluation;
+    `eval_options` are EvalConfig fields beyond the --small ones."""
     os.makedirs(out, exist_ok=True)
     train_file, heldout_file = os.path.join(out, "train.h5"), os.path.join(out, "heldout.h5")
     if not (os.path.isfile(train_file) and os.path.isfile(heldout_file)):
@@ -341,7 +396,7 @@ def small_run(
         out,
         heldout_file,
         os.path.join(out, "eval"),
-        EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2),
+        EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2, **eval_options),
         scorer or Scorer(),
     )
 
@@ -366,6 +421,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sim-steps", type=int, default=5)
     p.add_argument("--real-steps", type=int, default=10)
     p.add_argument("--guidance", type=float, default=0.6)
+    p.add_argument(
+        "--context-frames",
+        type=int,
+        default=EvalConfig.context_frames,
+        help="real frames the baselines see; every row is scored on the frames after them",
+    )
     p.add_argument("--lpips-backbone", help="local AlexNet weights (safetensors or state dict)")
     p.add_argument("--lpips-heads", help="local LPIPS linear-head weights")
     p.add_argument("--fid-weights", help="local Inception-v3 weights")
@@ -390,7 +451,9 @@ def main(argv: list[str] | None = None) -> None:
         args.motion_threshold,
     )
     if args.small:
-        result = small_run(args.out, args.device, args.source, scorer)
+        result = small_run(
+            args.out, args.device, args.source, scorer, context_frames=args.context_frames
+        )
     else:
         if not (args.run and args.heldout):
             p.error("--run and --heldout are required unless --small")
@@ -399,6 +462,7 @@ def main(argv: list[str] | None = None) -> None:
             real_steps=args.real_steps,
             guidance=args.guidance,
             device=args.device,
+            context_frames=args.context_frames,
         )
         result = evaluate_run(args.run, args.heldout, args.out, cfg, scorer)
     print(format_markdown(result))

@@ -173,6 +173,37 @@ def centroids(masks: torch.Tensor, fallback: torch.Tensor | None = None) -> torc
     return torch.where(empty, fill, c)
 
 
+def robot_tracking(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    first_mask: torch.Tensor,
+    start: int = 1,
+    segmenter: FirstFrameColourSegmenter | None = None,
+) -> tuple[float, float]:
+    """(centroid error, found fraction) over the frames start..T-1.
+
+    Centroid error: the mean distance (pixels) between the robot centroids of the predicted and
+    the real frames, both segmented against the REAL first frame and its mask (`segmenter`,
+    default `FirstFrameColourSegmenter()`); a frame where no robot pixel is found counts as the
+    robot at its frame-0 position. Found fraction: the share of the predicted frames where robot
+    pixels are found at all (a low one means the error is mostly that fallback). Windows with an
+    empty first mask are left out (NaN, NaN if all are)."""
+    _check_pair(pred, target)
+    segmenter = segmenter or FirstFrameColourSegmenter()
+    first = target[:, :, 0]
+    m0 = first_mask.bool()
+    keep = m0.flatten(1).any(1)
+    if not keep.any():
+        return float("nan"), float("nan")
+    c0 = centroids(m0[keep, None])[:, 0]
+    pred_masks = segmenter(pred[keep], first[keep], m0[keep])
+    c_pred = centroids(pred_masks, fallback=c0)
+    c_real = centroids(segmenter(target[keep], first[keep], m0[keep]), fallback=c0)
+    error = float((c_pred - c_real)[:, start:].norm(dim=-1).mean())
+    found = float(pred_masks[:, start:].flatten(2).any(2).float().mean())
+    return error, found
+
+
 def centroid_error(
     pred: torch.Tensor,
     target: torch.Tensor,
@@ -180,21 +211,8 @@ def centroid_error(
     start: int = 1,
     segmenter: FirstFrameColourSegmenter | None = None,
 ) -> float:
-    """Mean distance (pixels) between the robot centroids of the predicted and the real frames
-    start..T-1. Both are segmented against the REAL first frame and its mask (`segmenter`, default
-    `FirstFrameColourSegmenter()`); a frame where no robot pixel is found counts as the robot at
-    its frame-0 position; windows with an empty first mask are left out (NaN if all are)."""
-    _check_pair(pred, target)
-    segmenter = segmenter or FirstFrameColourSegmenter()
-    first = target[:, :, 0]
-    m0 = first_mask.bool()
-    keep = m0.flatten(1).any(1)
-    if not keep.any():
-        return float("nan")
-    c0 = centroids(m0[keep, None])[:, 0]
-    c_pred = centroids(segmenter(pred[keep], first[keep], m0[keep]), fallback=c0)
-    c_real = centroids(segmenter(target[keep], first[keep], m0[keep]), fallback=c0)
-    return float((c_pred - c_real)[:, start:].norm(dim=-1).mean())
+    """The centroid error of `robot_tracking` (pixels)."""
+    return robot_tracking(pred, target, first_mask, start, segmenter)[0]
 
 
 def read_state(path: str) -> dict[str, torch.Tensor]:
