@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 
@@ -48,7 +49,10 @@ ROW_NAMES = {
 @dataclasses.dataclass
 class EvalConfig:
     """`context_frames`: real frames the baselines see (the models see frame 0 only); every row is
-    scored on frames context_frames..T-1."""
+    scored on frames context_frames..T-1. `sweep`: the guidance weights w at which the
+    sim-conditioned students are evaluated, one row each, on the same windows with the same noise;
+    `guidance`: the headline w (the qualitative PNG, the full-vs-SFT verdict), taken as the sweep's
+    entry nearest to it (`headline`)."""
 
     context_frames: int = 2
     sim_steps: int = 5
@@ -66,6 +70,26 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.context_frames < 1:
             raise ValueError(f"context_frames must be >= 1, got {self.context_frames}")
+        self.sweep = tuple(float(w) for w in self.sweep)
+        if not self.sweep or any(not (math.isfinite(w) and w >= 0.0) for w in self.sweep):
+            raise ValueError(f"the guidance sweep needs finite weights >= 0, got {self.sweep}")
+
+    @property
+    def headline(self) -> float:
+        return min(self.sweep, key=lambda w: (abs(w - self.guidance), w))
+
+
+def parse_weights(text: str) -> tuple[float, ...]:
+    """'0,0.5,1' -> (0.0, 0.5, 1.0), for --guidance."""
+    try:
+        weights = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of numbers: {text!r}"
+        ) from err
+    if not weights:
+        raise argparse.ArgumentTypeError("no guidance weight given")
+    return weights
 
 
 def baseline_predictions(gt: torch.Tensor, context: int) -> dict[str, torch.Tensor]:
@@ -285,7 +309,7 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
             }
             log.info("%s", row)
             table.append(row)
-            if variant is Variant.SFT or (variant.sim_conditioning and w == cfg.guidance):
+            if variant is Variant.SFT or (variant.sim_conditioning and w == cfg.headline):
                 preds["SFT" if variant is Variant.SFT else f"SimForcing (w={w:g})"] = pred
     latency = []
     if Variant.FULL in available:
@@ -299,6 +323,8 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         "real_steps": cfg.real_steps,
         "device": cfg.device,
         "context_frames": start,
+        "guidance_sweep": list(cfg.sweep),
+        "headline_guidance": cfg.headline,
         "scored_frames": [start, gt.shape[2] - 1],
         "motion_threshold": scorer.motion_threshold,
         "moving_pixel_fraction": scorer.moving_fraction(gt, start),
@@ -306,7 +332,7 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         "latency": latency,
     }
     sft = next((r for r in table if r["variant"] == "sft"), None)
-    full = next((r for r in table if r["variant"] == "full" and r["w"] == cfg.guidance), None)
+    full = next((r for r in table if r["variant"] == "full" and r["w"] == cfg.headline), None)
     if sft and full:
         result["full_beats_sft"] = bool(full["psnr"] > sft["psnr"] and full["ssim"] > sft["ssim"])
     with open(os.path.join(out_dir, "results.json"), "w") as f:
@@ -337,6 +363,8 @@ def format_markdown(result: dict) -> str:
         f"N_r={result['real_steps']}, device {result['device']}",
         f"Scored frames {result['scored_frames'][0]}..{result['scored_frames'][1]}: the models "
         f"see frame 0, the baselines frames 0..{result['context_frames'] - 1}",
+        "Guidance sweep (sim-conditioned students): w = "
+        + ", ".join(f"{w:g}" for w in result["guidance_sweep"]),
         f"Moving pixels (|real_t - real_0| > {result['motion_threshold']:g}): "
         f"{100 * result['moving_pixel_fraction']:.1f}% of the scored pixels",
         "",
@@ -356,7 +384,8 @@ def format_markdown(result: dict) -> str:
     if "full_beats_sft" in result:
         lines += [
             "",
-            f"Full student beats real-only SFT on PSNR and SSIM: {result['full_beats_sft']}",
+            f"Full student (w={result['headline_guidance']:g}) beats real-only SFT on PSNR and "
+            f"SSIM: {result['full_beats_sft']}",
         ]
     return "\n".join(lines) + "\n"
 
@@ -420,7 +449,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--sim-steps", type=int, default=5)
     p.add_argument("--real-steps", type=int, default=10)
-    p.add_argument("--guidance", type=float, default=0.6)
+    p.add_argument(
+        "--guidance",
+        type=parse_weights,
+        default=EvalConfig.sweep,
+        metavar="W[,W...]",
+        help="guidance weights for the sim-conditioned students, one row each (default: "
+        + ",".join(f"{w:g}" for w in EvalConfig.sweep)
+        + ")",
+    )
+    p.add_argument(
+        "--headline-guidance",
+        type=float,
+        default=EvalConfig.guidance,
+        help="w of the PNG and the full-vs-SFT verdict (the listed weight nearest to it)",
+    )
     p.add_argument(
         "--context-frames",
         type=int,
@@ -452,7 +495,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.small:
         result = small_run(
-            args.out, args.device, args.source, scorer, context_frames=args.context_frames
+            args.out,
+            args.device,
+            args.source,
+            scorer,
+            context_frames=args.context_frames,
+            sweep=args.guidance,
+            guidance=args.headline_guidance,
         )
     else:
         if not (args.run and args.heldout):
@@ -460,7 +509,8 @@ def main(argv: list[str] | None = None) -> None:
         cfg = EvalConfig(
             sim_steps=args.sim_steps,
             real_steps=args.real_steps,
-            guidance=args.guidance,
+            sweep=args.guidance,
+            guidance=args.headline_guidance,
             device=args.device,
             context_frames=args.context_frames,
         )
