@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sim_video_world_model import metrics
-from sim_video_world_model.evaluate import Scorer, baseline_predictions
+from sim_video_world_model.evaluate import Scorer, baseline_predictions, format_markdown
 from sim_video_world_model.paired_data import (
     SyntheticArmWorld,
     SyntheticWorldConfig,
@@ -81,6 +81,25 @@ def test_empty_motion_masks_give_nan_not_a_number_from_nothing():
     assert math.isnan(metrics.masked_psnr(still, still, moving))
     assert math.isnan(metrics.masked_ssim(still, still, moving))
     assert math.isnan(metrics.LPIPS()(still, still, mask=moving))
+    # in the evaluation table: None (null in results.json, n/a in results.md)
+    scores = Scorer()(still, still, first_mask(), start=1)
+    assert scores["psnr_moving"] is None and scores["ssim_moving"] is None
+    assert scores["psnr"] == metrics.MAX_PSNR and scores["centroid_px"] == 0.0
+    result = {
+        "heldout_windows": 2,
+        "sim_steps": 1,
+        "real_steps": 1,
+        "device": "cpu",
+        "scored_frames": [1, FRAMES - 1],
+        "context_frames": 1,
+        "guidance_sweep": [0.0],
+        "motion_threshold": metrics.MOTION_THRESHOLD,
+        "moving_pixel_fraction": 0.0,
+        "table": [{"method": "copy", **scores}],
+        "latency": [],
+    }
+    row = format_markdown(result).splitlines()[-1]
+    assert row.startswith("| copy | 100.0000 |") and "| n/a | n/a |" in row
 
 
 def test_centroid_error_of_a_shifted_square_equals_the_shift():

@@ -150,8 +150,9 @@ class Scorer:
     LPIPS (whole-frame and moving pixels) / FID / FVD when their local weight files are configured.
 
     Moving pixels: `metrics.motion_mask` of the REAL video (|real_t - real_0| > `motion_threshold`
-    in some channel, pixels in [0, 1]). Centroid error: `metrics.centroid_error` with the
-    first-frame colour segmenter, in pixels.
+    in some channel, pixels in [0, 1]). Centroid error and robot-found share:
+    `metrics.robot_tracking` with the first-frame colour segmenter, in pixels. A score with nothing
+    to average (no moving pixel, no robot in the first mask) is None.
     """
 
     def __init__(
@@ -193,7 +194,7 @@ class Scorer:
         )
         for name, metric in self.extra.items():
             scores[name] = metric(p, g)
-        return scores
+        return {k: (None if math.isnan(v) else v) for k, v in scores.items()}
 
     def moving_fraction(self, gt: torch.Tensor, start: int = 1) -> float:
         """Fraction of the scored pixels that the motion mask marks as moving."""
@@ -372,7 +373,9 @@ def format_markdown(result: dict) -> str:
         "|---|" + "---|" * len(keys),
     ]
     lines += [
-        f"| {r['method']} | " + " | ".join(f"{r[k]:.4f}" for k in keys) + " |"
+        f"| {r['method']} | "
+        + " | ".join("n/a" if r[k] is None else f"{r[k]:.4f}" for k in keys)
+        + " |"
         for r in result["table"]
     ]
     if result["latency"]:
