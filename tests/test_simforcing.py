@@ -23,7 +23,13 @@ from sim_video_world_model.config import (
     TrainConfig,
     Variant,
 )
-from sim_video_world_model.evaluate import EvalConfig, Scorer, evaluate_run
+from sim_video_world_model.evaluate import (
+    EvalConfig,
+    Scorer,
+    baseline_predictions,
+    evaluate_run,
+)
+from sim_video_world_model.evaluate import main as eval_main
 from sim_video_world_model.metrics import frechet_distance
 from sim_video_world_model.objective import StudentObjective, corrupt_sim_latent, latent_motion
 from sim_video_world_model.paired_data import (
@@ -35,7 +41,7 @@ from sim_video_world_model.paired_data import (
 )
 from sim_video_world_model.pipeline import SimForcingPipeline
 from sim_video_world_model.scheduler import FlowMatchScheduler, warmup_cosine
-from sim_video_world_model.train import RunConfig, make_student, run
+from sim_video_world_model.train import LOSS_LOG, RunConfig, make_student, run
 
 TINY = TinyBackboneConfig(
     latent_channels=4,
@@ -194,6 +200,7 @@ def test_guidance_w0_w1_equal_the_branches_and_pass_counts():
         assert torch.equal(pipe.guided_velocity(x, t, a, None, 0.0), uncond)
         assert torch.equal(pipe.guided_velocity(x, t, a, s, 1.0), cond)
         assert torch.allclose(pipe.guided_velocity(x, t, a, s, 0.3), uncond + 0.3 * (cond - uncond))
+        assert torch.allclose(pipe.guided_velocity(x, t, a, s, 2.0), 2 * cond - uncond)
     counter = CallCounter(student)
     frame = torch.rand(1, 3, 16, 16) * 2 - 1
     acts = torch.rand(1, 4, 7)
@@ -219,6 +226,9 @@ def test_guidance_w0_w1_equal_the_branches_and_pass_counts():
         pipe(frame, acts, 5, guidance=0.6)
     with pytest.raises(ValueError, match="actions"):
         pipe(frame, torch.rand(1, 3, 7), 5, guidance=0.0)
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            pipe(frame, acts, 5, robot_mask=mask, guidance=bad)
 
 
 def test_paired_windows_roundtrip_and_normalisation(tmp_path):
@@ -249,6 +259,11 @@ def test_paired_windows_roundtrip_and_normalisation(tmp_path):
         PairedWindows(w.sim, w.real, w.actions[:, :3], w.mask, w.action_low, w.action_high)
 
 
+def read_losses(stage_dir: str) -> list[dict]:
+    with open(os.path.join(stage_dir, LOSS_LOG)) as f:
+        return [json.loads(line) for line in f]
+
+
 @pytest.mark.e2e
 def test_tiny_train_then_infer_and_resume(tmp_path):
     data = str(tmp_path / "pairs.h5")
@@ -272,6 +287,22 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     with open(os.path.join(out, "student_full", "train_state.json")) as f:
         state = json.load(f)
     assert state["step"] == 3 and state["complete"]
+    # the per-term loss log: one record per log step, each term separately, and the terms
+    # recompose the logged loss with the objective's weights
+    records = read_losses(os.path.join(out, "student_full"))
+    assert [r["step"] for r in records] == [1, 2, 3]
+    o = cfg.objective
+    for r in records:
+        assert all(r[k] > 0 for k in ("fm_real", "fm_sim", "motion_real"))
+        # the student starts as the teacher: no sim->sim motion gap before its first update
+        assert (r["motion_sim"] < 1e-9) == (r["step"] == 1)
+        recomposed = o.lambda_video * 0.5 * (
+            o.lambda_real * r["fm_real"] + o.lambda_sim * r["fm_sim"]
+        ) + o.lambda_delta * 0.5 * (
+            o.lambda_real * r["motion_real"] + o.lambda_sim * r["motion_sim"]
+        )
+        assert r["loss"] == pytest.approx(recomposed, rel=1e-5)
+    assert all(r["loss"] == r["fm_sim"] for r in read_losses(os.path.join(out, "teacher")))
     # the real-only baseline starts from the base backbone, not from the teacher
     run(cfg, data, out, ["student"], [Variant.SFT], resume=False)
     sft = load_bundle(os.path.join(out, "student_sft"))
@@ -307,15 +338,52 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     )
     result = evaluate_run(out, data, str(tmp_path / "eval"), ecfg, Scorer())
     assert [(r["variant"], r["w"]) for r in result["table"]] == [
+        ("baseline", None),
+        ("baseline", None),
+        ("baseline", None),
         ("sft", 0.0),
         ("full", 0.0),
         ("full", 1.0),
     ]
+    for r in result["table"]:  # the motion-aware columns beside the whole-frame ones
+        assert {"psnr", "ssim", "psnr_moving", "ssim_moving", "centroid_px"} <= set(r)
+        assert r["centroid_px"] >= 0.0 and 0.0 <= r["robot_found"] <= 1.0
+    assert 0.0 < result["moving_pixel_fraction"] < 1.0
+    assert result["scored_frames"] == [2, 4]  # the frames no row, baselines included, was given
+    assert [r["method"] for r in result["table"][:3]] == list(
+        baseline_predictions(torch.zeros(1, 3, 5, 2, 2), 2)
+    )
+    assert "baseline: copy first frame" in (tmp_path / "eval" / "results.md").read_text()
+    assert result["table"][0]["robot_found"] == 1.0  # a copy keeps the first frame's robot
     assert len(result["latency"]) == 4 and all(r["seconds"] > 0 for r in result["latency"])
     assert isinstance(result["full_beats_sft"], bool)
     assert all(
         (tmp_path / "eval" / f).is_file() for f in ("results.json", "results.md", "qualitative.png")
     )
+    # the guidance sweep from the command line: one row per listed w, on the same windows
+    eval_main(
+        [
+            "--run",
+            out,
+            "--heldout",
+            data,
+            "--out",
+            str(tmp_path / "sweep"),
+            "--sim-steps",
+            "1",
+            "--real-steps",
+            "1",
+            "--guidance",
+            "0,1,2",
+        ]
+    )
+    with open(tmp_path / "sweep" / "results.json") as f:
+        swept = json.load(f)
+    full_rows = [r for r in swept["table"] if r["variant"] == "full"]
+    assert [r["w"] for r in full_rows] == [0.0, 1.0, 2.0]
+    assert [r["w"] for r in swept["table"] if r["variant"] == "sft"] == [0.0]
+    assert swept["headline_guidance"] == 1.0  # the listed w nearest to the default 0.6
+    assert full_rows[0]["psnr"] != full_rows[2]["psnr"]  # w changes the prediction
     # resume: a finished run is skipped (weights unchanged), a longer one continues from its last
     # step
     before = {k: v.clone() for k, v in teacher.denoiser.state_dict().items()}
@@ -334,6 +402,8 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     with open(state_file) as f:
         state = json.load(f)
     assert state["step"] == 5 and state["complete"]
+    # the resumed stage's loss log continues from its step: no record twice
+    assert [r["step"] for r in read_losses(os.path.join(out, "teacher"))] == [1, 2, 3, 4, 5]
     resumed = load_bundle(os.path.join(out, "teacher")).denoiser.state_dict()
     assert any(not torch.equal(before[k], resumed[k]) for k in before)
 

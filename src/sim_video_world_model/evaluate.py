@@ -4,8 +4,10 @@ table, the guidance sweep, the (N_s, N_r, w) latency grid and a qualitative PNG 
     simforcing-eval --run runs/sf --heldout heldout.h5 --out runs/sf/eval
     simforcing-eval --small --threads 1 --out runs/small   # data + training + evaluation on a CPU
 
-Predictions start from the real first frame and the window's actions; scores cover the predicted
-frames 1..T-1 only (frame 0 is the given observation).
+Predictions start from the real first frame and the window's actions. Baselines (copy the first
+frame, copy the last context frame, extrapolate the last two context frames linearly) see the
+first `context_frames` real frames; every row is scored on the frames after those, which no row
+was given.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 
@@ -45,6 +48,13 @@ ROW_NAMES = {
 
 @dataclasses.dataclass
 class EvalConfig:
+    """`context_frames`: real frames the baselines see (the models see frame 0 only); every row is
+    scored on frames context_frames..T-1. `sweep`: the guidance weights w at which the
+    sim-conditioned students are evaluated, one row each, on the same windows with the same noise;
+    `guidance`: the headline w (the qualitative PNG, the full-vs-SFT verdict), taken as the sweep's
+    entry nearest to it (`headline`)."""
+
+    context_frames: int = 2
     sim_steps: int = 5
     real_steps: int = 10
     guidance: float = 0.6
@@ -56,6 +66,52 @@ class EvalConfig:
     batch_size: int = 8
     seed: int = 0
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.context_frames < 1:
+            raise ValueError(f"context_frames must be >= 1, got {self.context_frames}")
+        self.sweep = tuple(float(w) for w in self.sweep)
+        if not self.sweep or any(not (math.isfinite(w) and w >= 0.0) for w in self.sweep):
+            raise ValueError(f"the guidance sweep needs finite weights >= 0, got {self.sweep}")
+
+    @property
+    def headline(self) -> float:
+        return min(self.sweep, key=lambda w: (abs(w - self.guidance), w))
+
+
+def parse_weights(text: str) -> tuple[float, ...]:
+    """'0,0.5,1' -> (0.0, 0.5, 1.0), for --guidance."""
+    try:
+        weights = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of numbers: {text!r}"
+        ) from err
+    if not weights:
+        raise argparse.ArgumentTypeError("no guidance weight given")
+    return weights
+
+
+def baseline_predictions(gt: torch.Tensor, context: int) -> dict[str, torch.Tensor]:
+    """Predictions from the first `context` real frames of (N, 3, T, H, W) videos, by name; frames
+    0..context-1 are the given ones. Copy the first frame; with two or more context frames also
+    copy the last one and extrapolate the last two linearly (x_{c-1} + k (x_{c-1} - x_{c-2}) for
+    the k-th frame after them, clamped to [-1, 1])."""
+    t = gt.shape[2]
+    if not 1 <= context < t:
+        raise ValueError(f"{context} context frames leave nothing to predict in {t} frames")
+    given, future = gt[:, :, :context], t - context
+    rows = {"baseline: copy first frame": gt[:, :, :1].expand(-1, -1, future, -1, -1)}
+    if context >= 2:
+        last, prev = gt[:, :, context - 1 : context], gt[:, :, context - 2 : context - 1]
+        k = torch.arange(1, future + 1, dtype=gt.dtype).view(1, 1, -1, 1, 1)
+        rows[f"baseline: copy last context frame (frame {context - 1})"] = last.expand_as(
+            gt[:, :, context:]
+        )
+        rows[f"baseline: linear extrapolation of frames {context - 2}, {context - 1}"] = (
+            last + k * (last - prev)
+        ).clamp(-1, 1)
+    return {name: torch.cat([given, v], dim=2) for name, v in rows.items()}
 
 
 def predict(
@@ -90,7 +146,14 @@ def predict(
 
 
 class Scorer:
-    """PSNR / SSIM always; LPIPS / FID / FVD when their local weight files are configured."""
+    """Whole-frame PSNR / SSIM, the same on the moving pixels, and the robot centroid error always;
+    LPIPS (whole-frame and moving pixels) / FID / FVD when their local weight files are configured.
+
+    Moving pixels: `metrics.motion_mask` of the REAL video (|real_t - real_0| > `motion_threshold`
+    in some channel, pixels in [0, 1]). Centroid error and robot-found share:
+    `metrics.robot_tracking` with the first-frame colour segmenter, in pixels. A score with nothing
+    to average (no moving pixel, no robot in the first mask) is None.
+    """
 
     def __init__(
         self,
@@ -98,22 +161,44 @@ class Scorer:
         lpips_heads: str | None = None,
         fid_weights: str | None = None,
         fvd_weights: str | None = None,
+        motion_threshold: float = metrics.MOTION_THRESHOLD,
     ):
         self.m = metrics
+        self.motion_threshold = motion_threshold
+        self.segmenter = metrics.FirstFrameColourSegmenter(motion_threshold)
+        self.lpips = (
+            metrics.LPIPS(lpips_backbone, lpips_heads) if lpips_backbone and lpips_heads else None
+        )
         self.extra = {}
-        if lpips_backbone and lpips_heads:
-            self.extra["lpips"] = metrics.LPIPS(lpips_backbone, lpips_heads)
         if fid_weights:
             self.extra["fid"] = metrics.FrechetInceptionDistance(fid_weights)
         if fvd_weights:
             self.extra["fvd"] = metrics.FrechetVideoDistance(fvd_weights)
 
-    def __call__(self, pred: torch.Tensor, gt: torch.Tensor) -> dict[str, float]:
-        p, g = pred[:, :, 1:], gt[:, :, 1:]
+    def __call__(
+        self, pred: torch.Tensor, gt: torch.Tensor, first_mask: torch.Tensor, start: int = 1
+    ) -> dict[str, float]:
+        """Scores of frames start..T-1 of (N, 3, T, H, W) videos; `first_mask` (N, H, W) is the
+        robot mask of the real first frame."""
+        p, g = pred[:, :, start:], gt[:, :, start:]
+        moving = self.m.motion_mask(gt, self.motion_threshold)[:, start:]
         scores = {"psnr": self.m.psnr(p, g), "ssim": self.m.ssim(p, g)}
+        if self.lpips is not None:
+            scores["lpips"] = self.lpips(p, g)
+        scores["psnr_moving"] = self.m.masked_psnr(p, g, moving)
+        scores["ssim_moving"] = self.m.masked_ssim(p, g, moving)
+        if self.lpips is not None:
+            scores["lpips_moving"] = self.lpips(p, g, mask=moving)
+        scores["centroid_px"], scores["robot_found"] = self.m.robot_tracking(
+            pred, gt, first_mask, start, self.segmenter
+        )
         for name, metric in self.extra.items():
             scores[name] = metric(p, g)
-        return scores
+        return {k: (None if math.isnan(v) else v) for k, v in scores.items()}
+
+    def moving_fraction(self, gt: torch.Tensor, start: int = 1) -> float:
+        """Fraction of the scored pixels that the motion mask marks as moving."""
+        return float(self.m.motion_mask(gt, self.motion_threshold)[:, start:].float().mean())
 
 
 def latency_grid(bundle: ModelBundle, item: dict, cfg: EvalConfig) -> list[dict]:
@@ -189,7 +274,10 @@ def qualitative_grid(
 def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scorer: Scorer) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     data = PairedVideoDataset(PairedWindows.load(heldout))
-    table, preds, gt = [], {}, None
+    first_mask = torch.stack([data[i]["mask"] for i in range(len(data))])
+    gt = torch.stack([data[i]["real"] for i in range(len(data))])
+    start = cfg.context_frames
+    table, preds = [], {}
     available = [
         v
         for v in Variant
@@ -197,12 +285,16 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
     ]
     if not available:
         raise FileNotFoundError(f"no student_<variant>/ checkpoint under {run_dir}")
+    for name, pred in baseline_predictions(gt, start).items():
+        row = {"method": name, "variant": "baseline", "w": None}
+        table.append(dict(row, **scorer(pred, gt, first_mask, start)))
+        log.info("%s", table[-1])
     torch.manual_seed(cfg.seed)
     for variant in available:
         bundle = load_bundle(os.path.join(run_dir, f"student_{variant.value}"), cfg.device)
         weights = cfg.sweep if variant.sim_conditioning else (0.0,)
         for w in weights:
-            pred, gt = predict(bundle, data, cfg.sim_steps, cfg.real_steps, w, cfg)
+            pred, _ = predict(bundle, data, cfg.sim_steps, cfg.real_steps, w, cfg)
             name = ROW_NAMES[variant] + (f" w={w:g}" if variant.sim_conditioning else "")
             if variant is Variant.SFT:
                 name += (
@@ -210,10 +302,15 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
                     if bundle.info.get("init", "teacher") == "teacher"
                     else " from the base backbone"
                 )
-            row = {"method": name, "variant": variant.value, "w": w, **scorer(pred, gt)}
+            row = {
+                "method": name,
+                "variant": variant.value,
+                "w": w,
+                **scorer(pred, gt, first_mask, start),
+            }
             log.info("%s", row)
             table.append(row)
-            if variant is Variant.SFT or (variant.sim_conditioning and w == cfg.guidance):
+            if variant is Variant.SFT or (variant.sim_conditioning and w == cfg.headline):
                 preds["SFT" if variant is Variant.SFT else f"SimForcing (w={w:g})"] = pred
     latency = []
     if Variant.FULL in available:
@@ -226,11 +323,17 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         "sim_steps": cfg.sim_steps,
         "real_steps": cfg.real_steps,
         "device": cfg.device,
+        "context_frames": start,
+        "guidance_sweep": list(cfg.sweep),
+        "headline_guidance": cfg.headline,
+        "scored_frames": [start, gt.shape[2] - 1],
+        "motion_threshold": scorer.motion_threshold,
+        "moving_pixel_fraction": scorer.moving_fraction(gt, start),
         "table": table,
         "latency": latency,
     }
     sft = next((r for r in table if r["variant"] == "sft"), None)
-    full = next((r for r in table if r["variant"] == "full" and r["w"] == cfg.guidance), None)
+    full = next((r for r in table if r["variant"] == "full" and r["w"] == cfg.headline), None)
     if sft and full:
         result["full_beats_sft"] = bool(full["psnr"] > sft["psnr"] and full["ssim"] > sft["ssim"])
     with open(os.path.join(out_dir, "results.json"), "w") as f:
@@ -240,17 +343,39 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
     return result
 
 
+COLUMNS = {
+    "psnr": "PSNR",
+    "ssim": "SSIM",
+    "lpips": "LPIPS",
+    "psnr_moving": "moving PSNR",
+    "ssim_moving": "moving SSIM",
+    "lpips_moving": "moving LPIPS",
+    "centroid_px": "centroid err (px)",
+    "robot_found": "robot found",
+    "fid": "FID",
+    "fvd": "FVD",
+}
+
+
 def format_markdown(result: dict) -> str:
-    keys = [k for k in ("psnr", "ssim", "lpips", "fid", "fvd") if k in result["table"][0]]
+    keys = [k for k in COLUMNS if k in result["table"][0]]
     lines = [
         f"Held-out windows: {result['heldout_windows']}, N_s={result['sim_steps']}, "
         f"N_r={result['real_steps']}, device {result['device']}",
+        f"Scored frames {result['scored_frames'][0]}..{result['scored_frames'][1]}: the models "
+        f"see frame 0, the baselines frames 0..{result['context_frames'] - 1}",
+        "Guidance sweep (sim-conditioned students): w = "
+        + ", ".join(f"{w:g}" for w in result["guidance_sweep"]),
+        f"Moving pixels (|real_t - real_0| > {result['motion_threshold']:g}): "
+        f"{100 * result['moving_pixel_fraction']:.1f}% of the scored pixels",
         "",
-        "| method | " + " | ".join(k.upper() for k in keys) + " |",
+        "| method | " + " | ".join(COLUMNS[k] for k in keys) + " |",
         "|---|" + "---|" * len(keys),
     ]
     lines += [
-        f"| {r['method']} | " + " | ".join(f"{r[k]:.4f}" for k in keys) + " |"
+        f"| {r['method']} | "
+        + " | ".join("n/a" if r[k] is None else f"{r[k]:.4f}" for k in keys)
+        + " |"
         for r in result["table"]
     ]
     if result["latency"]:
@@ -262,13 +387,21 @@ def format_markdown(result: dict) -> str:
     if "full_beats_sft" in result:
         lines += [
             "",
-            f"Full student beats real-only SFT on PSNR and SSIM: {result['full_beats_sft']}",
+            f"Full student (w={result['headline_guidance']:g}) beats real-only SFT on PSNR and "
+            f"SSIM: {result['full_beats_sft']}",
         ]
     return "\n".join(lines) + "\n"
 
 
-def small_run(out: str, device: str, source: str | None = None) -> dict:
-    """Data (the MuJoCo peg, or `source`: a task or "synthetic") -> training -> evaluation."""
+def small_run(
+    out: str,
+    device: str,
+    source: str | None = None,
+    scorer: Scorer | None = None,
+    **eval_options,
+) -> dict:
+    """Data (the MuJoCo peg, or `source`: a task or "synthetic") -> training -> evaluation;
+    `eval_options` are EvalConfig fields beyond the --small ones."""
     os.makedirs(out, exist_ok=True)
     train_file, heldout_file = os.path.join(out, "train.h5"), os.path.join(out, "heldout.h5")
     if not (os.path.isfile(train_file) and os.path.isfile(heldout_file)):
@@ -295,8 +428,8 @@ def small_run(out: str, device: str, source: str | None = None) -> dict:
         out,
         heldout_file,
         os.path.join(out, "eval"),
-        EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2),
-        Scorer(),
+        EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2, **eval_options),
+        scorer or Scorer(),
     )
 
 
@@ -319,29 +452,71 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--sim-steps", type=int, default=5)
     p.add_argument("--real-steps", type=int, default=10)
-    p.add_argument("--guidance", type=float, default=0.6)
+    p.add_argument(
+        "--guidance",
+        type=parse_weights,
+        default=EvalConfig.sweep,
+        metavar="W[,W...]",
+        help="guidance weights for the sim-conditioned students, one row each (default: "
+        + ",".join(f"{w:g}" for w in EvalConfig.sweep)
+        + ")",
+    )
+    p.add_argument(
+        "--headline-guidance",
+        type=float,
+        default=EvalConfig.guidance,
+        help="w of the PNG and the full-vs-SFT verdict (the listed weight nearest to it)",
+    )
+    p.add_argument(
+        "--context-frames",
+        type=int,
+        default=EvalConfig.context_frames,
+        help="real frames the baselines see; every row is scored on the frames after them",
+    )
     p.add_argument("--lpips-backbone", help="local AlexNet weights (safetensors or state dict)")
     p.add_argument("--lpips-heads", help="local LPIPS linear-head weights")
     p.add_argument("--fid-weights", help="local Inception-v3 weights")
     p.add_argument("--fvd-weights", help="local R3D-18 weights")
+    p.add_argument(
+        "--motion-threshold",
+        type=float,
+        default=metrics.MOTION_THRESHOLD,
+        help="colour change (pixels in [0, 1]) that marks a real pixel as moving",
+    )
     p.add_argument(
         "--threads", type=int, help="torch CPU threads (1 is fastest on a busy shared CPU)"
     )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    scorer = Scorer(
+        args.lpips_backbone,
+        args.lpips_heads,
+        args.fid_weights,
+        args.fvd_weights,
+        args.motion_threshold,
+    )
     if args.small:
-        result = small_run(args.out, args.device, args.source)
+        result = small_run(
+            args.out,
+            args.device,
+            args.source,
+            scorer,
+            context_frames=args.context_frames,
+            sweep=args.guidance,
+            guidance=args.headline_guidance,
+        )
     else:
         if not (args.run and args.heldout):
             p.error("--run and --heldout are required unless --small")
         cfg = EvalConfig(
             sim_steps=args.sim_steps,
             real_steps=args.real_steps,
-            guidance=args.guidance,
+            sweep=args.guidance,
+            guidance=args.headline_guidance,
             device=args.device,
+            context_frames=args.context_frames,
         )
-        scorer = Scorer(args.lpips_backbone, args.lpips_heads, args.fid_weights, args.fvd_weights)
         result = evaluate_run(args.run, args.heldout, args.out, cfg, scorer)
     print(format_markdown(result))
 

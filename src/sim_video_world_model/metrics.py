@@ -5,6 +5,15 @@ FID (Inception-v3 pool features) and FVD (video features, Frechet distance) need
 they load them from LOCAL files (safetensors, or a PyTorch state dict read with weights_only=True)
 and are skipped when none are given. Deviation: torchvision has no I3D, so FVD uses torchvision's
 R3D-18 Kinetics network; pass its weights to get comparable-in-spirit (not paper-identical) numbers.
+
+Motion-aware scores (a whole-frame score on a mostly static scene rewards copying the first frame):
+- The motion mask of a ground-truth video marks, per frame, the pixels whose colour differs from
+  the first frame by more than `MOTION_THRESHOLD` in some channel (pixels in [0, 1]). It is computed
+  from the REAL frames only, so every prediction of a window is scored on the same pixels.
+  `masked_psnr` / `masked_ssim` / `LPIPS(..., mask=)` average over those pixels only.
+- `FirstFrameColourSegmenter` labels robot pixels in any frame from the given observation alone
+  (the first real frame and its joint-state robot mask); `centroid_error` is the distance in pixels
+  between the centroids of the robot pixels in the predicted and in the real frames.
 """
 
 from __future__ import annotations
@@ -22,6 +31,11 @@ from torchmetrics.functional.image import (
 from torchvision.models import alexnet, inception_v3
 from torchvision.models.video import r3d_18
 
+# Colour change (pixels in [0, 1]) that marks a pixel as moving: about 4.5 standard deviations of
+# the difference of two frames under the real stream's camera noise (4/255 per pixel, 2% gain).
+MOTION_THRESHOLD = 0.1
+MAX_PSNR = 100.0  # identical frames (or masked pixels): PSNR capped at 100 dB
+
 
 def _frames01(video: torch.Tensor) -> torch.Tensor:
     if video.ndim != 5 or video.shape[1] != 3:
@@ -38,7 +52,7 @@ def psnr(pred: torch.Tensor, target: torch.Tensor) -> float:
     _check_pair(pred, target)
     p, t = _frames01(pred), _frames01(target)
     per_frame = peak_signal_noise_ratio(p, t, data_range=1.0, reduction="none", dim=(1, 2, 3))
-    return float(per_frame.clamp(max=100.0).mean())  # identical frames: capped at 100 dB
+    return float(per_frame.clamp(max=MAX_PSNR).mean())
 
 
 def ssim(pred: torch.Tensor, target: torch.Tensor) -> float:
@@ -46,6 +60,159 @@ def ssim(pred: torch.Tensor, target: torch.Tensor) -> float:
     return float(
         structural_similarity_index_measure(_frames01(pred), _frames01(target), data_range=1.0)
     )
+
+
+def motion_mask(target: torch.Tensor, threshold: float = MOTION_THRESHOLD) -> torch.Tensor:
+    """(N, T, H, W) bool: |target_t - target_0| > threshold in some channel (frame 0: all False)."""
+    if target.ndim != 5 or target.shape[1] != 3:
+        raise ValueError(f"videos must be (N, 3, T, H, W), got {tuple(target.shape)}")
+    x = (target.float() + 1.0) / 2.0
+    return (x - x[:, :, :1]).abs().amax(dim=1) > threshold
+
+
+def _frame_masks(mask: torch.Tensor, video: torch.Tensor) -> torch.Tensor:
+    """(N, T, H, W) bool -> (N*T, 1, H, W) float, frame order of `_frames01`."""
+    if mask.shape != (video.shape[0], *video.shape[2:]):
+        raise ValueError(f"mask {tuple(mask.shape)} does not fit video {tuple(video.shape)}")
+    return mask.flatten(0, 1)[:, None].float()
+
+
+def masked_psnr(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> float:
+    """PSNR per frame over the masked pixels (all channels), averaged over the frames with at least
+    one masked pixel; NaN when the mask is empty everywhere."""
+    _check_pair(pred, target)
+    m = _frame_masks(mask, pred)
+    count = m.sum(dim=(1, 2, 3)) * 3
+    sq = ((_frames01(pred) - _frames01(target)).pow(2) * m).sum(dim=(1, 2, 3))
+    keep = count > 0
+    if not keep.any():
+        return float("nan")
+    mse = sq[keep] / count[keep]
+    per_frame = (10 * torch.log10(1.0 / mse.clamp_min(1e-30))).clamp(max=MAX_PSNR)
+    return float(per_frame.mean())
+
+
+def masked_ssim(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of the SSIM map (torchmetrics, full image) over the masked pixels; NaN for an empty
+    mask."""
+    _check_pair(pred, target)
+    m = _frame_masks(mask, pred)
+    if not m.any():
+        return float("nan")
+    _, ssim_map = structural_similarity_index_measure(
+        _frames01(pred), _frames01(target), data_range=1.0, return_full_image=True
+    )
+    return float((ssim_map * m).sum() / (m.sum() * ssim_map.shape[1]))
+
+
+class FirstFrameColourSegmenter:
+    """Robot pixels of any frame of a window, from the given observation alone.
+
+    Reference: the window's first REAL frame x_0 and its robot mask M_0 (the joint-state mask every
+    window carries). In frame t, a pixel whose colour differs from x_0 by at most
+    `change_threshold` (every channel, pixels in [0, 1]) keeps its frame-0 label; a changed pixel is
+    robot when its colour is nearer (Euclidean, RGB) to the robot's frame-0 colours than to the
+    background's (1-nearest neighbour over at most `palette` colours of each, evenly subsampled).
+    So a robot that does not move keeps exactly M_0, a robot that moves over a static background is
+    found where it arrives, and the background it uncovers is not robot. It assumes a static scene
+    apart from the robot and robot colours that the background does not share.
+    """
+
+    def __init__(self, change_threshold: float = MOTION_THRESHOLD, palette: int = 256):
+        self.change_threshold, self.palette = change_threshold, palette
+
+    def _palette(self, colours: torch.Tensor) -> torch.Tensor:  # (K, 3) -> (<= palette, 3)
+        if colours.shape[0] <= self.palette:
+            return colours
+        return colours[torch.linspace(0, colours.shape[0] - 1, self.palette).long()]
+
+    @torch.no_grad()
+    def __call__(
+        self, video: torch.Tensor, first_frame: torch.Tensor, first_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """video (N, 3, T, H, W), first_frame (N, 3, H, W) in [-1, 1], first_mask (N, H, W) bool
+        -> robot masks (N, T, H, W) bool."""
+        x = (video.float() + 1.0) / 2.0
+        ref = (first_frame.float() + 1.0) / 2.0
+        m0 = first_mask.bool().to(video.device)
+        changed = (x - ref[:, :, None]).abs().amax(dim=1) > self.change_threshold
+        out = m0[:, None].expand_as(changed).clone()
+        for n in range(x.shape[0]):
+            if not changed[n].any():
+                continue
+            colours = ref[n].flatten(1).T  # (H*W, 3)
+            flat_mask = m0[n].flatten()
+            if not flat_mask.any() or flat_mask.all():
+                out[n][changed[n]] = bool(flat_mask.any())
+                continue
+            robot = self._palette(colours[flat_mask])
+            background = self._palette(colours[~flat_mask])
+            pixels = x[n].permute(1, 2, 3, 0)[changed[n]]  # (K, 3)
+            is_robot = torch.cdist(pixels, robot).amin(1) < torch.cdist(pixels, background).amin(1)
+            out[n][changed[n]] = is_robot
+        return out
+
+
+def centroids(masks: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, T, H, W) bool -> (N, T, 2) pixel centroids (x, y); an empty mask takes `fallback`
+    ((N, 2), e.g. the frame-0 centroid) or NaN."""
+    n, t, h, w = masks.shape
+    m = masks.float()
+    count = m.sum(dim=(2, 3))
+    ys = torch.arange(h, dtype=torch.float32, device=masks.device)
+    xs = torch.arange(w, dtype=torch.float32, device=masks.device)
+    cx = (m.sum(2) * xs).sum(-1) / count.clamp_min(1)
+    cy = (m.sum(3) * ys).sum(-1) / count.clamp_min(1)
+    c = torch.stack([cx, cy], dim=-1)
+    empty = (count == 0)[..., None]
+    fill = (
+        torch.full_like(c, float("nan"))
+        if fallback is None
+        else fallback[:, None].expand_as(c).to(c.dtype)
+    )
+    return torch.where(empty, fill, c)
+
+
+def robot_tracking(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    first_mask: torch.Tensor,
+    start: int = 1,
+    segmenter: FirstFrameColourSegmenter | None = None,
+) -> tuple[float, float]:
+    """(centroid error, found fraction) over the frames start..T-1.
+
+    Centroid error: the mean distance (pixels) between the robot centroids of the predicted and
+    the real frames, both segmented against the REAL first frame and its mask (`segmenter`,
+    default `FirstFrameColourSegmenter()`); a frame where no robot pixel is found counts as the
+    robot at its frame-0 position. Found fraction: the share of the predicted frames where robot
+    pixels are found at all (a low one means the error is mostly that fallback). Windows with an
+    empty first mask are left out (NaN, NaN if all are)."""
+    _check_pair(pred, target)
+    segmenter = segmenter or FirstFrameColourSegmenter()
+    first = target[:, :, 0]
+    m0 = first_mask.bool()
+    keep = m0.flatten(1).any(1)
+    if not keep.any():
+        return float("nan"), float("nan")
+    c0 = centroids(m0[keep, None])[:, 0]
+    pred_masks = segmenter(pred[keep], first[keep], m0[keep])
+    c_pred = centroids(pred_masks, fallback=c0)
+    c_real = centroids(segmenter(target[keep], first[keep], m0[keep]), fallback=c0)
+    error = float((c_pred - c_real)[:, start:].norm(dim=-1).mean())
+    found = float(pred_masks[:, start:].flatten(2).any(2).float().mean())
+    return error, found
+
+
+def centroid_error(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    first_mask: torch.Tensor,
+    start: int = 1,
+    segmenter: FirstFrameColourSegmenter | None = None,
+) -> float:
+    """The centroid error of `robot_tracking` (pixels)."""
+    return robot_tracking(pred, target, first_mask, start, segmenter)[0]
 
 
 def read_state(path: str) -> dict[str, torch.Tensor]:
@@ -110,21 +277,42 @@ class LPIPS(nn.Module):
         return out
 
     @torch.no_grad()
-    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> float:
-        """Mean LPIPS over all frames of two (N, 3, T, H, W) videos in [-1, 1]."""
+    def forward(
+        self, pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> float:
+        """Mean LPIPS over all frames of two (N, 3, T, H, W) videos in [-1, 1]; with `mask`
+        ((N, T, H, W) bool), each layer's distance map is upsampled to the frame size and averaged
+        over the masked pixels only (NaN for an empty mask)."""
         _check_pair(pred, target)
-        p = (_frames01(pred) * 2 - 1 - self.shift) / self.scale
-        t = (_frames01(target) * 2 - 1 - self.shift) / self.scale
-        size = max(64, p.shape[-1])
-        p, t = (
-            F.interpolate(v, size=(size, size), mode="bilinear", align_corners=False)
-            for v in (p, t)
-        )
+        if mask is not None:
+            return self._masked(pred, target, _frame_masks(mask, pred))
+        p, t = self._inputs(pred, target)
         dist = sum(
             head((fp - ft) ** 2).mean(dim=(1, 2, 3))
             for head, fp, ft in zip(self.heads, self._taps(p), self._taps(t))
         )
         return float(dist.mean())
+
+    def _inputs(self, pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        p = (_frames01(pred) * 2 - 1 - self.shift) / self.scale
+        t = (_frames01(target) * 2 - 1 - self.shift) / self.scale
+        size = max(64, p.shape[-1])
+        return tuple(
+            F.interpolate(v, size=(size, size), mode="bilinear", align_corners=False)
+            for v in (p, t)
+        )
+
+    def _masked(self, pred: torch.Tensor, target: torch.Tensor, m: torch.Tensor) -> float:
+        if not m.any():
+            return float("nan")
+        p, t = self._inputs(pred, target)
+        dist = sum(
+            F.interpolate(
+                head((fp - ft) ** 2), size=m.shape[-2:], mode="bilinear", align_corners=False
+            )
+            for head, fp, ft in zip(self.heads, self._taps(p), self._taps(t))
+        )
+        return float((dist * m).sum() / m.sum())
 
 
 def frechet_distance(a: torch.Tensor, b: torch.Tensor) -> float:

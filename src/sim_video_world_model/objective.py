@@ -83,7 +83,7 @@ class TeacherObjective:
         loss = (
             weight * _per_sample_mse(v[:, :, 1:], sch.velocity_target(z, noise)[:, :, 1:])
         ).mean()
-        return loss, {"loss": float(loss.detach())}
+        return loss, {"loss": float(loss.detach()), "fm_sim": float(loss.detach())}
 
 
 class StudentObjective:

@@ -4,11 +4,13 @@
    (the robot segmented out of the real image) and the actions (N_s Euler steps);
 2. real stage: from the real first frame, v = v(g=0) + w (v(g=1) - v(g=0)) with the sim latents
    fixed as the condition (N_r steps). w = 1 runs one (conditioned) pass per step; w = 0 runs one
-   unconditioned pass per step and skips the sim stage entirely.
+   unconditioned pass per step and skips the sim stage entirely; w > 1 extrapolates past the
+   conditioned velocity, as classifier-free guidance does (two passes per step).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -98,8 +100,8 @@ class SimForcingPipeline:
         The sim stage starts from `sim_first_frame` if given, else from first_frame masked by
         robot_mask.
         """
-        if not 0.0 <= guidance <= 1.0:
-            raise ValueError(f"guidance w must be in [0, 1], got {guidance}")
+        if not (math.isfinite(guidance) and guidance >= 0.0):
+            raise ValueError(f"guidance w must be finite and >= 0, got {guidance}")
         if first_frame.ndim != 4 or first_frame.shape[1] != 3:
             raise ValueError(f"first_frame must be (B, 3, H, W), got {tuple(first_frame.shape)}")
         if actions.ndim != 3 or actions.shape[:2] != (first_frame.shape[0], num_frames - 1):

@@ -97,6 +97,9 @@ def fit(
     """The shared loop: AdamW, warm-up + cosine, grad clip, bf16 on CUDA, DDP, tqdm, TB, resume.
 
     `loss_fn(model, batch, generator) -> (loss, metrics)`; `save(path)` writes the model checkpoint.
+    Every `log_every` steps the means of the metrics (each loss term separately) since the last log
+    go to TensorBoard, to the Python log and as one JSON line to `<out>/losses.jsonl` (see
+    `LOSS_LOG`).
     """
 
     device = next(module.parameters()).device
@@ -135,6 +138,11 @@ def fit(
         raise ValueError(
             f"{name}: {len(data)} windows are fewer than one batch of {tcfg.batch_size} per rank"
         )
+    log_path = os.path.join(out, LOSS_LOG)
+    if dist.main:
+        _trim_loss_log(log_path, start)
+    sums: dict[str, float] = {}
+    count = 0
     gen = torch.Generator(device="cpu").manual_seed(tcfg.seed * 1000 + dist.rank + start)
     step, epoch = start, 0
     bar = tqdm(
@@ -159,13 +167,32 @@ def fit(
             sched.step()
             step += 1
             bar.update(1)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += 1
             if dist.main and (step % tcfg.log_every == 0 or step == tcfg.steps):
-                bar.set_postfix(loss=f"{metrics['loss']:.4f}")
+                means = {k: v / count for k, v in sums.items()}
+                record = {
+                    "step": step,
+                    **means,
+                    "lr": sched.get_last_lr()[0],
+                    "grad_norm": float(grad_norm),
+                }
+                bar.set_postfix(loss=f"{means['loss']:.4f}")
+                log.info(
+                    "%s step %d: %s",
+                    name,
+                    step,
+                    " ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"),
+                )
+                with open(log_path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
                 if writer is not None:
-                    for k, v in metrics.items():
-                        writer.add_scalar(f"{name}/{k}", v, step)
-                    writer.add_scalar(f"{name}/lr", sched.get_last_lr()[0], step)
-                    writer.add_scalar(f"{name}/grad_norm", float(grad_norm), step)
+                    for k, v in record.items():
+                        if k != "step":
+                            writer.add_scalar(f"{name}/{k}", v, step)
+            if step % tcfg.log_every == 0 or step == tcfg.steps:
+                sums, count = {}, 0
             if dist.main and (step % tcfg.save_every == 0 and step < tcfg.steps):
                 save(out)
                 save_optimizer(out, opt, step)
@@ -176,6 +203,20 @@ def fit(
     if dist.main:
         save(out)
         save_optimizer(out, opt, step, {"complete": True})
+
+
+LOSS_LOG = "losses.jsonl"  # per stage directory: {"step", <metric means>, "lr", "grad_norm"}
+
+
+def _trim_loss_log(path: str, keep_until: int) -> None:
+    """A fresh stage starts an empty loss log; a resumed one keeps its records up to its step."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    kept = []
+    if keep_until > 0 and os.path.isfile(path):
+        with open(path) as f:
+            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= keep_until]
+    with open(path, "w") as f:
+        f.writelines(kept)
 
 
 def _stage_done(path: str) -> bool:
