@@ -4,10 +4,11 @@ Every case checks the robot topic with one oracle (`assert_robot_was_safe`): no 
 reached the driver (`/simdist/safe_command`) or that the driver reports applied
 (`/simdist/robot/applied_command`) is non-finite or outside the joint-target limits, consecutive
 applied joint targets step at most `max_target_step`, and the safe action follows each fault
-within its bound. The recorder cases check that no recorded message is lost beyond the last
-flush. The Go2 chain runs in lockstep in this process (MuJoCo driver, ingestion, safety
-supervisor); the planner is either the test itself (to inject bad plans) or a real planner
-process.
+within its bound. The recorder cases count the messages published against those read back
+from the bags: a kill or a full disk loses at most the last flush period
+(`assert_loss_bounded`). The Go2 chain runs in lockstep in this process (MuJoCo driver,
+ingestion, safety supervisor); the planner is either the test itself (to inject bad plans) or a
+real planner process.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from simdist_adapter.bags import (
     EpisodeBag,
     EpisodeBagWriter,
     EpisodeMeta,
+    list_episode_bags,
     recover_bag,
     unfinalised_bags,
 )
@@ -501,6 +503,75 @@ def test_a_killed_planner_or_driver_leaves_the_robot_holding_and_is_named(
             assert "Traceback" not in log, f"{name}:\n{log[-6000:]}"
 
 
+# --- the recorder: what a kill or a failed write may lose -----------------------------------------
+RECORDER_FLUSH_S = 0.1  # flush_period_s of the recorders in these tests (_recorder)
+# The recorder checks its flush period on a 0.1 s housekeeping timer, so messages wait at most
+# flush_period_s + 0.1 s in memory before they are on disk.
+RECORDER_HOUSEKEEPING_S = 0.1
+# Slack for the probe's clock against the recorder's: the probe stamps a message when this
+# process's executor (shared with the driver, ingestion and supervisor) hands it over, and the
+# recorder (another process, on the same 2 shared cores) may receive it up to this much later;
+# the end of recording (the kill, or the probe receiving the ERROR that a write failed) lags the
+# recorder's last flush by up to the same.
+DELIVERY_SLACK_S = 0.2
+LOSS_SPAN_S = RECORDER_FLUSH_S + RECORDER_HOUSEKEEPING_S + DELIVERY_SLACK_S
+COUNTED_TOPICS = {  # topics whose messages the loss bound counts, by (header stamp, kind)
+    "/simdist/robot/proprio": JointState,
+    "/simdist/safe_command": JointTrajectory,
+    ros_msgs.APPLIED_COMMAND_TOPIC: JointTrajectory,
+}
+
+
+def _log_published(c: Chain) -> dict[str, list[tuple[float, tuple[int, str]]]]:
+    """Per counted topic, (wall time the probe got it, (header stamp, frame_id)) of each message
+    published from now on."""
+    logs: dict[str, list] = {}
+    for topic, cls in COUNTED_TOPICS.items():
+        log = logs.setdefault(topic, [])
+        c.ros.probe.create_subscription(
+            cls,
+            topic,
+            lambda m, log=log: log.append(
+                (time.monotonic(), (ros_msgs.stamp_ns(m.header.stamp), m.header.frame_id))
+            ),
+            1000,
+        )
+    return logs
+
+
+def _read_back(bags: pathlib.Path) -> dict[str, set[tuple[int, str]]]:
+    """Per counted topic, the (header stamp, frame_id) of every message in the run's bags."""
+    keys: dict[str, set] = {t: set() for t in COUNTED_TOPICS}
+    for path in list_episode_bags(bags):
+        with EpisodeBag(path) as bag:
+            for m in bag.messages([t for t in COUNTED_TOPICS if t in bag.topics]):
+                stamp = m.data.header.stamp
+                keys[m.topic].add((stamp.sec * 10**9 + stamp.nanosec, m.data.header.frame_id))
+    return keys
+
+
+def assert_loss_bounded(published: dict, recorded: dict, end: float) -> None:
+    """Recording ended at wall time `end` (a kill, a failed write). For each counted topic, of
+    the messages published from the first one recorded up to `end`, those missing from the bags
+    are only the newest (nothing lost in the middle), all published within LOSS_SPAN_S of `end`,
+    and at most as many as were published in any LOSS_SPAN_S window of the run: the flush
+    period times the rate, plus the slack."""
+    for topic, log in published.items():
+        kept = [t for t, key in log if key in recorded[topic]]
+        assert kept, f"{topic}: nothing recorded"
+        window = [(t, key) for t, key in log if min(kept) <= t <= end]
+        times = [t for t, _ in window]
+        bound = max(sum(1 for u in times if t <= u < t + LOSS_SPAN_S) for t in times)
+        lost = [t for t, key in window if key not in recorded[topic]]
+        last_kept = max(t for t, key in window if key in recorded[topic])
+        assert all(t > last_kept for t in lost), f"{topic}: a message lost before the last kept"
+        assert all(t > end - LOSS_SPAN_S for t in lost), (
+            f"{topic}: lost a message {end - min(lost):.3f} s before the end (bound {LOSS_SPAN_S})"
+        )
+        assert len(lost) <= bound, f"{topic}: lost {len(lost)} > {bound}"
+        assert len(window) - len(lost) >= 20, f"{topic}: too little recorded to tell"
+
+
 # --- the recorder: a full disk -------------------------------------------------------------------
 FILE_LIMIT = 256 * 1024  # bytes a recorder process may write into one file (RLIMIT_FSIZE)
 
@@ -522,8 +593,12 @@ def _limited_disk() -> None:
 
 
 def test_a_full_disk_stops_the_recorder_cleanly_and_control_goes_on(chain, tmp_path, ros_domain):
+    """The recorder's files stop growing (RLIMIT_FSIZE, as a full disk): it stops recording at
+    ERROR and stays up, control goes on, and the recovered bag holds every message published
+    before the failed write but those of its last flush period (assert_loss_bounded)."""
     c = chain()
     _answer(c, lambda stamp, proprio: [(stamp, 0.1 * np.ones(12))])
+    published = _log_published(c)
     bags = tmp_path / "bags"
     recorder = _recorder(bags, ros_domain, tmp_path / "log", preexec_fn=_limited_disk)
     try:
@@ -550,6 +625,16 @@ def test_a_full_disk_stops_the_recorder_cleanly_and_control_goes_on(chain, tmp_p
         ]
     # Nothing lost in the middle: every tick from the first up to the last flush.
     assert steps and steps == list(range(steps[0], steps[0] + len(steps)))
+    # The failed write's time: the stamp (sim time, the recorder's newest /clock) of its first
+    # ERROR, as the wall time the probe saw that tick.
+    failed_stamp = min(
+        ros_msgs.stamp_ns(a.header.stamp)
+        for a in c.diagnostics
+        for st in a.status
+        if st.name == "recorder: recording" and "recording stopped" in st.message
+    )
+    failed_at = c.tick_times[(failed_stamp - CLOCK_START_NS) // PERIOD_NS]
+    assert_loss_bounded(published, _read_back(bags), failed_at)
 
 
 # --- replay: the clock jumps ---------------------------------------------------------------------
@@ -642,6 +727,7 @@ def test_a_killed_recorder_loses_at_most_its_last_flush_and_control_goes_on(
     (flush_period_s), nothing missing in between. (The launcher's respawn: test_launch.)"""
     c = chain()
     _answer(c, lambda stamp, proprio: [(stamp, 0.1 * np.ones(12))])
+    published = _log_published(c)
     bags = tmp_path / "bags"
     recorder = _recorder(bags, ros_domain, tmp_path / "log")
     try:
@@ -670,6 +756,7 @@ def test_a_killed_recorder_loses_at_most_its_last_flush_and_control_goes_on(
     assert steps == list(range(steps[0], steps[0] + len(steps)))
     # Lost: at most the ticks of the last flush period (0.1 s, plus 0.2 s for delivery).
     assert steps[-1] >= flushed_by, (steps[-1], flushed_by, killed_at)
+    assert_loss_bounded(published, _read_back(bags), kill_time)
 
 
 # --- misconfiguration ----------------------------------------------------------------------------
