@@ -135,8 +135,8 @@ def fsync_tree(root: pathlib.Path) -> None:
 
 
 def replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
-    """Make the finished directory `tmp` the new `final`, crash-safe: at every instant `final`
-    is either the complete previous version or the complete new one.
+    """Make the finished directory `tmp` the new `final`, crash-safe: on Linux, at every
+    instant `final` is either the complete previous version or the complete new one.
 
     Everything in `tmp` is fsynced first. Where `final` exists, one renameat2(RENAME_EXCHANGE)
     swaps the two names (the previous version is then under the temporary name and is
