@@ -1,14 +1,16 @@
 """Fault injection on real nodes, each graph on a private ROS domain (docs/safety.md).
 
-Every case checks the robot topic with one oracle (`assert_robot_was_safe`): no command that
-reached the driver (`/simdist/safe_command`) or that the driver reports applied
-(`/simdist/robot/applied_command`) is non-finite or outside the joint-target limits, consecutive
-applied joint targets step at most `max_target_step`, and the safe action follows each fault
-within its bound. The recorder cases count the messages published against those read back
-from the bags: a kill or a full disk loses at most the last flush period
-(`assert_loss_bounded`). The Go2 chain runs in lockstep in this process (MuJoCo driver,
-ingestion, safety supervisor); the planner is either the test itself (to inject bad plans) or a
-real planner process.
+Every case with a running graph checks the robot topics with one oracle
+(`safety_oracle.SafetyOracle`, its limits literals from docs/safety.md): what reached the
+driver (`/simdist/safe_command`) and what it reports applied (`/simdist/robot/applied_command`)
+is HOLD, DAMP or finite joint targets inside the joint-target limits; no forwarded plan is older
+or further ahead of the clock than `max_command_age_s`; consecutive applied targets step at most
+`max_target_step`, the first after a HOLD from the standing pose. A test patches out each guard
+of the supervisor in turn and shows the oracle then fails. The recorder cases count the
+messages published against those read back from the bags: a kill or a full disk loses at most
+the last flush period (`assert_loss_bounded`). The Go2 chain runs in lockstep in this process
+(MuJoCo driver, ingestion, safety supervisor); the planner is either the test itself (to inject
+bad plans) or a real planner process.
 """
 
 from __future__ import annotations
