@@ -1,12 +1,17 @@
-"""Soak: run a graph for N minutes and report memory growth per node, dropped ticks and latency.
+"""Soak: run a Go2 sim graph for N minutes and check that nothing grows or stalls.
 
 Starts `simdist launch <graph>` with a random-weight model of the robot's official size (as
-`ros_graph.py` does), in lockstep with the recorder and adapter on unless `--realtime`, and
-samples every node's resident memory (/proc/<pid>/status VmRSS) every `--sample-s` seconds. At
-the end it prints per node the RSS after the first minute and at the end, and the growth between
-them (the issue's bound: < 5 %); the driver ticks published against the safe commands that
-answered them (a tick without an answer is a dropped message of the control chain); and the
-percentiles of the wall time from a tick's proprio to the safe command carrying its stamp.
+`ros_graph.py` does), with the recorder and the adapter on, in real time (`--lockstep` for the
+lockstep simulator). Every `--sample-s` seconds it samples each node's resident memory
+(/proc/<pid>/status VmRSS) and open file descriptors (/proc/<pid>/fd), the episode bags on disk
+(and how many of them are unfinalised) and the command age: the wall time since the newest
+`/simdist/safe_command` arrived. It also times each tick's proprio to the safe command carrying
+its stamp, counts the ticks no safe command answered, and, in real time (the stamps are the
+system clock), the age of each forwarded plan when it arrived.
+
+`check()` holds the result to `SoakBounds` (docs/safety.md, "Soak"): the growth of each node's
+RSS and fd count from the first sample after the first minute to the end, the unfinalised bags,
+the command age. The CLI prints the figures and the violated bounds, and exits 1 on any.
 
     python benchmarks/soak.py --minutes 10 --graph go2_slope --samples 64 --iterations 2
 """
@@ -14,15 +19,18 @@ percentiles of the wall time from a tick's proprio to the safe command carrying 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import random
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import rclpy
@@ -33,10 +41,32 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from ros_graph import ROOT, SIMDIST, make_checkpoint  # the sibling benchmark (same directory)
+from simdist_adapter.bags import list_episode_bags, unfinalised_bags
 from simdist_planner.ros import launch_description as desc
 from simdist_planner.ros.planner_node import QOS
 
 STARTED = re.compile(r"\[simdist\] started (\w+) \(pid (\d+)\)")
+
+
+@dataclass(frozen=True)
+class SoakBounds:
+    """What a soak may show (docs/safety.md, "Soak")."""
+
+    rss_growth_pct: float = 5.0  # per node, first sample after 1 min -> end
+    fd_growth: int = 8  # open fds per node, first sample after 1 min -> end
+    # bags other than the newest that are unfinalised at two consecutive samples: the recorder
+    # finalises an ended episode's bag grace_s (1 s) after the next starts, far within a sample
+    # period, so only a bag it lost track of lingers (short episodes can leave several open at
+    # one sample)
+    lingering_bags: int = 0
+    command_age_s: float = 1.0  # at any sample: the supervisor's watchdog answers within 0.5 s
+
+
+def open_fds(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
 
 
 def rss_mb(pid: int) -> float | None:
@@ -63,13 +93,11 @@ def soak(args, workdir: pathlib.Path) -> dict:
     params_file = workdir / "soak.yaml"
     params_file.write_text(yaml.safe_dump(params))
     checkpoint = make_checkpoint(robot, workdir / "ck")
-    domain = random.randint(201, 232)
+    domain = args.domain if args.domain is not None else random.randint(201, 232)
     os.environ["ROS_DOMAIN_ID"] = str(domain)
-    mode = (
-        ["lockstep:=false"]
-        if args.realtime
-        else ["lockstep:=true", "record:=true", "adapt:=true", f"bag_dir:={workdir / 'bags'}"]
-    )
+    bag_dir = workdir / "bags"
+    mode = [f"lockstep:={str(args.lockstep).lower()}", "record:=true", "adapt:=true",
+            f"bag_dir:={bag_dir}"]  # fmt: skip
     launch = subprocess.Popen(
         [SIMDIST, "launch", args.graph, *mode, f"checkpoint:={checkpoint}",
          f"params_file:={params_file}", f"domain:={domain}"],
@@ -94,13 +122,22 @@ def soak(args, workdir: pathlib.Path) -> dict:
         lambda m: ticks.setdefault(ros_msgs.stamp_ns(m.header.stamp), time.monotonic()),
         QOS,
     )
-    node.create_subscription(
-        JointTrajectory,
-        "/simdist/safe_command",
-        lambda m: answers.setdefault(ros_msgs.stamp_ns(m.header.stamp), time.monotonic()),
-        QOS,
-    )
+    plan_age_ms: list[float] = []  # real time: forwarded plans' age (system clock) on arrival
+    newest = [time.monotonic()]  # when the newest safe command arrived
+
+    def on_safe(m: JointTrajectory) -> None:
+        now = time.monotonic()
+        newest[0] = now
+        stamp = ros_msgs.stamp_ns(m.header.stamp)
+        answers.setdefault(stamp, now)
+        if not args.lockstep and m.header.frame_id == "joint_position":
+            plan_age_ms.append((time.time_ns() - stamp) * 1e-6)
+
+    node.create_subscription(JointTrajectory, "/simdist/safe_command", on_safe, QOS)
     rss: dict[str, list[tuple[float, float]]] = {}
+    fds: dict[str, list[tuple[float, int]]] = {}
+    bags: list[tuple[float, int, list[str]]] = []  # (t, bags on disk, unfinalised ones)
+    command_age: list[tuple[float, float]] = []
     try:
         deadline = time.monotonic() + 180.0
         while not answers:  # every node up, the chain answering
@@ -113,9 +150,15 @@ def soak(args, workdir: pathlib.Path) -> dict:
             if time.monotonic() >= next_sample:
                 t = time.monotonic() - start
                 for name, pid in list(pids.items()):
-                    mb = rss_mb(pid)
+                    mb, n = rss_mb(pid), open_fds(pid)
                     if mb is not None:
                         rss.setdefault(name, []).append((t, mb))
+                    if n is not None:
+                        fds.setdefault(name, []).append((t, n))
+                on_disk = list_episode_bags(bag_dir)
+                open_now = [b.name for b in unfinalised_bags(bag_dir)]
+                bags.append((t, len(on_disk), open_now))
+                command_age.append((t, time.monotonic() - newest[0]))
                 next_sample += args.sample_s
             if launch.poll() is not None:
                 raise RuntimeError(f"the graph stopped after {time.monotonic() - start:.0f} s")
@@ -128,39 +171,121 @@ def soak(args, workdir: pathlib.Path) -> dict:
     # a tick is dropped if no safe command carries its stamp (the newest tick may be in flight)
     asked = sorted(ticks)[:-1]
     latency = np.array([(answers[s] - ticks[s]) * 1e3 for s in asked if s in answers])
-    return {"rss": rss, "ticks": len(asked), "answered": int(np.isin(asked, list(answers)).sum()),
-            "latency_ms": latency}  # fmt: skip
+    return {"rss": rss, "fds": fds, "bags": bags, "command_age_s": command_age,
+            "ticks": len(asked), "answered": int(np.isin(asked, list(answers)).sum()),
+            "latency_ms": latency, "plan_age_ms": np.array(plan_age_ms)}  # fmt: skip
+
+
+def growth(series: list[tuple[float, float]]) -> tuple[float, float]:
+    """(value at the first sample after the first minute, value at the end)."""
+    after = [v for t, v in series if t >= 60.0] or [series[-1][1]]
+    return after[0], series[-1][1]
+
+
+def summary(result: dict, problems: list[str]) -> dict:
+    """The figures of a soak as plain JSON types."""
+    lat, age = result["latency_ms"], result["plan_age_ms"]
+    return {
+        "rss_mb": {n: growth(s) for n, s in result["rss"].items()},
+        "fds": {n: growth(s) for n, s in result["fds"].items()},
+        "samples": len(result["command_age_s"]),
+        "bags": result["bags"][-1][1] if result["bags"] else 0,
+        "max_unfinalised_bags": max((len(u) for _, _, u in result["bags"]), default=0),
+        "lingering_bags": lingering(result["bags"]),
+        "max_command_age_s": max((a for _, a in result["command_age_s"]), default=None),
+        "ticks": result["ticks"],
+        "answered": result["answered"],
+        "latency_ms_p99": float(np.percentile(lat, 99)) if lat.size else None,
+        "plan_age_ms_p99": float(np.percentile(age, 99)) if age.size else None,
+        "problems": problems,
+    }
+
+
+def lingering(bags: list[tuple[float, int, list[str]]]) -> list[str]:
+    """Bags other than the newest (the episode still running) unfinalised at two consecutive
+    samples."""
+    stuck: set[str] = set()
+    for (_, _, before), (_, _, now) in zip(bags, bags[1:]):
+        newest = max(now, default="")
+        stuck |= (set(before) & set(now)) - {newest}
+    return sorted(stuck)
+
+
+def check(result: dict, bounds: SoakBounds = SoakBounds()) -> list[str]:
+    """The bounds the soak's result violates, one line each (empty: within every bound)."""
+    problems = []
+    for name, series in sorted(result["rss"].items()):
+        first, last = growth(series)
+        pct = 100.0 * (last - first) / first
+        if pct >= bounds.rss_growth_pct:
+            problems.append(f"{name}: RSS grew {pct:.1f} % ({first:.1f} -> {last:.1f} MB)")
+    for name, series in sorted(result["fds"].items()):
+        first, last = growth(series)
+        if last - first > bounds.fd_growth:
+            problems.append(f"{name}: open fds grew by {last - first} ({first} -> {last})")
+    stuck = lingering(result["bags"])
+    if len(stuck) > bounds.lingering_bags:
+        problems.append(f"bags unfinalised at two consecutive samples: {stuck}")
+    age = max((a for _, a in result["command_age_s"]), default=float("inf"))
+    if age > bounds.command_age_s:
+        problems.append(f"no safe command for {age:.2f} s (bound {bounds.command_age_s} s)")
+    return problems
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--graph", default="go2_slope", choices=sorted(desc.GRAPHS))
+    go2_graphs = sorted(g for g, v in desc.GRAPHS.items() if v.robot == "go2")
+    parser.add_argument("--graph", default="go2_slope", choices=go2_graphs)
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--sample-s", type=float, default=10.0, help="RSS sampling period")
+    parser.add_argument("--sample-s", type=float, default=10.0, help="sampling period")
     parser.add_argument("--samples", type=int, default=64, help="MPPI samples")
     parser.add_argument("--iterations", type=int, default=2, help="MPPI iterations")
-    parser.add_argument("--realtime", action="store_true", help="real-time driver, no recording")
+    parser.add_argument("--lockstep", action="store_true", help="lockstep simulator")
+    parser.add_argument("--domain", type=int, default=None, help="ROS domain (default: random)")
+    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
     args = parser.parse_args()
     os.environ.setdefault("MENAGERIE_ROOT", str(ROOT.parent / "shared" / "menagerie"))
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
     with tempfile.TemporaryDirectory() as tmp:
         r = soak(args, pathlib.Path(tmp))
-    mode = "real time" if args.realtime else "lockstep, recorder and adapter on"
-    print(f"== soak: {args.graph} ({mode}), {args.minutes} min, MPPI {args.samples} x "
-          f"{args.iterations} ==")  # fmt: skip
-    print(f"{'node':20} {'RSS at 1 min (MB)':>18} {'at end':>8} {'growth':>8}")
+    mode = "lockstep" if args.lockstep else "real time"
+    print(f"== soak: {args.graph} ({mode}, recorder and adapter on), {args.minutes} min, "
+          f"MPPI {args.samples} x {args.iterations} ==")  # fmt: skip
+    print(f"{'node':20} {'RSS at 1 min (MB)':>18} {'at end':>8} {'growth':>8} {'fds':>10}")
     for name, series in sorted(r["rss"].items()):
-        after = [mb for t, mb in series if t >= 60.0] or [series[-1][1]]
-        first, last = after[0], series[-1][1]
-        print(f"{name:20} {first:18.1f} {last:8.1f} {100 * (last - first) / first:7.1f}%")
+        first, last = growth(series)
+        f0, f1 = growth(r["fds"].get(name, [(0.0, 0)]))
+        print(f"{name:20} {first:18.1f} {last:8.1f} {100 * (last - first) / first:7.1f}% "
+              f"{f0:4d} -> {f1:<4d}")  # fmt: skip
+    if r["bags"]:
+        _, count, _ = r["bags"][-1]
+        worst = max(len(u) for _, _, u in r["bags"])
+        print(f"episode bags {count}, unfinalised at one sample at most {worst}, "
+              f"lingering {len(lingering(r['bags']))}")  # fmt: skip
+    ages = [a for _, a in r["command_age_s"]]
+    if ages:
+        print(f"command age at the samples: max {max(ages):.3f} s")
     dropped = r["ticks"] - r["answered"]
-    print(f"ticks {r['ticks']}, answered by a safe command {r['answered']}, dropped {dropped}")
+    if args.lockstep:
+        print(f"ticks {r['ticks']}, answered by a safe command {r['answered']}, dropped {dropped}")
+    else:  # the real-time driver applies the newest command: an unanswered tick is no loss
+        print(f"ticks seen {r['ticks']}, answered by a safe command of their stamp {r['answered']}")
     lat = r["latency_ms"]
     if lat.size:
         p50, p95, p99 = np.percentile(lat, [50, 95, 99])
         print(f"tick -> safe command (ms): median {p50:.1f}, p95 {p95:.1f}, p99 {p99:.1f}, "
               f"max {lat.max():.1f}")  # fmt: skip
+    if r["plan_age_ms"].size:
+        p50, p99 = np.percentile(r["plan_age_ms"], [50, 99])
+        print(f"forwarded plans' age on arrival (ms): median {p50:.1f}, p99 {p99:.1f}, "
+              f"max {r['plan_age_ms'].max():.1f}")  # fmt: skip
+    problems = check(r)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(summary(r, problems), indent=1))
+    for line in problems:
+        print(f"OUT OF BOUNDS: {line}")
+    sys.exit(1 if problems else 0)
 
 
 if __name__ == "__main__":

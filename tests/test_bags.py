@@ -284,6 +284,7 @@ def test_reader_round_trip_and_metadata_fallback(tmp_path):
         assert stamps == [(k + 1) * 1000 for k in range(300)]
         with pytest.raises(BagError, match=r"no topic\(s\) \['/odom'\]"):
             list(bag.messages(["/odom"]))
+        assert list(bag.messages([])) == []  # no topic asked for: no message (not all)
 
 
 @pytest.mark.parametrize("damage", ["truncate_half", "truncate_tail", "overwrite_middle"])

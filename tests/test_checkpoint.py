@@ -1,14 +1,18 @@
 """Checkpoints: exact round trip, atomic replacement, and clear refusals of bad files."""
 
 import json
+import os
 import pathlib
 import pickle
+import shutil
+import signal
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from simdist_planner.data.synthetic import synthetic_windows
+from simdist_planner.model import checkpoint
 from simdist_planner.model.checkpoint import (
     CheckpointError,
     load_checkpoint,
@@ -18,6 +22,7 @@ from simdist_planner.model.checkpoint import (
 )
 from simdist_planner.model.config import AttentionConfig, go2_config
 from simdist_planner.model.world_model import WorldModel
+from simdist_planner.training.train_state import load_train_state, save_train_state
 
 
 def tiny_cfg(**kw):
@@ -71,10 +76,12 @@ def test_save_replaces_atomically_and_leaves_no_temporaries(saved, tmp_path):
 
 
 def test_a_save_killed_between_its_renames_loses_nothing_but_itself(saved, tmp_path, monkeypatch):
-    """replace_dir renames the old version away, then the new one in; a kill between the two
-    leaves no checkpoint directory. Loading puts the previous version back."""
+    """Without RENAME_EXCHANGE, replace_dir renames the old version away, then the new one in;
+    a kill between the two leaves no checkpoint directory. Loading puts the previous version
+    back."""
     model, path, _ = saved
     before = load_checkpoint(path).state_dict()
+    monkeypatch.setattr(checkpoint, "_renameat2", None)
     real_rename = pathlib.Path.rename
 
     def killed_after_first(self, target):
@@ -186,3 +193,91 @@ def test_loading_never_unpickles(saved, monkeypatch):
     monkeypatch.setattr(pickle, "loads", forbidden)
     monkeypatch.setattr(torch, "load", forbidden)
     load_checkpoint(path)
+
+
+def test_exchange_paths_swaps_two_directories_in_one_step(tmp_path):
+    """On this Linux filesystem renameat2(RENAME_EXCHANGE) is there; it swaps the two names."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "from_a").write_text("a")
+    (b / "from_b").write_text("b")
+    assert checkpoint.exchange_paths(a, b)
+    assert [p.name for p in a.iterdir()] == ["from_b"]
+    assert [p.name for p in b.iterdir()] == ["from_a"]
+    with pytest.raises(FileNotFoundError):
+        checkpoint.exchange_paths(a, tmp_path / "missing")
+
+
+def _trained(cfg, seed: int):
+    """A model and an Adam optimizer with moments (one step on a fixed gradient)."""
+    torch.manual_seed(seed)
+    model = WorldModel(cfg)
+    w = synthetic_windows(cfg, 4)
+    model.scaler.fit({k: w[k] for k in model.scaler.dims})
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.1 * (seed + 1))
+    optimizer.step()
+    return model, optimizer
+
+
+def _killed_save(out, model, optimizer, step, at: str, exchange: bool) -> int:
+    """Save a train state in a forked child process that SIGKILLs itself at point `at` of
+    replace_dir of `out/train_state`; returns the child's wait status."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            if not exchange:
+                checkpoint._renameat2 = None
+
+            def die(name, final):
+                if name == at and final.name == "train_state":
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            checkpoint._at_step = die
+            save_train_state(out, model, optimizer, step, {})
+        finally:
+            os._exit(3)  # only reached when the kill point never came
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+@pytest.mark.parametrize(
+    "exchange,steps",
+    [
+        (True, checkpoint.REPLACE_STEPS_EXCHANGE),
+        (False, checkpoint.REPLACE_STEPS_RENAMES),
+    ],
+    ids=["rename_exchange", "two_renames"],
+)
+def test_a_train_state_save_killed_at_any_step_leaves_the_old_or_the_new_state(
+    tmp_path, exchange, steps
+):
+    """A process SIGKILLed at each point of replacing train_state: what a resume reads (after
+    the training loop's recover_dir) is the complete previous state (killed before the swap)
+    or the complete new one (killed after it), never none; leftovers are removed."""
+    cfg = tiny_cfg()
+    old_model, old_opt = _trained(cfg, 0)
+    new_model, new_opt = _trained(cfg, 1)
+    base = tmp_path / "base"
+    save_train_state(base, old_model, old_opt, 1, {})
+    first_new = steps.index("exchanged" if exchange else "new_in")
+    for i, at in enumerate(steps):
+        out = tmp_path / at
+        shutil.copytree(base, out)
+        status = _killed_save(out, new_model, new_opt, 2, at, exchange)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (at, status)
+        checkpoint.recover_dir(out / "train_state", remove_leftovers=True)
+        assert sorted(p.name for p in out.iterdir()) == ["train_state"], at
+        model, opt = _trained(cfg, 2)
+        step = load_train_state(out, model, opt)
+        want_step, want = (2, new_model) if i >= first_new else (1, old_model)
+        assert step == want_step, at
+        a, b = model.state_dict(), want.state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a), at
+        want_moments = (new_opt if i >= first_new else old_opt).state_dict()["state"]
+        got_moments = opt.state_dict()["state"]
+        assert all(
+            torch.equal(got_moments[k]["exp_avg"], want_moments[k]["exp_avg"]) for k in got_moments
+        ), at

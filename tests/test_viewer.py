@@ -21,9 +21,11 @@ import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections import Counter
 
 import numpy as np
+import psutil
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from PIL import Image as PILImage
@@ -340,6 +342,67 @@ def test_viewer_parameters_are_ranged_and_refused_out_of_range(tmp_path, ros_dom
             ViewerNode(context=ros.context, parameter_overrides=[Parameter("mode", value="tv")])
     finally:
         ros.close()
+
+
+def _listen_ips(pid: int, port: int) -> set[str]:
+    """The addresses process `pid` listens on at TCP `port`."""
+    return {
+        c.laddr.ip
+        for c in psutil.Process(pid).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
+
+
+@pytest.mark.parametrize("bind", [None, "0.0.0.0"], ids=["default", "open"])
+def test_viewer_node_servers_listen_on_loopback_unless_bind_opens_them(tmp_path, ros_domain, bind):
+    """mode web: the gRPC server (in the node's process) and the web viewer (its child) listen
+    on 127.0.0.1 by default and on every interface with bind 0.0.0.0; the page is served."""
+    grpc, web = _free_port(), _free_port()
+    extra = {} if bind is None else {"bind": bind}
+    want = {bind or "127.0.0.1"}
+    ros = RosHarness(ros_domain)
+    try:
+        node = _viewer(ros, tmp_path, mode="web", grpc_port=grpc, web_port=web, robot_3d=False,
+                       **extra)  # fmt: skip
+        assert _listen_ips(os.getpid(), grpc) == want
+        assert _listen_ips(node.web.pid, web) == want
+        with urllib.request.urlopen(f"http://127.0.0.1:{web}/", timeout=10) as page:
+            assert page.status == 200 and b"<html" in page.read().lower()
+        assert node.uri == f"rerun+http://127.0.0.1:{grpc}/proxy"
+        server = psutil.Process(node.web.pid)
+        with pytest.raises(ValueError, match="bind must be an IP address"):
+            ViewerNode(
+                context=ros.context, parameter_overrides=[Parameter("bind", value="anywhere")]
+            )
+    finally:
+        ros.close()
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE  # closed with it
+
+
+def test_simdist_view_web_listens_on_loopback_unless_bind_opens_it(tmp_path):
+    """`simdist-view bag --web`: both servers on 127.0.0.1; `--bind 0.0.0.0` opens them."""
+    write_peg_bag(tmp_path / "run", 3)
+    for flags, want in (([], {"127.0.0.1"}), (["--bind", "0.0.0.0"], {"0.0.0.0"})):
+        web, grpc = _free_port(), _free_port()
+        view = subprocess.Popen(
+            [str(pathlib.Path(sys.executable).parent / "simdist-view"), "bag",
+             str(tmp_path / "run"), "--web", "--port", str(web), "--grpc-port", str(grpc),
+             "--no-3d", "--serve-s", "60", *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            lines = []
+            while not any(line.startswith("web viewer:") for line in lines):
+                line = view.stdout.readline()
+                assert line, "simdist-view ended early:\n" + "".join(lines)
+                lines.append(line)
+            procs = [psutil.Process(view.pid), *psutil.Process(view.pid).children(recursive=True)]
+            assert set().union(*(_listen_ips(p.pid, grpc) for p in procs)) == want
+            assert set().union(*(_listen_ips(p.pid, web) for p in procs)) == want
+        finally:
+            view.terminate()
+            view.wait(timeout=30)
+    assert view_main(["bag", str(tmp_path / "run"), "--web", "--bind", "localhost"]) == 1
 
 
 # -- the web viewer in headless Chromium -----------------------------------------------------

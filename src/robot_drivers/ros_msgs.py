@@ -308,8 +308,11 @@ def command_to_msg(command: Command, names, stamp_ns_: int, period_s: float) -> 
     return msg
 
 
-def command_from_msg(msg: JointTrajectory, spec: RobotSpec | None = None) -> Command:
-    """JointTrajectory -> Command (first point); MessageError for unknown kinds, sizes, NaN."""
+def command_from_msg(
+    msg: JointTrajectory, spec: RobotSpec | None = None, finite: bool = True
+) -> Command:
+    """JointTrajectory -> Command (first point); MessageError for unknown kinds, sizes and, with
+    `finite`, NaN / Inf (the safety supervisor reads without it: its own guard rejects them)."""
     try:
         kind = CommandKind(msg.header.frame_id)
     except ValueError:
@@ -327,7 +330,7 @@ def command_from_msg(msg: JointTrajectory, spec: RobotSpec | None = None) -> Com
         raise MessageError(
             f"{spec.name}: command has {values.size} values, expected {spec.action_dim}"
         )
-    if not np.all(np.isfinite(values)):
+    if finite and not np.all(np.isfinite(values)):
         raise MessageError(f"command contains NaN or Inf: {values.tolist()}")
     return Command(kind=kind, values=values.astype(np.float32), stamp=stamp)
 

@@ -1,7 +1,7 @@
 """The safety supervisor's pure core: every command passes here before any driver sees it.
 
-Checks, in order: e-stop latch, stale observation, the command's age (the age of the observation
-it answers), command kind / size / NaN-Inf, then the
+Checks, in order: NaN / Inf, e-stop latch, stale observation, the command's age (the age of the
+observation it answers), command kind / size, then the
 robot's limits (UR5e: end-effector step caps and a workspace box on the predicted TCP; Go2: joint
 target limits and a per-tick target step limit). A command-rate watchdog turns a missing plan into
 HOLD (arm) or, after a grace period, DAMP (quadruped). The ROS node (`safety_node.py`) only moves
@@ -218,10 +218,15 @@ class SafetySupervisor:
         if self.config.robot != "go2" or command.kind == CommandKind.DAMP:
             self._applied_target = None
         elif command.kind == CommandKind.HOLD:
-            self._applied_target = default
+            self._applied_target = self._hold_target()
         else:
             values = np.asarray(command.values, dtype=np.float64)
             self._applied_target = default + self.config.action_scale * values
+
+    def _hold_target(self) -> np.ndarray | None:
+        """Guard: the Go2's joint target while it holds (stands), the step limiter's reference
+        after an applied HOLD."""
+        return np.asarray(self.config.default_pose)
 
     def filter(self, command: Command, now: float) -> Decision:
         """Check one planner command received at node time `now`; returns what to forward.
@@ -231,6 +236,11 @@ class SafetySupervisor:
         decision again, status "duplicate". Limits are applied once per observation: filtering a
         clipped command twice would advance the step limiter past what the driver applied.
         """
+        if command.kind not in (CommandKind.HOLD, CommandKind.DAMP):
+            # first, so that a NaN re-send of an answered observation gets HOLD too
+            non_finite = self._non_finite_reason(np.asarray(command.values, dtype=np.float64))
+            if non_finite:
+                return self.reject(command.stamp, non_finite)
         last = self._last_decision
         if last is not None and not self.estopped and command.stamp == last.command.stamp:
             return Decision(
@@ -257,7 +267,7 @@ class SafetySupervisor:
             self.last_command_time = now
             self._timeout_since = None
             return Decision(self.safe_command(stamp, damp=command.kind == CommandKind.DAMP), "pass")
-        stale = stale_command_reason(stamp, now, self.config.max_command_age_s)
+        stale = self._stale_reason_of(stamp, now)
         if stale:
             return Decision(self.safe_command(stamp), "stale_command", stale)
         if command.kind != self.config.action_kind:
@@ -270,8 +280,6 @@ class SafetySupervisor:
             return self.reject(
                 stamp, f"command has shape {values.shape}, expected ({self.config.action_dim},)"
             )
-        if not np.all(np.isfinite(values)):
-            return self.reject(stamp, f"command contains NaN or Inf: {values.tolist()}")
         if self.config.robot == "ur5e":
             decision = self._limit_ee(values, stamp)
         else:
@@ -300,6 +308,40 @@ class SafetySupervisor:
             f"(limit command_timeout_s={self.config.command_timeout_s})"
         )
         return Decision(self.safe_command(now, damp=damp), "watchdog", reason)
+
+    # --- guards (each one method, so that a test can show the fault oracle catches its loss) ---
+    def _stale_reason_of(self, stamp: float, now: float) -> str | None:
+        """Guard: a command answering an observation too old, or stamped ahead of the clock."""
+        return stale_command_reason(stamp, now, self.config.max_command_age_s)
+
+    @staticmethod
+    def _non_finite_reason(values: np.ndarray) -> str | None:
+        """Guard: NaN or Inf in a command."""
+        if np.all(np.isfinite(values)):
+            return None
+        return f"command contains NaN or Inf: {values.tolist()}"
+
+    def _clip_to_range(self, target: np.ndarray) -> np.ndarray:
+        """Guard: Go2 joint targets inside joint_low / joint_high."""
+        return np.clip(target, self.config.joint_low, self.config.joint_high)
+
+    def _clip_step(self, target: np.ndarray, stamp: float) -> np.ndarray | None:
+        """Guard: the Go2 target within max_target_step of the applied target and of every
+        target forwarded since (whichever of them the driver applies next); None when those
+        references are further apart than 2 x max_target_step (another command source)."""
+        c = self.config
+        # Forwarded targets older than max_command_age_s can no longer be applied by any driver.
+        self._pending = [(s, t) for s, t in self._pending if stamp - s <= c.max_command_age_s]
+        references = [t for _, t in self._pending]
+        if self._applied_target is not None:
+            references.append(self._applied_target)
+        if not references:
+            return target
+        low = np.max(references, axis=0) - c.max_target_step
+        high = np.min(references, axis=0) + c.max_target_step
+        if np.any(low > high):
+            return None
+        return np.clip(target, low, high)
 
     # --- robot limits ------------------------------------------------------------------------
     def reject(self, stamp: float, reason: str) -> Decision:
@@ -337,28 +379,19 @@ class SafetySupervisor:
         default = np.asarray(c.default_pose)
         target = default + c.action_scale * values
         clipped = []
-        bounded = np.clip(target, c.joint_low, c.joint_high)
+        bounded = self._clip_to_range(target)
         if not np.allclose(bounded, target):
             clipped.append("joint_limits")
-        # Forwarded targets older than max_command_age_s can no longer be applied by any driver.
-        self._pending = [(s, t) for s, t in self._pending if stamp - s <= c.max_command_age_s]
-        references = [t for _, t in self._pending]
-        if self._applied_target is not None:
-            references.append(self._applied_target)
-        if references:
-            low = np.max(references, axis=0) - c.max_target_step
-            high = np.min(references, axis=0) + c.max_target_step
-            if np.any(low > high):  # the robot applied a target this supervisor never sent
-                return self.reject(
-                    stamp,
-                    "the applied joint target and the targets forwarded since differ by more "
-                    f"than 2 x max_target_step={c.max_target_step}: another command source?",
-                )
-            stepped = np.clip(bounded, low, high)
-            if not np.allclose(stepped, bounded):
-                clipped.append("max_target_step")
-            bounded = stepped
-        self._pending.append((stamp, bounded))
-        action = (bounded - default) / c.action_scale
+        stepped = self._clip_step(bounded, stamp)
+        if stepped is None:  # the robot applied a target this supervisor never sent
+            return self.reject(
+                stamp,
+                "the applied joint target and the targets forwarded since differ by more "
+                f"than 2 x max_target_step={c.max_target_step}: another command source?",
+            )
+        if not np.allclose(stepped, bounded):
+            clipped.append("max_target_step")
+        self._pending.append((stamp, stepped))
+        action = (stepped - default) / c.action_scale
         cmd = Command(CommandKind.JOINT_POSITION, action.astype(np.float32), stamp)
         return Decision(cmd, "clipped" if clipped else "pass", ", ".join(clipped), clipped)

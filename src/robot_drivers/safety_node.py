@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import numpy as np
 import rclpy
 from geometry_msgs.msg import PoseStamped
 from rclpy.clock import Clock, ClockType
@@ -204,7 +205,14 @@ class SafetyNode(Node):
         self._answered_ns, self._unanswered = stamp_ns, None
 
     def on_tcp_pose(self, msg: PoseStamped) -> None:
-        self.core.tcp_pose(ros_msgs.pose_from_msg(msg)[0])
+        pos = ros_msgs.pose_from_msg(msg)[0]
+        self.core.tcp_pose(pos)  # a non-finite pose leaves no TCP pose: EE commands get HOLD
+        if np.all(np.isfinite(pos)):
+            self.diag.set("tcp_pose", Level.OK, "finite TCP poses on /tcp_pose")
+        else:
+            self.diag.set(
+                "tcp_pose", Level.ERROR, f"NaN or Inf TCP pose on /tcp_pose dropped: {pos.tolist()}"
+            )
 
     def on_applied(self, msg: JointTrajectory) -> None:
         try:
@@ -228,8 +236,8 @@ class SafetyNode(Node):
         if msg.points:
             d = msg.points[0].time_from_start
             self.period_s = d.sec + d.nanosec * 1e-9
-        try:
-            command = ros_msgs.command_from_msg(msg)
+        try:  # NaN / Inf pass here: the supervisor's own guard rejects them (core.filter)
+            command = ros_msgs.command_from_msg(msg, finite=False)
         except ros_msgs.MessageError as e:
             decision = self.core.reject(stamp_ns * 1e-9, str(e))
         else:

@@ -231,6 +231,8 @@ class EpisodeBag:
     def raw_messages(self, topics: list[str] | None = None) -> Iterator[BagMessage]:
         """Messages in time order as raw CDR bytes (what replay publishes)."""
         wanted = self._connections(topics)
+        if not wanted:  # rosbags reads every connection when given none
+            return
         try:
             for conn, stamp, data in self._reader.messages(connections=wanted):
                 yield BagMessage(conn.topic, conn.msgtype, stamp, bytes(data))

@@ -2,6 +2,7 @@
 
     simdist-view bag RUN_DIR --rrd view.rrd            # write a recording, open it with `rerun`
     simdist-view bag RUN_DIR --web [--port 9090]       # serve the web viewer until Ctrl-C
+                                                       # (on 127.0.0.1; --bind 0.0.0.0 opens it)
     simdist-view bag RUN_DIR --results OUT/results.json --rrd view.rrd   # + adaptation rounds
 
 RUN_DIR is one episode bag or a directory of them (the recorder's `bag_dir`); every bag is
@@ -22,6 +23,7 @@ from simdist_adapter.bags import BagError, EpisodeBag
 from simdist_planner.ros.launch_description import GRAPHS
 from simdist_viewer import layout as L
 from simdist_viewer.bag_view import episode_bags, log_adaptation, log_bags, robot_of
+from simdist_viewer.serve import LOCAL_BIND, WebViewerServer, grpc_server
 
 DEFAULT_GRAPH = {"ur5e": "peg", "go2": "go2_flat"}
 
@@ -43,6 +45,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--web", action="store_true", help="serve the web viewer (until Ctrl-C)")
     b.add_argument("--port", type=int, default=9090, help="web viewer port (--web)")
     b.add_argument("--grpc-port", type=int, default=9876, help="gRPC port the web viewer reads")
+    b.add_argument(
+        "--bind",
+        default=LOCAL_BIND,
+        help="IP address the servers listen on (--web): 127.0.0.1 this machine only (default), "
+        "0.0.0.0 every interface",
+    )
     b.add_argument("--graph", default="", help="layout of this graph (default: the bag's task)")
     b.add_argument("--results", default="", help="an adaptation run's results.json to add")
     b.add_argument("--no-3d", action="store_true", help="leave out the robot's MuJoCo bodies")
@@ -68,9 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             sinks.append(rr.FileSink(args.rrd))
         uri = ""
         if args.web:
-            server = rr.GrpcServerSink(port=args.grpc_port)
+            server, uri = grpc_server(args.bind, args.grpc_port)
             sinks.append(server)
-            uri = server.uri.replace("0.0.0.0", "127.0.0.1")  # served on all interfaces
         rec.set_sinks(*sinks, default_blueprint=bp)
         report = log_bags(rec, args.path, robot_3d=not args.no_3d, image_every_n=args.image_every_n)
         rounds = log_adaptation(rec, args.results) if args.results else 0
@@ -86,14 +93,21 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if uri:
-        rr.serve_web_viewer(web_port=args.port, open_browser=False, connect_to=uri)
-        print(f"web viewer: http://localhost:{args.port}/?url={uri}", flush=True)
+        try:
+            web = WebViewerServer(args.bind, args.port, uri)
+        except RuntimeError as exc:
+            print(f"simdist-view: {exc}", file=sys.stderr)
+            rec.disconnect()
+            return 1
+        print(f"web viewer: {web.url}", flush=True)
         end = time.monotonic() + args.serve_s if args.serve_s > 0 else float("inf")
         try:
             while time.monotonic() < end:
                 time.sleep(0.2)
         except KeyboardInterrupt:
             pass
+        finally:
+            web.close()
     rec.disconnect()
     return 0
 

@@ -35,6 +35,7 @@ from simdist_planner.ros.launch_description import GRAPHS
 from simdist_viewer import layout as L
 from simdist_viewer.core import ViewerLogger
 from simdist_viewer.robot3d import RobotScene
+from simdist_viewer.serve import LOCAL_BIND, WebViewerServer, check_bind, grpc_server, spawn_viewer
 
 MODES = ("grpc", "web", "spawn", "none")
 PARAMS = (
@@ -63,6 +64,13 @@ PARAMS = (
     Param("grpc_port", 9876, "gRPC port of the view (modes grpc, web, spawn)", 1024, 65535, True),
     Param("web_port", 9090, "HTTP port of the web viewer (mode web)", 1024, 65535, True),
     Param(
+        "bind",
+        LOCAL_BIND,
+        "IP address the gRPC and web servers listen on: 127.0.0.1 this machine only, "
+        "0.0.0.0 every interface",
+        read_only=True,
+    ),
+    Param(
         "queue_size",
         256,
         "messages waiting for the logging thread; when full the oldest is dropped (counted)",
@@ -82,12 +90,17 @@ QOS = QoSProfile(
 IMAGE_TOPICS = ("/camera/", "/simdist/observation/image/", "/simdist/predicted_video/")
 
 
+def _check(name: str, value, values: dict) -> str | None:
+    return check_bind(value) if name == "bind" else None
+
+
 class ViewerNode(Node):
     """Subscribes to the graph's topics and logs them to Rerun from one thread."""
 
     def __init__(self, **kwargs):
         super().__init__("viewer", **kwargs)
-        self.params = NodeParams(self, PARAMS)
+        self.params = NodeParams(self, PARAMS, _check)
+        self.web: WebViewerServer | None = None
         p = self.params.values
         graph = p["graph"]
         robot = L.graph_robot(graph)
@@ -129,18 +142,16 @@ class ViewerNode(Node):
         if p["recording"]:
             sinks.append(rr.FileSink(p["recording"]))
         if p["mode"] in ("grpc", "web"):
-            server = rr.GrpcServerSink(port=p["grpc_port"])
+            server, uri = grpc_server(p["bind"], p["grpc_port"])
             sinks.append(server)
-            uri = server.uri.replace("0.0.0.0", "127.0.0.1")  # served on all interfaces
         elif p["mode"] == "spawn":
-            rr.spawn(port=p["grpc_port"], connect=False, recording=self.rec)
-            uri = f"rerun+http://127.0.0.1:{p['grpc_port']}/proxy"
+            uri = spawn_viewer(p["bind"], p["grpc_port"])
             sinks.append(rr.GrpcSink(uri))
         if sinks:
             self.rec.set_sinks(*sinks, default_blueprint=blueprint)
         if p["mode"] == "web":
-            rr.serve_web_viewer(web_port=p["web_port"], open_browser=False, connect_to=uri)
-            self.get_logger().info(f"web viewer: http://localhost:{p['web_port']}/?url={uri}")
+            self.web = WebViewerServer(p["bind"], p["web_port"], uri)
+            self.get_logger().info(f"web viewer: {self.web.url}")
         elif uri:
             self.get_logger().info(f"view: rerun {uri}")
         return uri
@@ -216,6 +227,8 @@ class ViewerNode(Node):
         self._thread = None
         self.rec.flush()
         self.rec.disconnect()
+        if self.web is not None:
+            self.web.close()
 
     def destroy_node(self):
         self.close()

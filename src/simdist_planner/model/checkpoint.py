@@ -5,18 +5,24 @@
     <dir>/scaler.json         the fitted scaler
     <dir>/metrics.json        free-form training / validation figures
 
-The directory is written under a temporary name and renamed into place, so a reader never sees
-a half-written checkpoint. Loading checks the format version, the config, every tensor name and
-shape, and the SHA-256 of the weights and scaler, and names the file and the problem on failure.
+The directory is written under a temporary name, fsynced and swapped into place in one atomic
+step (`replace_dir`), so a reader, and a run resumed after a kill at any point, finds either the
+complete previous checkpoint or the complete new one, never a half-written one or none. Loading
+checks the format version, the config, every tensor name and shape, and the SHA-256 of the
+weights and scaler, and names the file and the problem on failure.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import hashlib
 import json
 import os
 import pathlib
 import shutil
+import sys
 import uuid
 
 import torch
@@ -65,33 +71,129 @@ def _write_json(path: pathlib.Path, data) -> None:
         os.fsync(f.fileno())
 
 
+# Names of the points inside `replace_dir`, in order; `_at_step(name, final)` is called at each one.
+# The kill tests replace `_at_step` with a function that SIGKILLs the process at one of them.
+REPLACE_STEPS_EXCHANGE = ("written", "synced", "exchanged", "parent_synced", "removed")
+REPLACE_STEPS_RENAMES = ("written", "synced", "old_away", "new_in", "parent_synced", "removed")
+
+
+def _at_step(name: str, final: pathlib.Path) -> None:
+    """A point in `replace_dir` of `final` (see REPLACE_STEPS_*); nothing happens here."""
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _load_renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.renameat2  # glibc >= 2.28
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_renameat2 = _load_renameat2()
+
+
+def exchange_paths(a: pathlib.Path, b: pathlib.Path) -> bool:
+    """Swap the directory entries `a` and `b` in one atomic step (Linux renameat2
+    RENAME_EXCHANGE). False where the C library, kernel or filesystem cannot; then nothing
+    has changed."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _fsync_path(path: pathlib.Path) -> None:
+    flags = os.O_RDONLY
+    if path.is_dir():
+        flags |= getattr(os, "O_DIRECTORY", 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: pathlib.Path) -> None:
+    """Flush every file and directory under `root` (and `root` itself) to disk."""
+    for dirpath, _, files in os.walk(root, topdown=False):
+        for name in files:
+            _fsync_path(pathlib.Path(dirpath) / name)
+        _fsync_path(pathlib.Path(dirpath))
+
+
 def replace_dir(tmp: pathlib.Path, final: pathlib.Path) -> None:
-    """Move the finished directory `tmp` to `final`, replacing what was there by renames only.
-    A kill between the two renames leaves no `final` but the previous version beside it as
-    `.<name>.old-*`; `recover_dir(final)` puts that back."""
+    """Make the finished directory `tmp` the new `final`, crash-safe: on Linux, at every
+    instant `final` is either the complete previous version or the complete new one.
+
+    Everything in `tmp` is fsynced first. Where `final` exists, one renameat2(RENAME_EXCHANGE)
+    swaps the two names (the previous version is then under the temporary name and is
+    removed); a first save is one rename. Without RENAME_EXCHANGE (not Linux, a filesystem
+    without it) the previous version is renamed away to `.<name>.old-*` and the new one
+    renamed in; a kill between those two renames leaves no `final`, and `recover_dir(final)`
+    puts the previous version back. The parent directory is fsynced after the swap, so the
+    swap itself survives a power loss."""
+    _at_step("written", final)
+    fsync_tree(tmp)
+    _at_step("synced", final)
+    if final.exists() and exchange_paths(tmp, final):
+        _at_step("exchanged", final)
+        _fsync_path(final.parent)
+        _at_step("parent_synced", final)
+        shutil.rmtree(tmp)  # now the previous version
+        _at_step("removed", final)
+        return
     old = None
     if final.exists():
         old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
         final.rename(old)
+        _at_step("old_away", final)
     tmp.rename(final)
+    _at_step("new_in", final)
+    _fsync_path(final.parent)
+    _at_step("parent_synced", final)
     if old is not None:
         shutil.rmtree(old)
+    _at_step("removed", final)
 
 
-def recover_dir(final) -> pathlib.Path | None:
-    """If `final` is missing because `replace_dir` was killed between its renames, move the
-    previous version (the newest `.<name>.old-*` beside it) back; returns it, else None."""
+def recover_dir(final, remove_leftovers: bool = False) -> pathlib.Path | None:
+    """If `final` is missing because `replace_dir` was killed between its two renames (the
+    fallback without RENAME_EXCHANGE), move the previous version (the newest `.<name>.old-*`
+    beside it) back; returns it, else None.
+
+    With `remove_leftovers` (only where no other process is writing a new version, e.g. at the
+    start of a training run) it also removes what killed saves left beside `final`: unfinished
+    `.<name>.tmp-*` directories and previous versions `.<name>.old-*`."""
     final = pathlib.Path(final)
-    if final.exists():
-        return None
-    olds = sorted(final.parent.glob(f".{final.name}.old-*"), key=lambda p: p.stat().st_mtime)
-    if not olds:
-        return None
-    try:
-        olds[-1].rename(final)
-    except FileNotFoundError:  # another process (a DDP rank) recovered it first
-        return None
-    return olds[-1]
+    recovered = None
+    if not final.exists():
+        olds = sorted(final.parent.glob(f".{final.name}.old-*"), key=lambda p: p.stat().st_mtime)
+        if olds:
+            try:
+                olds[-1].rename(final)
+                recovered = olds[-1]
+            except FileNotFoundError:  # another process (a DDP rank) recovered it first
+                pass
+    if remove_leftovers and final.exists():
+        for left in [
+            *final.parent.glob(f".{final.name}.tmp-*"),
+            *final.parent.glob(f".{final.name}.old-*"),
+        ]:
+            shutil.rmtree(left, ignore_errors=True)
+    return recovered
 
 
 def save_checkpoint(model, path, metrics: dict | None = None) -> pathlib.Path:

@@ -107,7 +107,9 @@ def pretrain(
     if check_model is not None and rank == 0:
         check_model(model)
     model.to(dev)
-    if recover_dir(out / "train_state") is not None:  # a save was killed between its renames
+    # a save killed between its fallback renames: the previous version back; rank 0 also
+    # removes what killed saves left beside it (no rank is saving yet)
+    if recover_dir(out / "train_state", remove_leftovers=rank == 0) is not None:
         print(f"pretrain: recovered {out / 'train_state'} from the save before the interrupted one")
     resuming = (out / "train_state" / "state.json").is_file()
     stage = cfg.encoder_stage

@@ -1,0 +1,72 @@
+"""A 3-minute soak of the Go2 sim graph in real time, recorder and adapter on (slow).
+
+`benchmarks/soak.py` samples each node's RSS and open fds, the episode bags and the command age
+every 10 s and holds them to `SoakBounds` (docs/safety.md, "Soak"); it exits 1 on a violated
+bound. The 10-minute and longer runs are the benchmark's, by hand.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import soak  # noqa: E402 - the benchmark script, beside its sibling ros_graph.py
+
+NODES = {"mujoco_driver", "ingestion", "safety_supervisor", "planner", "recorder", "adapter"}
+
+
+@pytest.mark.slow
+def test_a_three_minute_real_time_soak_stays_within_its_bounds(tmp_path, ros_domain):
+    out = tmp_path / "soak.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--graph", "go2_flat",
+         "--minutes", "3", "--sample-s", "10", "--samples", "16", "--iterations", "1",
+         "--domain", str(ros_domain), "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    log = run.stdout + run.stderr[-3000:]
+    assert out.is_file(), log
+    figures = json.loads(out.read_text())
+    assert run.returncode == 0 and not figures["problems"], log
+    assert set(figures["rss_mb"]) >= NODES and set(figures["fds"]) >= NODES, figures
+    assert figures["samples"] >= 17  # every 10 s for 3 min
+    # the graph ran, planned and recorded
+    assert figures["bags"] >= 1 and figures["ticks"] >= 100 and figures["answered"] >= 1, figures
+
+
+def _result(**over) -> dict:
+    """A soak result within every bound: 3 min, samples every 10 s."""
+    times = [10.0 * k for k in range(19)]
+    base = {
+        "rss": {"planner": [(t, 700.0 + 0.01 * t) for t in times]},
+        "fds": {"planner": [(t, 18) for t in times]},
+        "bags": [(t, k, [f"go2_ep{k:04d}"]) for k, t in enumerate(times)],
+        "command_age_s": [(t, 0.02) for t in times],
+        "ticks": 100, "answered": 100,
+        "latency_ms": np.ones(3), "plan_age_ms": np.ones(3),
+    }  # fmt: skip
+    return {**base, **over}
+
+
+def test_soak_bounds_flag_growth_leaked_fds_lingering_bags_and_a_silent_supervisor():
+    assert soak.check(_result()) == []
+    times = [10.0 * k for k in range(19)]
+    grown = soak.check(_result(rss={"adapter": [(t, 700.0 + 0.5 * t) for t in times]}))
+    assert len(grown) == 1 and grown[0].startswith("adapter: RSS grew")
+    leaked = soak.check(_result(fds={"recorder": [(t, 18 + int(t // 10)) for t in times]}))
+    assert len(leaked) == 1 and "open fds grew by 12" in leaked[0]
+    # several bags open at one sample (short episodes) is fine; one left open is not
+    burst = [(t, k, [f"go2_ep{k:04d}"]) for k, t in enumerate(times)]
+    burst[5] = (50.0, 9, ["go2_ep0005", "go2_ep0006", "go2_ep0007"])
+    assert soak.check(_result(bags=burst)) == []
+    left = [(t, k, ["go2_ep0001", f"go2_ep{k:04d}"]) for k, t in enumerate(times)]
+    assert soak.check(_result(bags=left)) == [
+        "bags unfinalised at two consecutive samples: ['go2_ep0001']"
+    ]
+    silent = soak.check(_result(command_age_s=[(t, 0.02 if t < 100 else 3.0) for t in times]))
+    assert silent == ["no safe command for 3.00 s (bound 1.0 s)"]
