@@ -564,16 +564,15 @@ def _check(name, value, values) -> str | None:
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    node = MujocoDriverNode()
-    try:
-        rclpy.spin_until_future_complete(node, node.finished)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.episode.task.close()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        node = MujocoDriverNode()
+        try:
+            rclpy.spin_until_future_complete(node, node.finished)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.episode.task.close()
+            node.destroy_node()
 
 
 if __name__ == "__main__":

@@ -926,26 +926,24 @@ class PlannerNode(Node):
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    try:
-        node = PlannerNode()
-    except ValueError as exc:  # a start-up error the user can fix: one line, no traceback
-        print(exc, file=sys.stderr)
-        rclpy.try_shutdown()
-        raise SystemExit(1) from None
-    # The node's own threads plan and serve ~/load_model; this executor serves the observations,
-    # parameters and the timer, callbacks that return at once (docs/launch.md).
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.stop_planning()
-        executor.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        try:
+            node = PlannerNode()
+        except ValueError as exc:  # a start-up error the user can fix: one line, no traceback
+            print(exc, file=sys.stderr)
+            raise SystemExit(1) from None
+        # The node's own threads plan and serve ~/load_model; this executor serves the observations,
+        # parameters and the timer, callbacks that return at once (docs/launch.md).
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        try:
+            executor.spin()
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.stop_planning()
+            executor.shutdown()
+            node.destroy_node()
 
 
 if __name__ == "__main__":
