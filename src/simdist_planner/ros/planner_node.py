@@ -847,7 +847,7 @@ class PlannerNode(Node):
         return np.clip(chunk, self._spec.action_low, self._spec.action_high)
 
     def _command_kind(self) -> CommandKind:
-        return CommandKind.EE_DELTA if self._spec.name == "ur5e" else CommandKind.JOINT_POSITION
+        return self._spec.command_kind
 
     def _await_matched(self, timeout_s: float = 2.0) -> None:
         """Lockstep: wait (bounded) until every subscriber the graph knows is matched to our
