@@ -34,7 +34,7 @@ class TaskEntry:
     # The pretraining preset its models start from (simdist_planner.training.config
     # PRETRAIN_PRESETS); "": none (a hardware stand-in is never trained on).
     pretrain_preset: str = ""
-    # The summary figure the task is judged by in tables (evaluation.evaluate.Summary field).
+    # The summary figure tables judge it by (a simdist_planner AgentSummary field).
     headline: str = "success_rate"
 
     @property
