@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -119,6 +119,55 @@ _FLAG_NAMES = (
 )
 
 
+@dataclass
+class _Step:
+    """What one plan() computes once and every later unit reads."""
+
+    z: torch.Tensor  # (1, D)
+    history: torch.Tensor  # (1, 2H, D) history tokens
+    policy_chunk: torch.Tensor  # (1, T, A) pi's chunk
+    command: torch.Tensor | None
+    context: Any  # f's cross-attention keys / values (dynamics_context)
+    flags: list[torch.Tensor]  # device-side health flags, in _FLAG_NAMES order
+
+
+class Planner(Protocol):
+    """A planner over a world model, as the planner node, the evaluation agents and the probe
+    use it; `make_planner` builds one. Stateful: `reset()` at each episode start, `plan()` once
+    per control step."""
+
+    model: WorldModelLike
+    config: PlannerConfig
+
+    @property
+    def evaluator(self) -> str: ...  # how it scores candidates: "fast" or "eager"
+
+    def reset(self, seed: int | None = None) -> None: ...
+
+    def plan(
+        self,
+        obs: dict[str, torch.Tensor],
+        proprio_history: torch.Tensor,
+        action_history: torch.Tensor,
+    ) -> PlanResult: ...
+
+    def score(
+        self, obs, proprio_history, action_history, chunks: torch.Tensor
+    ) -> torch.Tensor: ...  # the objective's returns (N,) of given chunks (N, T, A)
+
+    def objective(
+        self, latents: torch.Tensor, actions: torch.Tensor, command=None
+    ) -> tuple[torch.Tensor, ...]: ...  # (returns, rewards, values) of latent trajectories
+
+
+def make_planner(
+    config: PlannerConfig, model: WorldModelLike, device: str | torch.device = "cpu"
+) -> Planner:
+    """The planner `config` describes, over `model` on `device`: the one place the stack builds
+    one (MPPI is the only algorithm; a variant with another algorithm branches here)."""
+    return MPPIPlanner(model, config, device)
+
+
 class MPPIPlanner:
     """Stateful MPPI: call `reset()` at episode start, `plan()` once per control step."""
 
@@ -193,12 +242,31 @@ class MPPIPlanner:
     # -- internals ---------------------------------------------------------------------------
 
     def _plan(self, obs, proprio_history, action_history) -> PlanResult:
-        c, model = self.config, self.model
-        T, A, S, N = c.horizon, c.action_dim, c.num_samples, c.num_candidates
+        """One step: encode, warm start, optimise, predict along the mean, resolve the checks."""
         start = time.perf_counter()
-        obs, proprio_history, action_history = self._to_device(obs, proprio_history, action_history)
-        command = obs.get("command")
+        step = self._encode(*self._to_device(obs, proprio_history, action_history))
+        score = self._scorer(
+            step.z, step.history, step.context, step.command, self.config.num_candidates
+        )
+        self._warm_start(step.policy_chunk)
+        self._sample_policy_candidates(step.policy_chunk)
+        self._sync()
+        encoded = time.perf_counter()
+        nonfinite = self._optimise(score, step.policy_chunk)
+        optimised = time.perf_counter()
+        rewards, values = self._predict_along_mean(step)
+        result = self._resolve(step, nonfinite, rewards, values)
+        end = time.perf_counter()
+        return replace(
+            result, timings=PlanTimings(encoded - start, optimised - encoded, end - start)
+        )
 
+    def _encode(self, obs, proprio_history, action_history) -> _Step:
+        """The step's encodings (z, history tokens, pi's chunk, f's context K / V, computed once
+        for every candidate) and the device-side health flags of what it read and made."""
+        c, model = self.config, self.model
+        T, A = c.horizon, c.action_dim
+        command = obs.get("command")
         z = model.encode(obs)
         if z.ndim != 2 or z.shape[0] != 1:
             raise PlannerError(f"model.encode returned shape {tuple(z.shape)}, expected (1, D)")
@@ -215,11 +283,13 @@ class MPPIPlanner:
             _any_nonfinite(history),
             _any_nonfinite(policy_chunk),
         ]
-        context = model.dynamics_context(z, history)  # f's K / V: once per step, for all candidates
-        score = self._scorer(z, history, context, command, N)
+        context = model.dynamics_context(z, history)
+        return _Step(z, history, policy_chunk, command, context, flags)
 
-        # Warm start (see PlannerConfig.warm_start); the std restarts wide.
-        d = c.delay
+    def _warm_start(self, policy_chunk: torch.Tensor) -> None:
+        """Where this step's mean starts (PlannerConfig.warm_start); the std restarts wide."""
+        c = self.config
+        T, A, d = c.horizon, c.action_dim, c.delay
         if c.warm_start == "roll":
             self._prev_mean.copy_(self._mean)
             self._mean[:d].copy_(self._prev_mean[T - d :])
@@ -232,8 +302,11 @@ class MPPIPlanner:
             self._mean.copy_(policy_chunk[0])
         self._clamp(self._mean)
         self._std.copy_(self._init_std.expand(T, A))
-        # Base-policy candidates: noised once per step, reused by every iteration.
-        policy_part = self._actions[S:]
+
+    def _sample_policy_candidates(self, policy_chunk: torch.Tensor) -> None:
+        """The base-policy candidates: pi's chunk noised once per step, reused by every
+        iteration."""
+        policy_part = self._actions[self.config.num_samples :]
         torch.randn(
             self._policy_noise.shape,
             generator=self._generator,
@@ -244,9 +317,13 @@ class MPPIPlanner:
             policy_chunk[0], self._policy_noise, self._policy_noise_scale, out=policy_part
         )
         self._clamp(policy_part)
-        self._sync()
-        encoded = time.perf_counter()
 
+    def _optimise(self, score, policy_chunk: torch.Tensor) -> torch.Tensor:
+        """The MPPI iterations: sample Gaussian candidates around the mean, score them (the
+        base-policy candidates once), refit the mean and std on the elites. Returns the count of
+        non-finite candidate evaluations (on the device)."""
+        c = self.config
+        S = c.num_samples
         nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
         gaussian_part = self._actions[:S]
         policy_scores = None  # the base-policy candidates' (returns, bad): fixed for the step
@@ -269,27 +346,35 @@ class MPPIPlanner:
                     self._actions, policy_chunk[0]
                 )
             self._update(torch.where(bad, -math.inf, returns))
-        optimised = time.perf_counter()
+        return nonfinite
 
-        # Predicted rewards / values along the final mean, for the plan topic and diagnostics.
+    def _predict_along_mean(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicted rewards and values along the final mean (for the plan topic and
+        diagnostics); adds their health flag."""
+        model, z = self.model, step.z
         mean_actions = self._mean.unsqueeze(0)
         mean_latents = torch.cat(
-            [z.unsqueeze(1), model.dynamics(z, mean_actions, history, context)], dim=1
+            [z.unsqueeze(1), model.dynamics(z, mean_actions, step.history, step.context)], dim=1
         )
-        rewards = model.reward(mean_latents, mean_actions, command)
-        values = model.value(mean_latents, command)
-        flags.append(_any_nonfinite(mean_latents, rewards, values, self._mean))
+        rewards = model.reward(mean_latents, mean_actions, step.command)
+        values = model.value(mean_latents, step.command)
+        step.flags.append(_any_nonfinite(mean_latents, rewards, values, self._mean))
+        return rewards, values
 
-        # One host transfer resolves every check and brings back the plan.
+    def _resolve(self, step: _Step, nonfinite, rewards, values) -> PlanResult:
+        """One host transfer resolves every check and brings back the plan; PlannerError names
+        what was non-finite instead of returning it (timings left zero for the caller)."""
+        c = self.config
+        T, A, N = c.horizon, c.action_dim, c.num_candidates
         packed = (
             torch.cat(
                 [
-                    torch.stack(flags).float(),
+                    torch.stack(step.flags).float(),
                     nonfinite.float().view(1),
                     self._mean.flatten(),
                     rewards[0].float(),
                     values[0].float(),
-                    policy_chunk[0].flatten().float(),
+                    step.policy_chunk[0].flatten().float(),
                 ]
             )
             .cpu()
@@ -310,7 +395,6 @@ class MPPIPlanner:
         values_np = packed[o + T * A + T : o + T * A + 2 * T]
         policy_np = packed[o + T * A + 2 * T :].reshape(T, A)
         expected = float(rewards_np @ self._discounts_np + self._tail_discount * values_np[-1])
-        end = time.perf_counter()
         return PlanResult(
             action=mean[0].copy(),
             mean=mean,
@@ -319,7 +403,7 @@ class MPPIPlanner:
             expected_return=expected,
             policy_chunk=policy_np,
             nonfinite_candidates=n_bad,
-            timings=PlanTimings(encoded - start, optimised - encoded, end - start),
+            timings=PlanTimings(0.0, 0.0, 0.0),
         )
 
     def score(self, obs, proprio_history, action_history, chunks: torch.Tensor) -> torch.Tensor:
@@ -495,11 +579,13 @@ __all__ = [
     "PlannerConfig",
     "PlannerError",
     "PlannerParam",
+    "Planner",
     "WorldModelLike",
     "bf16_supported",
     "check_precision",
     "default_preset",
     "go2_planner_config",
+    "make_planner",
     "official_planner_config",
     "planner_config_for",
     "ur5e_planner_config",

@@ -24,11 +24,12 @@ from simdist_planner.planning.planner import (
     PLANNER_CONFIGS,
     PLANNER_FIELDS,
     PRESET_ROBOT,
-    MPPIPlanner,
+    Planner,
     PlannerConfig,
     PlannerError,
     check_precision,
     default_preset,
+    make_planner,
     planner_config_for,
 )
 
@@ -184,7 +185,7 @@ class PlannerCore:
         self.latency = LatencyEstimate(latency_ema)
         self.loaded: LoadedModel | None = None
         self.spec: RobotSpec | None = None  # the robot's spec with the loaded model's cameras
-        self.planner: MPPIPlanner | None = None
+        self.planner: Planner | None = None
         self.history: ObservationHistory | None = None
         self._planned_episode: object = _NEVER
         self._since_probe = 0
@@ -227,7 +228,7 @@ class PlannerCore:
         self.latency.scale(
             (config.num_candidates * config.iterations) / (old.num_candidates * old.iterations)
         )
-        self.planner = MPPIPlanner(self.loaded.model, config, self.loaded.device)
+        self.planner = make_planner(config, self.loaded.model, self.loaded.device)
 
     # -- models ----------------------------------------------------------------------------------
     def install(self, loaded: LoadedModel, values: dict) -> None:
@@ -235,7 +236,7 @@ class PlannerCore:
         spec = checked_spec(loaded)
         config = self.planner_config(values, loaded, spec)
         self.spec = spec
-        self.planner = MPPIPlanner(loaded.model, config, loaded.device)
+        self.planner = make_planner(config, loaded.model, loaded.device)
         self.history = ObservationHistory(spec, loaded.history)
         self.loaded = loaded
         self.latency.reset()
@@ -255,7 +256,7 @@ class PlannerCore:
         if latest is not None:
             history = ObservationHistory(spec, candidate.history)
             history.reset(latest)
-            MPPIPlanner(candidate.model, config, candidate.device).plan(
+            make_planner(config, candidate.model, candidate.device).plan(
                 observation_to_inputs(latest, spec), *history.tensors()
             )
 
