@@ -421,12 +421,12 @@ class MujocoDriverNode(Node):
         self.advance(command)
 
     def realtime_tick(self) -> None:
+        latest = self.latest
         fresh = (
-            self.latest is not None
-            and time.monotonic() - self.latest[1] <= self.params["command_timeout_s"]
+            latest is not None and time.monotonic() - latest[1] <= self.params["command_timeout_s"]
         )
-        if fresh:
-            self.advance(self.latest[0])
+        if latest is not None and fresh:
+            self.advance(latest[0])
         else:  # HOLD with the stale command's stamp, so a newer command still reports as newer
             self.advance(
                 Command(CommandKind.HOLD, stamp=self.latest[0].stamp if self.latest else 0)

@@ -31,7 +31,7 @@ class _Shard:
         self.path = path
         self.preload = preload
         self._file: h5py.File | None = None
-        self._pid = None
+        self._pid: int | None = None
         self._datasets: dict[str, h5py.Dataset] = {}
         self._cache: dict[str, np.ndarray] = {}
         f = self.file

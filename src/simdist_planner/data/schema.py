@@ -61,8 +61,8 @@ class StepLayout:
     proprio_terms: tuple[tuple[str, int], ...]
     action_dim: int
     cameras: tuple[str, ...] = ()
-    image_shape: tuple[int, int] = (0, 0)
-    height_map_shape: tuple[int, int] | None = None
+    image_shape: tuple[int, ...] = (0, 0)  # (height, width)
+    height_map_shape: tuple[int, ...] | None = None
     command_dim: int = 0
     state_terms: tuple[tuple[str, int], ...] = ()  # privileged task state (Task.state_terms)
 

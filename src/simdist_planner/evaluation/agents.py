@@ -15,6 +15,7 @@ from simdist_planner.planning.observation import (
 from simdist_planner.planning.planner import (
     Planner,
     PlannerError,
+    PlanResult,
     default_preset,
     make_planner,
     planner_config_for,
@@ -38,7 +39,8 @@ class Agent:
         self.history = ObservationHistory(spec, cfg.history)
         self._low, self._high = np.asarray(spec.action_low), np.asarray(spec.action_high)
         self._fresh = True
-        self.last_plan = None  # the planner's PlanResult of the latest step (diagnostics)
+        # the planner's PlanResult of the latest step (diagnostics)
+        self.last_plan: PlanResult | None = None
 
     def reset(self, seed: int | None = None) -> None:
         if self.planner is not None:

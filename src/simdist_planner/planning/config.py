@@ -20,8 +20,7 @@ PRECISIONS = ("float32", "bfloat16")
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
-def _param(
-    default,
+def _meta(
     doc: str,
     *,
     low: float | None = None,
@@ -29,14 +28,14 @@ def _param(
     choices: tuple = (),
     flag: str = "",
     type_: type | None = None,
-):
-    """A PlannerConfig field that is a tunable planner parameter (default None: required)."""
-    meta = {"doc": doc, "low": low, "high": high, "choices": tuple(choices), "flag": flag}
+) -> dict[str, Any]:
+    """The metadata that makes a PlannerConfig field a tunable planner parameter."""
+    meta: dict[str, Any] = {
+        "doc": doc, "low": low, "high": high, "choices": tuple(choices), "flag": flag
+    }  # fmt: skip
     if type_ is not None:
         meta["type"] = type_
-    if default is None:
-        return field(metadata=meta)
-    return field(default=default, metadata=meta)
+    return meta
 
 
 @dataclass(frozen=True)
@@ -57,97 +56,129 @@ class PlannerParam:
 class PlannerConfig:
     """MPPI settings. Field defaults are the official controller's (simdist
     config/control/mppi.yaml and control/mppi.py), the `official` preset; the other presets
-    (PLANNER_PRESETS) set what differs. A field made with `_param` is a tunable planner
+    (PLANNER_PRESETS) set what differs. A field with `_meta` metadata is a tunable planner
     parameter: its description (doc, range, choices, CLI flag) is the one the planner node's ROS
     parameters and the command-line flags are built from (PLANNER_PARAMS)."""
 
-    horizon: int = _param(
-        None,
-        "planning horizon T in control steps (must equal the model's T)",
-        low=1,
-        high=256,
-        type_=int,
+    horizon: int = field(
+        metadata=_meta(
+            "planning horizon T in control steps (must equal the model's T)",
+            low=1,
+            high=256,
+            type_=int,
+        )
     )
     action_low: tuple[float, ...]  # per action dimension, raw units (RobotSpec.action_low)
     action_high: tuple[float, ...]
-    num_samples: int = _param(
-        450, "MPPI Gaussian candidates per iteration", low=1, high=16384, flag="samples"
+    num_samples: int = field(
+        default=450,
+        metadata=_meta("MPPI Gaussian candidates per iteration", low=1, high=16384, flag="samples"),
     )
-    mixture_coef: float = _param(
-        0.05,
-        "base-policy candidates = num_samples x mixture_coef",
-        low=0.0,
-        high=1.0,
-        flag="mixture_coef",
+    mixture_coef: float = field(
+        default=0.05,
+        metadata=_meta(
+            "base-policy candidates = num_samples x mixture_coef",
+            low=0.0,
+            high=1.0,
+            flag="mixture_coef",
+        ),
     )
-    policy_noise_std: float = _param(
-        0.05,
-        "std of the noise on base-policy candidates, drawn once per step (UR5e: in half action "
-        "ranges)",
-        low=0.0,
-        high=10.0,
-        flag="policy_noise",
+    policy_noise_std: float = field(
+        default=0.05,
+        metadata=_meta(
+            "std of the noise on base-policy candidates, drawn once per step (UR5e: in half action "
+            "ranges)",
+            low=0.0,
+            high=10.0,
+            flag="policy_noise",
+        ),
     )
-    iterations: int = _param(
-        8, "MPPI iterations per control step", low=1, high=64, flag="iterations"
+    iterations: int = field(
+        default=8,
+        metadata=_meta("MPPI iterations per control step", low=1, high=64, flag="iterations"),
     )
-    num_elites: int = _param(
-        64, "elite candidates refitting the mean and std", low=1, high=16384, flag="elites"
+    num_elites: int = field(
+        default=64,
+        metadata=_meta(
+            "elite candidates refitting the mean and std", low=1, high=16384, flag="elites"
+        ),
     )
-    temperature: float = _param(
-        0.25,
-        "MPPI weight exp(temperature * (R - R_max))",
-        low=0.001,
-        high=100.0,
-        flag="temperature",
+    temperature: float = field(
+        default=0.25,
+        metadata=_meta(
+            "MPPI weight exp(temperature * (R - R_max))", low=0.001, high=100.0, flag="temperature"
+        ),
     )
-    init_std: float = _param(
-        2.0,
-        "sampling std at the start of every step (UR5e: in half action ranges)",
-        low=0.001,
-        high=10.0,
-        flag="init_std",
+    init_std: float = field(
+        default=2.0,
+        metadata=_meta(
+            "sampling std at the start of every step (UR5e: in half action ranges)",
+            low=0.001,
+            high=10.0,
+            flag="init_std",
+        ),
     )
-    min_std: float = _param(
-        0.05, "lower bound of the sampling std (UR5e: in half action ranges)", low=0.0001, high=10.0
+    min_std: float = field(
+        default=0.05,
+        metadata=_meta(
+            "lower bound of the sampling std (UR5e: in half action ranges)", low=0.0001, high=10.0
+        ),
     )
-    momentum: float = _param(
-        0.0, "weight of the previous mean in each iteration's update", low=0.0, high=0.99
+    momentum: float = field(
+        default=0.0,
+        metadata=_meta(
+            "weight of the previous mean in each iteration's update", low=0.0, high=0.99
+        ),
     )
-    discount: float = _param(0.99, "discount gamma of the planned return", low=0.5, high=1.0)
+    discount: float = field(
+        default=0.99, metadata=_meta("discount gamma of the planned return", low=0.5, high=1.0)
+    )
     delay: int = 1  # warm start: shift of the previous mean, in control steps
     # Where each step's Gaussian mean starts. "roll" (official MppiController): the previous mean
     # rolled forward by `delay` (its last `delay` rows come first) and zero after them. "shift"
     # (TD-MPC): the previous mean advanced by `delay`, zero tail. "policy": pi's chunk, so that a
     # drift the objective prefers cannot build up over steps (it did on the peg,
     # docs/notebook/peg_wide.md).
-    warm_start: str = _param(
-        "roll",
-        "where each step's mean starts: roll (the previous mean, official), shift (TD-MPC) or "
-        "policy (pi's chunk)",
-        choices=WARM_STARTS,
-        flag="warm_start",
+    warm_start: str = field(
+        default="roll",
+        metadata=_meta(
+            "where each step's mean starts: roll (the previous mean, official), shift (TD-MPC) or "
+            "policy (pi's chunk)",
+            choices=WARM_STARTS,
+            flag="warm_start",
+        ),
     )
     # The value of the last predicted latent is weighted discount^(horizon + value_discount_offset)
     # in the return; the official controller uses 1 (gamma^(T+1)).
-    value_discount_offset: int = _param(
-        1, "the last value is weighted discount^(horizon + this); 1 = official", low=0, high=1
+    value_discount_offset: int = field(
+        default=1,
+        metadata=_meta(
+            "the last value is weighted discount^(horizon + this); 1 = official", low=0, high=1
+        ),
     )
     # The official controller does not clamp (its actions are raw policy units with no bounds).
-    clamp_actions: bool = _param(False, "clamp candidates into the action bounds (official: no)")
+    clamp_actions: bool = field(
+        default=False, metadata=_meta("clamp candidates into the action bounds (official: no)")
+    )
     # Ranking cost of a candidate's distance from pi's chunk: policy_prior x the squared
     # deviation in std_scale units, summed over action dimensions, averaged over the horizon.
     # 0 = official. Ours: on the peg the objective scored chunks that drifted off pi's path
     # above pi's own and the plan followed them (docs/notebook/peg_wide.md).
-    policy_prior: float = _param(
-        0.0,
-        "ranking cost of a candidate's squared distance from pi's chunk (std units); 0 = official",
-        low=0.0,
-        high=1000.0,
-        flag="policy_prior",
+    policy_prior: float = field(
+        default=0.0,
+        metadata=_meta(
+            "ranking cost of a candidate's squared distance from pi's chunk (std units); "
+            "0 = official",
+            low=0.0,
+            high=1000.0,
+            flag="policy_prior",
+        ),
     )
-    seed: int = _param(
-        42, "planner RNG seed (re-applied at every episode start)", low=0, high=2**31 - 1
+    seed: int = field(
+        default=42,
+        metadata=_meta(
+            "planner RNG seed (re-applied at every episode start)", low=0, high=2**31 - 1
+        ),
     )
     max_nonfinite_candidates: int = 0  # per step; more raises PlannerError (0 = any NaN raises)
     # Per action dimension, the unit of init_std, min_std and policy_noise_std; () = raw action
@@ -158,21 +189,26 @@ class PlannerConfig:
     # throughput; used when the model is a WorldModel, otherwise the eager path runs). "eager":
     # the model's own dynamics / reward / value calls, the reference the fast path is tested
     # against (docs/planner.md).
-    evaluator: str = _param(
-        "fast",
-        "how candidates are scored: fast (planning.fast_objective) or eager (the reference)",
-        choices=EVALUATORS,
-        flag="evaluator",
+    evaluator: str = field(
+        default="fast",
+        metadata=_meta(
+            "how candidates are scored: fast (planning.fast_objective) or eager (the reference)",
+            choices=EVALUATORS,
+            flag="evaluator",
+        ),
     )
     # The fast evaluator's compute dtype. "float32": the eager reference's precision (its returns
     # agree with it to float rounding). "bfloat16": f, R and V with bfloat16 weights and
     # activations (returns in float32), for CPUs with bf16 instructions (AVX512-BF16, AMX) and
     # GPUs; its bound against the reference and its closed-loop check are in docs/planner.md.
-    precision: str = _param(
-        "float32",
-        "fast evaluator's compute dtype: float32 or bfloat16 (CPUs with bf16 instructions, GPUs)",
-        choices=PRECISIONS,
-        flag="precision",
+    precision: str = field(
+        default="float32",
+        metadata=_meta(
+            "fast evaluator's compute dtype: float32 or bfloat16 "
+            "(CPUs with bf16 instructions, GPUs)",
+            choices=PRECISIONS,
+            flag="precision",
+        ),
     )
 
     def __post_init__(self) -> None:
@@ -261,7 +297,9 @@ GO2_TEMPERATURE = 30.0
 # What the presets of the self-pretrained models change from the official controller: the
 # TD-MPC warm start, gamma^T on the value and candidates clamped into the action bounds. They are
 # the settings those models were measured with (docs/planner.md).
-PROJECT_RETURN = dict(warm_start="shift", value_discount_offset=0, clamp_actions=True)
+PROJECT_RETURN: dict[str, Any] = dict(
+    warm_start="shift", value_discount_offset=0, clamp_actions=True
+)
 
 
 def official_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
@@ -345,7 +383,7 @@ def planner_config_for(spec, preset: str = "", **overrides) -> PlannerConfig:
     return PLANNER_PRESETS[preset](spec.action_low, spec.action_high, **overrides)
 
 
-def _planner_param(f: dataclasses.Field) -> PlannerParam:
+def _planner_param(f: dataclasses.Field[Any]) -> PlannerParam:
     meta = f.metadata
     default = None if f.default is dataclasses.MISSING else f.default
     type_ = meta.get("type") or _TYPES[str(f.type)]

@@ -412,6 +412,7 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
         section = (defaults.get(node.name) or {}).get("ros__parameters")
         if section is None and node.arg_params:
             raise ValueError(f"{params_file} has no '{node.name}: ros__parameters:' section")
+        section = section or {}  # a node no argument sets may go without one
         # replay is the clock's source and paces itself on the wall clock
         overrides: dict = {"use_sim_time": sim_time and node.name != "replay"}
         for param, arg in node.arg_params:

@@ -19,6 +19,7 @@ import torch
 from robot_drivers.interface import Observation, RobotSpec
 from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import load_checkpoint, read_config
+from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs
 from simdist_planner.planning.planner import (
     PLANNER_CONFIGS,
@@ -100,7 +101,7 @@ class LatencyEstimate:
 class LoadedModel:
     """A world model ready to plan with, and the facts the node checks a swap against."""
 
-    model: torch.nn.Module
+    model: WorldModel
     path: str
     device: str
     robot: str
@@ -190,6 +191,12 @@ class PlannerCore:
         self._planned_episode: object = _NEVER
         self._since_probe = 0
 
+    def _active(self) -> tuple[LoadedModel, RobotSpec, Planner, ObservationHistory]:
+        """The installed model, its spec, planner and history (RuntimeError before install)."""
+        if self.loaded is None or self.spec is None or self.planner is None or self.history is None:
+            raise RuntimeError("no model installed: install() one first")
+        return self.loaded, self.spec, self.planner, self.history
+
     # -- configuration ---------------------------------------------------------------------------
     def planner_config(self, values: dict, loaded: LoadedModel, spec: RobotSpec) -> PlannerConfig:
         """The PlannerConfig these parameter values imply for `loaded`; ValueError says what is
@@ -212,8 +219,9 @@ class PlannerCore:
         or no model is loaded yet)."""
         if self.loaded is None:
             return None
+        loaded, spec, _, _ = self._active()
         try:
-            self.planner_config(values, self.loaded, self.spec)
+            self.planner_config(values, loaded, spec)
         except ValueError as exc:
             return str(exc)
         return None
@@ -223,12 +231,13 @@ class PlannerCore:
         scales with candidates x iterations (no blind re-probe)."""
         if self.loaded is None:
             return
-        config = self.planner_config(values, self.loaded, self.spec)
-        old = self.planner.config
+        loaded, spec, planner, _ = self._active()
+        config = self.planner_config(values, loaded, spec)
+        old = planner.config
         self.latency.scale(
             (config.num_candidates * config.iterations) / (old.num_candidates * old.iterations)
         )
-        self.planner = make_planner(config, self.loaded.model, self.loaded.device)
+        self.planner = make_planner(config, loaded.model, loaded.device)
 
     # -- models ----------------------------------------------------------------------------------
     def install(self, loaded: LoadedModel, values: dict) -> None:
@@ -301,14 +310,15 @@ class PlannerCore:
         policy's chunk with no rewards or values. At a new episode the planner and history start
         cold (seeded: a run is reproducible episode by episode). Raises PlannerError,
         ObservationError, RuntimeError or ValueError instead of returning a plan not to act on."""
-        batch = observation_to_inputs(obs, self.spec)
+        _, spec, planner, history = self._active()
+        batch = observation_to_inputs(obs, spec)
         if self.new_episode(episode):
-            self.planner.reset()
-            self.history.reset(obs)
-        proprio_hist, action_hist = self.history.tensors()
+            planner.reset()
+            history.reset(obs)
+        proprio_hist, action_hist = history.tensors()
         if use_policy:
             return self.policy_chunk(batch, proprio_hist, action_hist, loaded), None, None
-        result = self.planner.plan(batch, proprio_hist, action_hist)
+        result = planner.plan(batch, proprio_hist, action_hist)
         return result.mean, result.rewards, result.values
 
     def policy_chunk(self, batch, proprio_hist, action_hist, loaded: LoadedModel) -> np.ndarray:
@@ -326,4 +336,5 @@ class PlannerCore:
             )
         if not np.all(np.isfinite(chunk)):
             raise PlannerError("non-finite values in the base-policy chunk; no action returned")
-        return np.clip(chunk, self.spec.action_low, self.spec.action_high)
+        spec = self._active()[1]
+        return np.clip(chunk, spec.action_low, spec.action_high)

@@ -96,11 +96,13 @@ def pretrain(
         print(f"pretrain: recovered {out / 'train_state'} from the save before the interrupted one")
     resuming = (out / "train_state" / "state.json").is_file()
     frozen = _encoder_stage(model, source, cfg, dev, rank, out, progress, resuming)
-    near = (
-        near_field_slices(source.windows.dataset.layout, cfg.state_near_field, "state_near_field")
-        if cfg.state_near_field
-        else ()
-    )
+    near: tuple = ()
+    if cfg.state_near_field:
+        if source.windows is None:
+            raise ValueError("state_near_field needs shard data with a task state, not synthetic")
+        near = near_field_slices(
+            source.windows.dataset.layout, cfg.state_near_field, "state_near_field"
+        )
     optimizer = torch.optim.Adam(
         [p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0)
     )
