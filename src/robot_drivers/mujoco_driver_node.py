@@ -306,7 +306,9 @@ class MujocoDriverNode(Node):
             c: self.create_publisher(Image, f"/camera/{c}/image_raw", 10) for c in self.spec.cameras
         }
         self.pub_episode = self.create_publisher(String, "/simdist/episode", 10)
-        if self.spec.name == "go2":
+        # the robot's own sensors (ros_msgs.SENSOR_TOPICS): a floating base, or a TCP pose
+        self.floating_base = "/odom" in ros_msgs.SENSOR_TOPICS[self.spec.name]
+        if self.floating_base:
             self.pub_imu = self.create_publisher(Imu, "/imu", 10)
             self.pub_odom = self.create_publisher(Odometry, "/odom", 10)
             self.pub_height = self.create_publisher(Image, "/height_map", 10)
@@ -340,7 +342,7 @@ class MujocoDriverNode(Node):
         for cam, pub in self.pub_cams.items():
             pub.publish(ros_msgs.image_to_msg(obs.images[cam], t, f"{cam}_camera"))
         priv = obs.privileged or {}
-        if self.spec.name == "go2":
+        if self.floating_base:
             self.pub_imu.publish(ros_msgs.imu_msg(priv["base_quat"], priv["base_ang_vel"], None, t))
             self.pub_odom.publish(
                 ros_msgs.odometry_msg(
