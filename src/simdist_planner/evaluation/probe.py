@@ -36,6 +36,7 @@ from robot_drivers.interface import Observation
 from robot_drivers.registry import expert_ladder, expert_value
 from robot_drivers.tasks.base import Task
 from simdist_planner.evaluation.agents import policy_chunk
+from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs
 from simdist_planner.planning.planner import (
     Planner,
@@ -163,7 +164,7 @@ class ChunkProbe:
     def __init__(
         self,
         task: Task,
-        models: dict[str, torch.nn.Module],
+        models: dict[str, WorldModel],
         config: ProbeConfig = ProbeConfig(),
         device="cpu",
         twin: Task | None = None,

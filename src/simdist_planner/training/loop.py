@@ -37,7 +37,7 @@ from simdist_planner.model.checkpoint import (
     recover_dir,
     save_checkpoint,
 )
-from simdist_planner.model.losses import TERMS, near_field_slices, world_model_loss
+from simdist_planner.model.losses import TERMS, NearField, near_field_slices, world_model_loss
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.training.config import PretrainConfig
 from simdist_planner.training.distributed import gather_digests, init_distributed, out_of_time
@@ -96,7 +96,7 @@ def pretrain(
         print(f"pretrain: recovered {out / 'train_state'} from the save before the interrupted one")
     resuming = (out / "train_state" / "state.json").is_file()
     frozen = _encoder_stage(model, source, cfg, dev, rank, out, progress, resuming)
-    near: tuple = ()
+    near: NearField = ()
     if cfg.state_near_field:
         if source.windows is None:
             raise ValueError("state_near_field needs shard data with a task state, not synthetic")
