@@ -19,8 +19,8 @@ import numpy as np
 from robot_drivers.interface import RobotSpec
 from robot_drivers.tasks.base import Policy, Task
 
-UR5E_TASKS = "robot_drivers.tasks.ur5e_tasks"
-GO2_TASKS = "robot_drivers.tasks.go2_tasks"
+UR5E_TASK_MODULE = "robot_drivers.tasks.ur5e_tasks"
+GO2_TASK_MODULE = "robot_drivers.tasks.go2_tasks"
 
 
 @dataclass(frozen=True)
@@ -52,21 +52,21 @@ class TaskEntry:
 TASKS: dict[str, TaskEntry] = {
     "peg": TaskEntry(
         "ur5e",
-        f"{UR5E_TASKS}:make_ur5e_task",
+        f"{UR5E_TASK_MODULE}:make_ur5e_task",
         experts="robot_drivers.experts.ur5e",
         graph="peg",
         pretrain_preset="ur5e_peg",
     ),
     "table_leg": TaskEntry(
         "ur5e",
-        f"{UR5E_TASKS}:make_ur5e_task",
+        f"{UR5E_TASK_MODULE}:make_ur5e_task",
         experts="robot_drivers.experts.ur5e",
         graph="table_leg",
         pretrain_preset="ur5e_peg",
     ),
     "go2_flat": TaskEntry(
         "go2",
-        f"{GO2_TASKS}:make_go2_task",
+        f"{GO2_TASK_MODULE}:make_go2_task",
         experts="robot_drivers.experts.go2",
         graph="go2_flat",
         pretrain_preset="go2",
@@ -74,7 +74,7 @@ TASKS: dict[str, TaskEntry] = {
     ),
     "go2_slope": TaskEntry(
         "go2",
-        f"{GO2_TASKS}:make_go2_task",
+        f"{GO2_TASK_MODULE}:make_go2_task",
         experts="robot_drivers.experts.go2",
         graph="go2_slope",
         pretrain_preset="go2",
@@ -82,14 +82,14 @@ TASKS: dict[str, TaskEntry] = {
     ),
     "slippery_slope": TaskEntry(
         "go2",
-        f"{GO2_TASKS}:make_go2_task",
+        f"{GO2_TASK_MODULE}:make_go2_task",
         experts="robot_drivers.experts.go2",
         graph="go2_slope",
         headline="mean_return",
     ),
     "foam": TaskEntry(
         "go2",
-        f"{GO2_TASKS}:make_go2_task",
+        f"{GO2_TASK_MODULE}:make_go2_task",
         experts="robot_drivers.experts.go2",
         graph="go2_foam",
         headline="mean_return",
