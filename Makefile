@@ -28,11 +28,13 @@ $(STAMP): requirements.txt setup.py
 
 venv: $(STAMP)
 
-# Style and the import contract (pyproject.toml): ruff lint + format check, then import-linter.
+# Style, the import contract and types (pyproject.toml): ruff lint + format check, import-linter,
+# then mypy on src/ (its strictness: pyproject.toml [tool.mypy]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 test: lint
 	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)

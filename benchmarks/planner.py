@@ -39,9 +39,9 @@ from simdist_planner.planning.planner import (
     EVALUATORS,
     PLANNER_PRESETS,
     PRECISIONS,
-    MPPIPlanner,
     default_preset,
     go2_planner_config,
+    make_planner,
     planner_config_for,
     ur5e_planner_config,
 )
@@ -94,8 +94,8 @@ def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz, varia
     """One row per (evaluator, precision) variant; their timed steps alternate."""
     cfg = model.config
     planners = {
-        (evaluator, precision): MPPIPlanner(
-            model, replace(planner_cfg, evaluator=evaluator, precision=precision), device
+        (evaluator, precision): make_planner(
+            replace(planner_cfg, evaluator=evaluator, precision=precision), model, device
         )
         for evaluator, precision in variants
     }

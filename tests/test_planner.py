@@ -24,9 +24,11 @@ from simdist_planner.planning.planner import (
     GO2_TEMPERATURE,
     PROJECT_RETURN,
     MPPIPlanner,
+    Planner,
     PlannerConfig,
     PlannerError,
     go2_planner_config,
+    make_planner,
     official_planner_config,
     ur5e_planner_config,
 )
@@ -112,6 +114,20 @@ def test_action_converges_to_known_optimum():
     np.testing.assert_allclose(result.mean, np.tile(target, (5, 1)), atol=0.1)
     assert result.action.shape == (A,) and result.nonfinite_candidates == 0
     assert result.timings.total_s >= result.timings.optimise_s > 0
+
+
+def test_make_planner_builds_what_the_protocol_names_and_plans_like_the_planner_itself():
+    direct = make(QuadraticToyModel([0.3, -0.5]))
+    model = QuadraticToyModel([0.3, -0.5])
+    model.horizon = direct.config.horizon
+    built = make_planner(direct.config, model)
+    members = {n for n in vars(Planner) if not n.startswith("_")} | set(Planner.__annotations__)
+    assert {"plan", "reset", "score", "objective", "evaluator", "config", "model"} <= members
+    assert all(hasattr(built, n) for n in members) and built.config is direct.config
+    for _ in range(2):  # the warm start carries over: both follow the same steps
+        a, b = built.plan(*inputs()), direct.plan(*inputs())
+        np.testing.assert_array_equal(a.mean, b.mean)
+        assert a.expected_return == b.expected_return
 
 
 @pytest.mark.parametrize("offset", [0, 1])

@@ -22,7 +22,7 @@ from robot_drivers.tasks.base import StepResult, Task
 from simdist_planner.evaluation import datagen
 from simdist_planner.evaluation.datagen import NoiseConfig, RobotDataConfig
 
-ENTRY = "toy_task:make_toy_task"  # value for robot_drivers.registry.TASKS["toy"]
+ENTRY = registry.TaskEntry("toy", "toy_task:make_toy_task")  # robot_drivers.registry.TASKS["toy"]
 DT = 0.1
 
 

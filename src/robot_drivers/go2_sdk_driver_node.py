@@ -98,21 +98,19 @@ class Go2SdkDriverNode(RealtimeDriverNode):
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    try:
-        node = Go2SdkDriverNode()
-    except (ImportError, ValueError) as e:
-        print(f"go2_driver: {e}")
-        rclpy.try_shutdown()
-        raise SystemExit(1)
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.backend.close()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        try:
+            node = Go2SdkDriverNode()
+        except (ImportError, ValueError) as e:
+            print(f"go2_driver: {e}")
+            raise SystemExit(1)
+        try:
+            rclpy.spin(node)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.backend.close()
+            node.destroy_node()
 
 
 if __name__ == "__main__":

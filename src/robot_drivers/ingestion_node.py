@@ -224,15 +224,14 @@ class IngestionNode(Node):
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    node = IngestionNode()
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        node = IngestionNode()
+        try:
+            rclpy.spin(node)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.destroy_node()
 
 
 if __name__ == "__main__":

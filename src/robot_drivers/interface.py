@@ -45,6 +45,7 @@ class RobotSpec:
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
     joint_names: tuple[str, ...] = ()
+    command_kind: CommandKind = CommandKind.JOINT_POSITION  # what its actions are commanded as
 
     @property
     def proprio_dim(self) -> int:

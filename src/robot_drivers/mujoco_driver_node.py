@@ -32,23 +32,13 @@ from std_msgs.msg import Bool, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
-from robot_drivers import ros_msgs
+from robot_drivers import registry, ros_msgs
 from robot_drivers.diagnostics import CommandSourceWatch, Diagnostics, Level
-from robot_drivers.go2.config import Go2Config
 from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
 from robot_drivers.node_params import NodeParams, Param
-from robot_drivers.registry import make_task
 from robot_drivers.tasks.base import Task
 from robot_drivers.ur5e.config import SceneConfig
 
-ROBOT_OF_TASK = {
-    "peg": "ur5e",
-    "table_leg": "ur5e",
-    "go2_flat": "go2",
-    "go2_slope": "go2",
-    "slippery_slope": "go2",
-    "foam": "go2",
-}
 CLOCK_START_NS = 1_000_000_000  # sim time starts at 1 s: ROS treats time 0 as "not set"
 
 
@@ -64,8 +54,9 @@ class TickResult:
 class SimEpisode:
     """A task driven one `Command` at a time, with the safe actions mapped onto the task.
 
-    UR5e: HOLD / DAMP = a zero pose delta keeping the gripper state. Go2: HOLD = action 0 (stand at
-    the default pose), DAMP = the backend's damping mode, which ends the episode (reset to go on).
+    HOLD = the task's `hold_action` (UR5e: a zero pose delta keeping the gripper state; Go2: stand
+    at the default pose). DAMP = the backend's damping mode where the task has one
+    (`damping_mode`: the Go2), which ends the episode (reset to go on); HOLD elsewhere.
     """
 
     def __init__(self, task: Task):
@@ -83,14 +74,14 @@ class SimEpisode:
     def apply(self, command: Command) -> TickResult:
         if self.done or self.obs is None:
             raise RuntimeError(f"{self.task.name}: the episode is over; call ~/reset")
-        expected = CommandKind.EE_DELTA if self.robot == "ur5e" else CommandKind.JOINT_POSITION
+        expected = self.task.spec.command_kind
         kind = command.kind
         if kind not in (expected, CommandKind.HOLD, CommandKind.DAMP):
             raise ValueError(
                 f"{self.robot} expects {expected.value}, hold or damp commands, got {kind.value}"
             )
         self.step_count += 1
-        if self.robot == "go2" and kind == CommandKind.DAMP:
+        if self.task.damping_mode and kind == CommandKind.DAMP:
             self.task.backend.act(command)
             self.obs = self.task.backend.step()
             self.done = True
@@ -99,10 +90,8 @@ class SimEpisode:
             )
         if kind == expected:
             action = np.asarray(command.values, dtype=np.float64)
-        elif self.robot == "ur5e":
-            action = np.r_[np.zeros(6), self.obs.privileged["gripper_cmd"][0]]
         else:
-            action = np.zeros(12)
+            action = self.task.hold_action(self.obs)
         r = self.task.step(action)
         self.obs = r.obs
         errors = [f for f in self.task.backend.faults() if f.level >= FaultLevel.ERROR]
@@ -254,23 +243,21 @@ class MujocoDriverNode(Node):
         super().__init__("mujoco_driver", **kwargs)
         self.params = NodeParams(self, PARAMS, _check)
         p = self.params
-        overrides = {}
-        if ROBOT_OF_TASK[p["task"]] == "ur5e":
-            overrides = dict(
-                region=p["region"],
-                cameras=tuple(c for c in p["cameras"] if c),
-                image_size=(p["image_height"], p["image_width"]),
-            )
-            if p["max_steps"]:
-                overrides["max_steps"] = p["max_steps"]
-        else:
-            if p["max_steps"]:
-                overrides["episode_s"] = p["max_steps"] * Go2Config().control_dt
-            if p["speed"]:
-                overrides["speed"] = p["speed"]
-            if p["panel_friction"]:
-                overrides["panel_friction"] = p["panel_friction"]
-        self.episode = SimEpisode(make_task(p["task"], p["variant"], **overrides))
+        # Every episode option the node has a parameter for (0: not set); the task takes those
+        # it knows (registry.task_options; _check refuses a set option the task lacks).
+        options = dict(
+            region=p["region"],
+            cameras=tuple(c for c in p["cameras"] if c),
+            image_size=(p["image_height"], p["image_width"]),
+            max_steps=p["max_steps"] or None,
+            speed=p["speed"] or None,
+            panel_friction=p["panel_friction"] or None,
+        )
+        known = registry.task_options(p["task"])
+        overrides = registry.episode_overrides(
+            p["task"], **{k: v for k, v in options.items() if k in known}
+        )
+        self.episode = SimEpisode(registry.make_task(p["task"], p["variant"], **overrides))
         self.spec = self.episode.task.spec
         self.period_ns = round(1e9 / self.spec.control_rate_hz)
         self.lockstep = p["lockstep"]
@@ -319,7 +306,9 @@ class MujocoDriverNode(Node):
             c: self.create_publisher(Image, f"/camera/{c}/image_raw", 10) for c in self.spec.cameras
         }
         self.pub_episode = self.create_publisher(String, "/simdist/episode", 10)
-        if self.spec.name == "go2":
+        # the robot's own sensors (ros_msgs.SENSOR_TOPICS): a floating base, or a TCP pose
+        self.floating_base = "/odom" in ros_msgs.SENSOR_TOPICS[self.spec.name]
+        if self.floating_base:
             self.pub_imu = self.create_publisher(Imu, "/imu", 10)
             self.pub_odom = self.create_publisher(Odometry, "/odom", 10)
             self.pub_height = self.create_publisher(Image, "/height_map", 10)
@@ -353,7 +342,7 @@ class MujocoDriverNode(Node):
         for cam, pub in self.pub_cams.items():
             pub.publish(ros_msgs.image_to_msg(obs.images[cam], t, f"{cam}_camera"))
         priv = obs.privileged or {}
-        if self.spec.name == "go2":
+        if self.floating_base:
             self.pub_imu.publish(ros_msgs.imu_msg(priv["base_quat"], priv["base_ang_vel"], None, t))
             self.pub_odom.publish(
                 ros_msgs.odometry_msg(
@@ -434,12 +423,12 @@ class MujocoDriverNode(Node):
         self.advance(command)
 
     def realtime_tick(self) -> None:
+        latest = self.latest
         fresh = (
-            self.latest is not None
-            and time.monotonic() - self.latest[1] <= self.params["command_timeout_s"]
+            latest is not None and time.monotonic() - latest[1] <= self.params["command_timeout_s"]
         )
-        if fresh:
-            self.advance(self.latest[0])
+        if latest is not None and fresh:
+            self.advance(latest[0])
         else:  # HOLD with the stale command's stamp, so a newer command still reports as newer
             self.advance(
                 Command(CommandKind.HOLD, stamp=self.latest[0].stamp if self.latest else 0)
@@ -545,35 +534,36 @@ class MujocoDriverNode(Node):
 
 
 def _check(name, value, values) -> str | None:
-    if name == "task" and value not in ROBOT_OF_TASK:
-        return f"unknown task {value!r}; expected one of {sorted(ROBOT_OF_TASK)}"
+    if name == "task" and value not in registry.TASKS:
+        return f"unknown task {value!r}; expected one of {sorted(registry.TASKS)}"
     if name in ("robot", "task"):
         task = values.get("task")
-        if task in ROBOT_OF_TASK and values.get("robot") not in ("", ROBOT_OF_TASK[task]):
+        if task in registry.TASKS and values.get("robot") not in ("", registry.robot_of(task)):
             return (
-                f"task {task!r} runs on robot {ROBOT_OF_TASK[task]!r}, "
+                f"task {task!r} runs on robot {registry.robot_of(task)!r}, "
                 f"but robot is {values.get('robot')!r}"
             )
     if name == "variant" and value not in ("sim", "real"):
         return f"variant must be 'sim' or 'real', got {value!r}"
-    if name in ("speed", "panel_friction") and value and ROBOT_OF_TASK.get(values["task"]) != "go2":
-        return f"{name} is a Go2 task option; task {values['task']!r} has none (leave it 0)"
+    if name in ("speed", "panel_friction") and value:
+        task = values["task"]
+        if task not in registry.TASKS or name not in registry.task_options(task):
+            return f"{name} is not an option of task {task!r} (leave it 0)"
     if name == "region" and value not in ("narrow", "wide"):
         return f"region must be 'narrow' or 'wide', got {value!r}"
     return None
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    node = MujocoDriverNode()
-    try:
-        rclpy.spin_until_future_complete(node, node.finished)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.episode.task.close()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        node = MujocoDriverNode()
+        try:
+            rclpy.spin_until_future_complete(node, node.finished)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.episode.task.close()
+            node.destroy_node()
 
 
 if __name__ == "__main__":

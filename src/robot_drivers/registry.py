@@ -1,34 +1,126 @@
-"""Task registry: one name per task, variants "sim" (training) and "real" (hardware stand-in), and
-the privileged experts that go with each task.
+"""Task registry: one entry per task, the single place that says which robot a task runs on,
+which experts, launch graph and pretraining preset go with it, and how its variants ("sim" for
+training, "real" for the hardware stand-in) are built.
 
 The registry sits above both tasks and experts: an expert module may import its task, a task
-never imports an expert. Entries are "module:factory" strings, imported on first use, so a UR5e
-user never loads the Go2 stack, and a spawned worker process can register the same entry again.
+never imports an expert. Factories and expert modules are "module:function" / module strings,
+imported on first use, so a UR5e user never loads the Go2 stack, and a spawned worker process
+can register the same entry again. Everything outside `robot_drivers` that needs a task's robot
+asks here (`robot_of`, `tasks_of`, `task_spec`), never a table of its own.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
 import numpy as np
 
+from robot_drivers.interface import RobotSpec
 from robot_drivers.tasks.base import Policy, Task
 
-# name -> "module:factory"; each factory takes (name, variant, **overrides) and returns a Task.
-TASKS: dict[str, str] = {
-    "peg": "robot_drivers.tasks.ur5e_tasks:make_ur5e_task",
-    "table_leg": "robot_drivers.tasks.ur5e_tasks:make_ur5e_task",
-    "go2_flat": "robot_drivers.tasks.go2_tasks:make_go2_task",
-    "go2_slope": "robot_drivers.tasks.go2_tasks:make_go2_task",
-    "slippery_slope": "robot_drivers.tasks.go2_tasks:make_go2_task",
-    "foam": "robot_drivers.tasks.go2_tasks:make_go2_task",
+UR5E_TASK_MODULE = "robot_drivers.tasks.ur5e_tasks"
+GO2_TASK_MODULE = "robot_drivers.tasks.go2_tasks"
+
+
+@dataclass(frozen=True)
+class TaskEntry:
+    """Everything the stack knows about one task by name."""
+
+    robot: str  # the robot it runs on (robot_drivers.specs.robot_spec), e.g. "ur5e"
+    factory: str  # "module:function" taking (name, variant, **overrides), returning a Task
+    experts: str = ""  # module with expert_ladder(task), expert_value(task); "": the factory's
+    graph: str = ""  # the launch graph (config/<graph>.yaml) that runs it; "": none
+    # The pretraining preset its models start from (simdist_planner.training.config
+    # PRETRAIN_PRESETS); "": none (a hardware stand-in is never trained on).
+    pretrain_preset: str = ""
+    # The summary figure tables judge it by (a simdist_planner AgentSummary field).
+    headline: str = "success_rate"
+
+    @property
+    def module(self) -> str:
+        """The task module (its factory's), which also names its episode options."""
+        return self.factory.split(":")[0]
+
+    @property
+    def spec(self) -> RobotSpec:
+        """The RobotSpec of its robot with the default backend settings (robot_drivers.specs,
+        imported on first use: it loads every robot's backend)."""
+        return importlib.import_module("robot_drivers.specs").robot_spec(self.robot)
+
+
+TASKS: dict[str, TaskEntry] = {
+    "peg": TaskEntry(
+        "ur5e",
+        f"{UR5E_TASK_MODULE}:make_ur5e_task",
+        experts="robot_drivers.experts.ur5e",
+        graph="peg",
+        pretrain_preset="ur5e_peg",
+    ),
+    "table_leg": TaskEntry(
+        "ur5e",
+        f"{UR5E_TASK_MODULE}:make_ur5e_task",
+        experts="robot_drivers.experts.ur5e",
+        graph="table_leg",
+        pretrain_preset="ur5e_peg",
+    ),
+    "go2_flat": TaskEntry(
+        "go2",
+        f"{GO2_TASK_MODULE}:make_go2_task",
+        experts="robot_drivers.experts.go2",
+        graph="go2_flat",
+        pretrain_preset="go2",
+        headline="mean_return",
+    ),
+    "go2_slope": TaskEntry(
+        "go2",
+        f"{GO2_TASK_MODULE}:make_go2_task",
+        experts="robot_drivers.experts.go2",
+        graph="go2_slope",
+        pretrain_preset="go2",
+        headline="mean_return",
+    ),
+    "slippery_slope": TaskEntry(
+        "go2",
+        f"{GO2_TASK_MODULE}:make_go2_task",
+        experts="robot_drivers.experts.go2",
+        graph="go2_slope",
+        headline="mean_return",
+    ),
+    "foam": TaskEntry(
+        "go2",
+        f"{GO2_TASK_MODULE}:make_go2_task",
+        experts="robot_drivers.experts.go2",
+        graph="go2_foam",
+        headline="mean_return",
+    ),
 }
 
 
-def _factory(name: str):
+def entry(name: str) -> TaskEntry:
+    """The registry entry of task `name` (ValueError listing the known tasks otherwise)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
-    module, attr = TASKS[name].split(":")
+    return TASKS[name]
+
+
+def robot_of(name: str) -> str:
+    """The robot task `name` runs on."""
+    return entry(name).robot
+
+
+def tasks_of(robot: str) -> tuple[str, ...]:
+    """The registered tasks of `robot`, in registry order."""
+    return tuple(name for name, e in TASKS.items() if e.robot == robot)
+
+
+def task_spec(name: str) -> RobotSpec:
+    """The RobotSpec of the robot task `name` runs on (default backend settings)."""
+    return entry(name).spec
+
+
+def _factory(name: str):
+    module, attr = entry(name).factory.split(":")
     return getattr(importlib.import_module(module), attr)
 
 
@@ -38,17 +130,33 @@ def make_task(name: str, variant: str = "sim", **overrides) -> Task:
     return _factory(name)(name, variant, **overrides)
 
 
-# task module -> the module of its experts (expert_ladder(task), expert_value(task)); a task module
-# missing here provides both itself (the test suite's toy task).
-EXPERTS: dict[str, str] = {
-    "robot_drivers.tasks.ur5e_tasks": "robot_drivers.experts.ur5e",
-    "robot_drivers.tasks.go2_tasks": "robot_drivers.experts.go2",
-}
+def task_options(name: str) -> tuple[str, ...]:
+    """The episode options (`episode_overrides` keywords) task `name` takes; () = none."""
+    module = importlib.import_module(entry(name).module)
+    return tuple(getattr(module, "EPISODE_OPTIONS", ()))
+
+
+def episode_overrides(name: str, **options) -> dict:
+    """`make_task` overrides from the stack's episode options (None: not set): `max_steps`,
+    `region`, `image_size`, `cameras`, `speed`, `panel_friction`. The task module turns them into
+    its own overrides (e.g. the Go2's episode length in seconds); an option set for a task that
+    lacks it is a ValueError."""
+    given = {k: v for k, v in options.items() if v is not None}
+    known = task_options(name)
+    foreign = [k for k in given if k not in known]
+    if foreign:
+        raise ValueError(
+            f"{', '.join(foreign)}: not an option of task {name!r}; its options: {list(known)}"
+        )
+    if not given:
+        return {}
+    module = importlib.import_module(entry(name).module)
+    return module.episode_overrides(name, **given)
 
 
 def _experts(task: Task):
-    module = TASKS[task.name].split(":")[0]
-    return importlib.import_module(EXPERTS.get(module, module))
+    e = entry(task.name)
+    return importlib.import_module(e.experts or e.module)
 
 
 def expert_ladder(task: Task) -> list[Policy]:
@@ -63,10 +171,22 @@ def expert_value(task: Task):
 
 def step_phases(name: str, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The named phases of task `name` in one logged episode's rows ({} when it names none)."""
-    _factory(name)  # an unknown task name fails here, with the list of known ones
-    module = importlib.import_module(TASKS[name].split(":")[0])
+    module = importlib.import_module(entry(name).module)
     phases = getattr(module, "step_phases", None)
     return phases(rows) if phases else {}
 
 
-__all__ = ["EXPERTS", "TASKS", "make_task", "expert_ladder", "expert_value", "step_phases"]
+__all__ = [
+    "TASKS",
+    "TaskEntry",
+    "entry",
+    "episode_overrides",
+    "expert_ladder",
+    "expert_value",
+    "make_task",
+    "robot_of",
+    "step_phases",
+    "task_options",
+    "task_spec",
+    "tasks_of",
+]

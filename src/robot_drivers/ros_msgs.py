@@ -25,6 +25,9 @@ from robot_drivers.interface import Command, CommandKind, Observation, RobotSpec
 UR5E_ACTION_NAMES = ("dx", "dy", "dz", "rx", "ry", "rz", "gripper")
 # Go2 actions are per joint in Unitree order (FR, FL, RR, RL x hip, thigh, calf).
 ACTION_NAMES = {"ur5e": UR5E_ACTION_NAMES, "go2": UNITREE_JOINT_NAMES}
+# The sensor topics of each robot beyond joints, proprio and cameras: the arm's TCP pose; the
+# quadruped's floating base (IMU, odometry) and height scan.
+SENSOR_TOPICS = {"ur5e": ("/tcp_pose",), "go2": ("/imu", "/odom", "/height_map")}
 # What a driver actually sent to the robot (command packing, stamped with the command's stamp,
 # HOLD / DAMP when it applied the safe action): the supervisor's step limiter follows it.
 APPLIED_COMMAND_TOPIC = "/simdist/robot/applied_command"
@@ -281,11 +284,7 @@ def driver_topics(spec: RobotSpec) -> list[str]:
     replay re-publishes so that ingestion and the planner recompute everything after them."""
     topics = ["/joint_states", "/simdist/robot/proprio", "/simdist/episode"]
     topics += [f"/camera/{cam}/image_raw" for cam in spec.cameras]
-    if spec.name == "go2":
-        topics += ["/imu", "/odom", "/height_map"]
-    else:
-        topics += ["/tcp_pose"]
-    return topics
+    return [*topics, *SENSOR_TOPICS[spec.name]]
 
 
 def action_names(robot: str) -> list[str]:

@@ -288,15 +288,14 @@ class SafetyNode(Node):
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    node = SafetyNode()
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        node = SafetyNode()
+        try:
+            rclpy.spin(node)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.destroy_node()
 
 
 if __name__ == "__main__":

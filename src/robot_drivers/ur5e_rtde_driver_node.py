@@ -87,21 +87,19 @@ class UR5eRtdeDriverNode(RealtimeDriverNode):
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    try:
-        node = UR5eRtdeDriverNode()
-    except (ConnectionError, OSError, ValueError) as e:
-        print(f"ur5e_driver: {e}")
-        rclpy.try_shutdown()
-        raise SystemExit(1)
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.backend.close()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        try:
+            node = UR5eRtdeDriverNode()
+        except (ConnectionError, OSError, ValueError) as e:
+            print(f"ur5e_driver: {e}")
+            raise SystemExit(1)
+        try:
+            rclpy.spin(node)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.backend.close()
+            node.destroy_node()
 
 
 if __name__ == "__main__":

@@ -264,19 +264,18 @@ class VideoPredictionNode(Node):
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    node = None
-    try:
-        node = VideoPredictionNode()
-        executor = MultiThreadedExecutor()
-        executor.add_node(node)
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if node is not None:
-            node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        node = None
+        try:
+            node = VideoPredictionNode()
+            executor = MultiThreadedExecutor()
+            executor.add_node(node)
+            executor.spin()
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            if node is not None:
+                node.destroy_node()
 
 
 if __name__ == "__main__":

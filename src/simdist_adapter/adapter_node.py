@@ -357,15 +357,14 @@ def main(args=None) -> None:
     # The whole node is background work: at the lowest CPU priority its fine-tuning worker is
     # too from its start (importing torch takes seconds of CPU), not only once it runs rounds.
     lower_cpu_priority()
-    rclpy.init(args=args)
-    node = AdapterNode()
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        node = AdapterNode()
+        try:
+            rclpy.spin(node)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.destroy_node()
 
 
 if __name__ == "__main__":

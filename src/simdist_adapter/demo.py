@@ -340,28 +340,27 @@ def run_graph(
     print(f"[demo] starting the graph (log: {out / 'graph.log'}): {' '.join(cmd)}", flush=True)
     log = open(out / "graph.log", "w")
     graph = subprocess.Popen(cmd, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
-    rclpy.init()
-    node = rclpy.create_node("demo_watcher")
-    watcher = Watcher(node, episodes, episode_steps())
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline and graph.poll() is None:
-            rclpy.spin_once(node, timeout_sec=0.2)
-            line = watcher.progress()
-            if line:
-                print(line, flush=True)
-            if len(watcher.results["adapted"]) >= episodes:
-                break
-    finally:
-        if graph.poll() is None:
-            os.killpg(graph.pid, signal.SIGINT)
-            try:
-                graph.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(graph.pid, signal.SIGKILL)
-        node.destroy_node()
-        rclpy.try_shutdown()
-        log.close()
+    with rclpy.init():
+        node = rclpy.create_node("demo_watcher")
+        watcher = Watcher(node, episodes, episode_steps())
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline and graph.poll() is None:
+                rclpy.spin_once(node, timeout_sec=0.2)
+                line = watcher.progress()
+                if line:
+                    print(line, flush=True)
+                if len(watcher.results["adapted"]) >= episodes:
+                    break
+        finally:
+            if graph.poll() is None:
+                os.killpg(graph.pid, signal.SIGINT)
+                try:
+                    graph.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(graph.pid, signal.SIGKILL)
+            node.destroy_node()
+    log.close()
     watcher.exit_code = graph.returncode
     if time.monotonic() >= deadline:
         print(f"[demo] time limit of {timeout_s:.0f} s reached", flush=True)

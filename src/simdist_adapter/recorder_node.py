@@ -449,21 +449,20 @@ class RecorderNode(Node):
 
 def main(args=None):
     # Own signal handling: SIGINT/SIGTERM only set a flag, the loop exits and the bag is finalised.
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
-    stop = []
-    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    node = RecorderNode()
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        while not stop and rclpy.ok():
-            executor.spin_once(timeout_sec=0.1)
-    finally:
-        node.shutdown()
-        executor.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO):
+        stop = []
+        signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+        node = RecorderNode()
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        try:
+            while not stop and rclpy.ok():
+                executor.spin_once(timeout_sec=0.1)
+        finally:
+            node.shutdown()
+            executor.shutdown()
+            node.destroy_node()
 
 
 if __name__ == "__main__":

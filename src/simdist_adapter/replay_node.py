@@ -184,24 +184,26 @@ class ReplayNode(Node):
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    node = None
-    try:
-        node = ReplayNode()
-        node.play(should_stop=lambda: not rclpy.ok())
-        time.sleep(0.5)  # let reliable publishers flush to slow subscribers
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    except (BagError, ValueError) as exc:  # a bad bag or setting: one line (SIMDIST_DEBUG=1: trace)
-        if os.environ.get("SIMDIST_DEBUG"):
-            raise
-        print(f"replay: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-    finally:
-        if node is not None:
-            node.bag.close()
-            node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        node = None
+        try:
+            node = ReplayNode()
+            node.play(should_stop=lambda: not rclpy.ok())
+            time.sleep(0.5)  # let reliable publishers flush to slow subscribers
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        except (
+            BagError,
+            ValueError,
+        ) as exc:  # a bad bag or setting: one line (SIMDIST_DEBUG=1: trace)
+            if os.environ.get("SIMDIST_DEBUG"):
+                raise
+            print(f"replay: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+        finally:
+            if node is not None:
+                node.bag.close()
+                node.destroy_node()
 
 
 if __name__ == "__main__":

@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 import rerun as rr
 from rclpy.serialization import deserialize_message
 
-from robot_drivers import ros_msgs
+from robot_drivers import registry, ros_msgs
 from simdist_adapter.bags import EpisodeBag, list_episode_bags
 from simdist_viewer import layout as L
 from simdist_viewer.core import ViewerLogger
 from simdist_viewer.robot3d import RobotScene
-
-ROBOT_OF_TASK = {"peg": "ur5e", "table_leg": "ur5e"}  # every other task is a Go2 task
 
 
 @dataclass
@@ -50,11 +48,13 @@ def episode_bags(path: str | pathlib.Path) -> list[pathlib.Path]:
 
 
 def robot_of(bag: EpisodeBag) -> str:
+    """The robot the bag names, else its task's (the registry's), else the robot whose topics it
+    holds."""
     if bag.meta.robot:
         return bag.meta.robot
-    if "/tcp_pose" in bag.topics or bag.meta.task in ROBOT_OF_TASK:
-        return "ur5e"
-    return "go2"
+    if bag.meta.task in registry.TASKS:
+        return registry.robot_of(bag.meta.task)
+    return "ur5e" if "/tcp_pose" in bag.topics else "go2"
 
 
 def log_bags(

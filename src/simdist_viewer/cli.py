@@ -19,13 +19,11 @@ import time
 
 import rerun as rr
 
+from robot_drivers import registry
 from simdist_adapter.bags import BagError, EpisodeBag
-from simdist_planner.ros.launch_description import GRAPHS
 from simdist_viewer import layout as L
 from simdist_viewer.bag_view import episode_bags, log_adaptation, log_bags, robot_of
 from simdist_viewer.serve import LOCAL_BIND, WebViewerServer, grpc_server
-
-DEFAULT_GRAPH = {"ur5e": "peg", "go2": "go2_flat"}
 
 
 def _graph_of(bag_dir: pathlib.Path, graph: str) -> str:
@@ -33,7 +31,11 @@ def _graph_of(bag_dir: pathlib.Path, graph: str) -> str:
         return graph
     with EpisodeBag(bag_dir) as bag:
         task, robot = bag.meta.task, robot_of(bag)
-    return task if task in GRAPHS and L.graph_robot(task) == robot else DEFAULT_GRAPH[robot]
+    if task in registry.TASKS and registry.robot_of(task) == robot and registry.entry(task).graph:
+        return registry.entry(task).graph
+    return next(
+        registry.entry(t).graph for t in registry.tasks_of(robot) if registry.entry(t).graph
+    )
 
 
 def parser() -> argparse.ArgumentParser:

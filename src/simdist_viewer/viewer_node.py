@@ -236,20 +236,18 @@ class ViewerNode(Node):
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    try:
-        node = ViewerNode()
-    except (ValueError, InvalidParameterValueException) as exc:  # one line, no traceback
-        print(exc, flush=True)
-        rclpy.try_shutdown()
-        raise SystemExit(1) from None
-    try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        try:
+            node = ViewerNode()
+        except (ValueError, InvalidParameterValueException) as exc:  # one line, no traceback
+            print(exc, flush=True)
+            raise SystemExit(1) from None
+        try:
+            rclpy.spin(node)
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.destroy_node()
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ def go2_spec(config: Go2Config) -> RobotSpec:
         action_low=tuple(float(v) for v in low),
         action_high=tuple(float(v) for v in high),
         joint_names=UNITREE_JOINT_NAMES,
+        command_kind=CommandKind.JOINT_POSITION,
     )
 
 

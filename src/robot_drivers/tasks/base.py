@@ -41,6 +41,10 @@ class Task(abc.ABC):
     # model's auxiliary state loss (docs/world_model.md); () = the task defines none.
     state_terms: tuple[tuple[str, int], ...] = ()
 
+    # True where DAMP is a mode of its own that ends the episode (zero stiffness: a quadruped);
+    # False where the robot treats DAMP as HOLD (an arm stops).
+    damping_mode: bool = False
+
     @property
     def spec(self) -> RobotSpec:
         return self.backend.spec
@@ -48,6 +52,10 @@ class Task(abc.ABC):
     def privileged_state(self, obs: Observation) -> np.ndarray:
         """The task state of `obs` as a float32 vector laid out by `state_terms`."""
         raise NotImplementedError(f"{self.name} defines no privileged task state")
+
+    def hold_action(self, obs: Observation) -> np.ndarray:
+        """The action that keeps the robot where `obs` has it: what HOLD means in simulation."""
+        raise NotImplementedError(f"{self.name} defines no hold action")
 
     @abc.abstractmethod
     def reset(self, seed: int | None = None) -> Observation: ...

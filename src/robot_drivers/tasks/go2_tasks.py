@@ -172,6 +172,8 @@ def _wrap(a: float) -> float:
 class Go2Task(Task):
     """Velocity tracking with privileged reward, a fall test and a distance / survival success."""
 
+    damping_mode = True  # DAMP: the backend's zero-stiffness mode; the episode ends
+
     def __init__(self, name: str, variant: str, config: Go2TaskConfig):
         self.name, self.variant, self.config = name, variant, config
         terrain = config.gap.apply(config.terrain) if config.gap else config.terrain
@@ -179,6 +181,10 @@ class Go2Task(Task):
         self.max_steps = int(round(config.episode_seconds / config.go2.control_dt))
         self._base_command = np.asarray(config.command, dtype=np.float64)
         self._obs: Observation | None = None
+
+    def hold_action(self, obs: Observation) -> np.ndarray:
+        """Action 0: stand at the default pose."""
+        return np.zeros(12)
 
     def reset(self, seed: int | None = None) -> Observation:
         rng = np.random.default_rng(seed)
@@ -303,6 +309,20 @@ def rollout(
         if r.terminated or r.truncated:
             break
     return Rollout(r, k + 1, np.mean(vel, axis=0), values)
+
+
+# The stack's episode options a Go2 task takes (registry.episode_overrides).
+EPISODE_OPTIONS = ("max_steps", "speed", "panel_friction")
+
+
+def episode_overrides(name: str, **options) -> dict:
+    """`make_go2_task` overrides from the episode options set (EPISODE_OPTIONS): `max_steps`
+    becomes the episode length in seconds (so a shortened episode still ends the task's own way:
+    truncation, survival success); `speed` and `panel_friction` pass as they are."""
+    overrides = dict(options)
+    if "max_steps" in overrides:
+        overrides["episode_s"] = overrides.pop("max_steps") * Go2Config().control_dt
+    return overrides
 
 
 def make_go2_task(

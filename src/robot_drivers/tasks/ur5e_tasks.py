@@ -221,6 +221,10 @@ class UR5eInsertionTask(Task):
         self._t = 0
         self._obs: Observation | None = None
 
+    def hold_action(self, obs: Observation) -> np.ndarray:
+        """A zero pose delta that keeps the gripper's state."""
+        return np.r_[np.zeros(6), obs.privileged["gripper_cmd"][0]]
+
     def reset(self, seed: int | None = None) -> Observation:
         self._t = 0
         self._obs = self.backend.reset(seed)
@@ -317,6 +321,14 @@ def _real(cfg: InsertionConfig, gap: RealGap) -> InsertionConfig:
 
 
 OVERRIDES = ("region", "image_size", "cameras", "max_steps", "ik_hz", "gap", "clearance")
+# The stack's episode options a UR5e task takes (registry.episode_overrides).
+EPISODE_OPTIONS = ("region", "image_size", "cameras", "max_steps")
+
+
+def episode_overrides(name: str, **options) -> dict:
+    """`make_ur5e_task` overrides from the episode options set (EPISODE_OPTIONS): the region
+    defaults to "wide", the others pass as they are."""
+    return {"region": "wide", **options}
 
 
 def make_ur5e_task(name: str, variant: str = "sim", **overrides) -> UR5eInsertionTask:

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from simdist_planner.planning.planner import EVALUATORS, PLANNER_PRESETS, PRECISIONS, WARM_STARTS
+from simdist_planner.planning.planner import PLANNER_PARAMS, PLANNER_PRESETS
 
 # CLI flag -> PlannerConfig field (and `preset`, the factory the others override); shared by
-# simdist-eval and simdist-adapt-experiment.
+# simdist-eval and simdist-adapt-experiment. Built from PLANNER_PARAMS: a parameter with a flag.
 PLANNER_FLAGS = {
     "planner_preset": "preset",
-    "samples": "num_samples",
-    "iterations": "iterations",
-    "elites": "num_elites",
-    "temperature": "temperature",
-    "mixture_coef": "mixture_coef",
-    "policy_noise": "policy_noise_std",
-    "init_std": "init_std",
-    "warm_start": "warm_start",
-    "policy_prior": "policy_prior",
-    "evaluator": "evaluator",
-    "precision": "precision",
+    **{q.flag: q.name for q in PLANNER_PARAMS if q.flag},
 }
 
 
@@ -33,64 +23,16 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         help="planner settings the other planner flags override (default: official for an "
         "imported official model, else the robot's; docs/planner.md)",
     )
-    p.add_argument(
-        "--samples", type=int, default=None, help="planner Gaussian samples (default: official)"
-    )
-    p.add_argument(
-        "--iterations", type=int, default=None, help="planner iterations (default: official)"
-    )
-    p.add_argument("--elites", type=int, default=None, help="planner elites (default: official)")
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        help="planner elite temperature (default: the robot's, docs/planner.md)",
-    )
-    p.add_argument(
-        "--mixture-coef",
-        type=float,
-        default=None,
-        help="planner base-policy candidates per Gaussian sample (default: official 0.05)",
-    )
-    p.add_argument(
-        "--policy-noise",
-        type=float,
-        default=None,
-        help="std of the noise on the base-policy candidates (default: the robot's)",
-    )
-    p.add_argument(
-        "--init-std",
-        type=float,
-        default=None,
-        help="std of the Gaussian candidates at the start of each step (default: the robot's)",
-    )
-    p.add_argument(
-        "--warm-start",
-        choices=WARM_STARTS,
-        default=None,
-        help="where each step's planner mean starts: the previous mean rolled (official) or "
-        "shifted (TD-MPC), or pi's chunk",
-    )
-    p.add_argument(
-        "--policy-prior",
-        type=float,
-        default=None,
-        help="planner ranking cost of a candidate's squared distance from pi's chunk "
-        "(default 0, official)",
-    )
-    p.add_argument(
-        "--evaluator",
-        choices=EVALUATORS,
-        default=None,
-        help="how the planner scores candidates: fast (default) or eager (the reference path)",
-    )
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default=None,
-        help="the fast evaluator's compute dtype: float32 (default) or bfloat16 (CPUs with bf16 "
-        "instructions, GPUs; docs/planner.md)",
-    )
+    for q in PLANNER_PARAMS:
+        if not q.flag:
+            continue
+        kind = {"choices": q.choices} if q.choices else {"type": q.type}
+        p.add_argument(
+            f"--{q.flag.replace('_', '-')}",
+            **kind,
+            default=None,
+            help=f"planner: {q.doc} (default: the planner preset's; official {q.default})",
+        )
 
 
 def add_course_arguments(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ import pathlib
 
 import torch
 
-from robot_drivers.registry import make_task
+from robot_drivers.registry import make_task, task_options
 from simdist_planner.cli.common import (
     add_course_arguments,
     add_planner_arguments,
@@ -27,7 +27,7 @@ from simdist_planner.cli.common import (
     planner_overrides,
 )
 from simdist_planner.evaluation.agents import AGENTS, build_agents
-from simdist_planner.evaluation.evaluate import UR5E_TASKS, evaluate, format_table, task_overrides
+from simdist_planner.evaluation.evaluate import evaluate, format_table, task_overrides
 from simdist_planner.model.checkpoint import load_checkpoint
 
 
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         )
     finally:
         task.close()
-    region = f" ({args.region or 'wide'})" if args.task in UR5E_TASKS else ""
+    region = f" ({args.region or 'wide'})" if "region" in task_options(args.task) else ""
     print(
         format_table(
             summaries,

@@ -23,6 +23,7 @@ import pathlib
 import time
 from dataclasses import asdict, dataclass, field
 
+from robot_drivers import registry
 from robot_drivers.registry import make_task
 from simdist_planner.data.dataset import ShardedDataset
 from simdist_planner.evaluation import datagen
@@ -97,16 +98,13 @@ FULL = AblationScale(
 )
 
 
-def _ur5e(task: str) -> bool:
-    return task in ("peg", "table_leg")
-
-
 # ------------------------------------------------------------------------------- data
 def generate_data(
     task: str, scale: AblationScale, workdir: pathlib.Path, workers: int = 1
 ) -> tuple[pathlib.Path, pathlib.Path]:
     """The mixed dataset and an expert-only dataset holding at least as many rows."""
-    overrides = {"image_size": scale.image_size, "region": "wide"} if _ur5e(task) else {}
+    images = "image_size" in registry.task_options(task)
+    overrides = registry.episode_overrides(task, image_size=scale.image_size if images else None)
     probe = make_task(task, **overrides)
     robot = datagen.robot_data_config(probe.spec)
     probe.close()
@@ -162,7 +160,7 @@ def pretrain_config(
         )
     else:
         data = dict(data=(str(mixed),), fraction=row.fraction)
-    preset = PRETRAIN_PRESETS["ur5e_peg" if _ur5e(task) else "go2"]
+    preset = PRETRAIN_PRESETS[registry.entry(task).pretrain_preset]
     # one checkpoint, the last step's: the rows compare recipes, not checkpoint selections
     return PretrainConfig.from_flat(
         {
@@ -193,7 +191,8 @@ def selected_dataset(cfg) -> ShardedDataset:
 def evaluate_checkpoint(
     task: str, checkpoint: pathlib.Path, scale: AblationScale, device: str
 ) -> float:
-    """The planner's Table I figure on `task`: success rate (UR5e) or mean episode reward (Go2)."""
+    """The planner's Table I figure on `task`: its registry headline (UR5e: success rate, Go2:
+    mean episode reward)."""
     model = load_checkpoint(checkpoint, device=device)
     overrides = task_overrides(task, max_steps=scale.max_steps[task], model=model)
     env = make_task(task, **overrides)
@@ -202,7 +201,7 @@ def evaluate_checkpoint(
         (summary,) = evaluate(env, agents, scale.eval_episodes, seed=10_000, progress=True)
     finally:
         env.close()
-    return summary.success_rate if _ur5e(task) else summary.mean_return
+    return float(getattr(summary, registry.entry(task).headline))
 
 
 def format_ablation_table(

@@ -13,9 +13,11 @@ from simdist_planner.planning.observation import (
     observation_to_inputs,
 )
 from simdist_planner.planning.planner import (
-    MPPIPlanner,
+    Planner,
     PlannerError,
+    PlanResult,
     default_preset,
+    make_planner,
     planner_config_for,
 )
 
@@ -29,7 +31,7 @@ class Agent:
     episode fills it (o_0 repeated, zero actions), as the dataset windows do.
     """
 
-    def __init__(self, model, spec: RobotSpec, planner: MPPIPlanner | None = None, device="cpu"):
+    def __init__(self, model, spec: RobotSpec, planner: Planner | None = None, device="cpu"):
         check_model_fits(model, spec)
         cfg = model.config
         self.model, self.spec, self.planner = model, spec, planner
@@ -37,7 +39,8 @@ class Agent:
         self.history = ObservationHistory(spec, cfg.history)
         self._low, self._high = np.asarray(spec.action_low), np.asarray(spec.action_high)
         self._fresh = True
-        self.last_plan = None  # the planner's PlanResult of the latest step (diagnostics)
+        # the planner's PlanResult of the latest step (diagnostics)
+        self.last_plan: PlanResult | None = None
 
     def reset(self, seed: int | None = None) -> None:
         if self.planner is not None:
@@ -123,6 +126,6 @@ def build_agents(
                 horizon=model.config.horizon,
                 **planner_overrides,
             )
-            planner = MPPIPlanner(model, config, device)
+            planner = make_planner(config, model, device)
         agents[name] = Agent(model, task.spec, planner, device)
     return agents

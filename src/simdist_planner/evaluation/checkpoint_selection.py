@@ -23,6 +23,7 @@ import json
 import multiprocessing as mp
 import pathlib
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
@@ -134,7 +135,7 @@ def select_checkpoint(run, selection: CheckpointSelection, device: str = "cpu", 
     rows = []
     with contextlib.ExitStack() as stack:
         if selection.workers == 1:
-            scores = (score_checkpoint(*job) for job in jobs)
+            scores: Iterable[dict] = (score_checkpoint(*job) for job in jobs)
         else:
             pool = stack.enter_context(
                 ProcessPoolExecutor(

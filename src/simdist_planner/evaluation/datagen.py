@@ -441,7 +441,7 @@ def run_shard(
     num_shards: int,
     resume: bool = False,
     on_episode=None,
-    task_entry: str | None = None,
+    task_entry: registry.TaskEntry | None = None,
 ) -> pathlib.Path:
     """Generate (or finish) one shard; `on_episode(rows)` is called after each episode."""
 

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from tqdm import tqdm
 
-from robot_drivers.go2.config import Go2Config
+from robot_drivers import registry
 from robot_drivers.tasks.base import Policy, Task
 from simdist_planner.planning.observation import (
     ObservationError,
@@ -18,8 +18,6 @@ from simdist_planner.planning.observation import (
 from simdist_planner.planning.planner import (
     PlannerError,
 )
-
-UR5E_TASKS = ("peg", "table_leg")
 
 
 @dataclass(frozen=True)
@@ -137,27 +135,19 @@ def task_overrides(
     speed: float | None = None,
     panel_friction: float | None = None,
 ) -> dict:
-    """make_task overrides: UR5e region, images rendered at the model's size, episode length
-    (so a shortened episode still ends the task's own way: truncation, survival success), and the
-    Go2 task options `speed` and `panel_friction` (robot_drivers.tasks.go2_tasks)."""
-    overrides = {}
-    if task_name in UR5E_TASKS:
-        overrides["region"] = region or "wide"
-        if model is not None and model.config.image is not None:
-            overrides["image_size"] = (model.config.image.height, model.config.image.width)
-        if max_steps is not None:
-            overrides["max_steps"] = max_steps
-        if speed is not None or panel_friction is not None:
-            raise ValueError(
-                f"speed and panel friction are Go2 task options, not options of {task_name!r}"
-            )
-    else:
-        if region is not None:
-            raise ValueError(f"--region applies to the UR5e tasks {UR5E_TASKS}, not {task_name!r}")
-        if max_steps is not None:
-            overrides["episode_s"] = max_steps * Go2Config().control_dt
-        if speed is not None:
-            overrides["speed"] = speed
-        if panel_friction is not None:
-            overrides["panel_friction"] = panel_friction
-    return overrides
+    """make_task overrides (registry.episode_overrides): UR5e region, images rendered at the
+    model's size where the task renders images, episode length (so a shortened episode still ends
+    the task's own way: truncation, survival success), and the Go2 task options `speed` and
+    `panel_friction` (robot_drivers.tasks.go2_tasks). An option the task lacks is a ValueError."""
+    image_size = None
+    image = model.config.image if model is not None else None
+    if image is not None and "image_size" in registry.task_options(task_name):
+        image_size = (image.height, image.width)
+    return registry.episode_overrides(
+        task_name,
+        region=region,
+        image_size=image_size,
+        max_steps=max_steps,
+        speed=speed,
+        panel_friction=panel_friction,
+    )

@@ -9,7 +9,7 @@ three ways:
 
 - truth: the chunk executed open loop in a copy of the task: discounted task rewards plus
   gamma^n V^e at the end, nothing after a failure (a fall);
-- model: the planner's own objective (`MPPIPlanner.score`: R and V over f's predicted latents);
+- model: the planner's own objective (`Planner.score`: R and V over f's predicted latents);
 - oracle f: the same R and V over the encoded latents of the observations the chunk really
   produced, i.e. what a perfect f would give with this model's E, R and V (which Algorithm 1
   keeps frozen).
@@ -36,8 +36,14 @@ from robot_drivers.interface import Observation
 from robot_drivers.registry import expert_ladder, expert_value
 from robot_drivers.tasks.base import Task
 from simdist_planner.evaluation.agents import policy_chunk
+from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs
-from simdist_planner.planning.planner import MPPIPlanner, default_preset, planner_config_for
+from simdist_planner.planning.planner import (
+    Planner,
+    default_preset,
+    make_planner,
+    planner_config_for,
+)
 
 DRIVERS = ("expert", "policy")
 EXPERT, PI = 0, 1  # candidate indices; noised pi chunks follow
@@ -158,7 +164,7 @@ class ChunkProbe:
     def __init__(
         self,
         task: Task,
-        models: dict[str, torch.nn.Module],
+        models: dict[str, WorldModel],
         config: ProbeConfig = ProbeConfig(),
         device="cpu",
         twin: Task | None = None,
@@ -184,14 +190,14 @@ class ChunkProbe:
         self.horizon = self.reference.config.horizon
         preset = planner_overrides.pop("preset", "")
         self.planners = {
-            name: MPPIPlanner(
-                m,
+            name: make_planner(
                 planner_config_for(
                     task.spec,
                     preset or default_preset(task.spec.name, m.config),
                     horizon=self.horizon,
                     **planner_overrides,
                 ),
+                m,
                 device,
             )
             for name, m in models.items()
@@ -271,7 +277,7 @@ class ChunkProbe:
             )
         return self.twin
 
-    def _oracle(self, planner: MPPIPlanner, observations, chunks, command) -> list[float]:
+    def _oracle(self, planner: Planner, observations, chunks, command) -> list[float]:
         """R and V over E(o_t..o_t+T) of what each chunk really produced (the last latent repeated
         when the episode ended early)."""
         model, spec, n = planner.model, self.task.spec, len(observations)

@@ -267,7 +267,7 @@ class WorldModelConfig:
                 )
         for key, legacy in LEGACY_DEFAULTS.items():
             *parents, leaf = key.split(".")
-            node = data
+            node: typing.Any = data
             for name in parents:
                 node = node.get(name) if isinstance(node, dict) else None
             if isinstance(node, dict):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -284,7 +285,7 @@ class FastObjective:
         return tuple(self._heads)
 
     @staticmethod
-    def supports(model) -> bool:
+    def supports(model) -> TypeGuard[WorldModel]:
         return isinstance(model, WorldModel) and isinstance(
             model.f, (ChunkedDynamics, AutoregressiveDynamics)
         )

@@ -32,7 +32,26 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from simdist_planner.model.official import is_official
+from simdist_planner.planning.config import (
+    EVALUATORS,
+    GO2_TEMPERATURE,
+    OFFICIAL_PRESET,
+    PLANNER_CONFIGS,
+    PLANNER_FIELDS,
+    PLANNER_PARAMS,
+    PLANNER_PRESETS,
+    PRECISIONS,
+    PRESET_ROBOT,
+    PROJECT_RETURN,
+    WARM_STARTS,
+    PlannerConfig,
+    PlannerParam,
+    default_preset,
+    go2_planner_config,
+    official_planner_config,
+    planner_config_for,
+    ur5e_planner_config,
+)
 from simdist_planner.planning.cpu_memory import retain_freed_memory
 from simdist_planner.planning.fast_objective import FastObjective
 
@@ -71,235 +90,6 @@ class WorldModelLike(Protocol):
     ) -> torch.Tensor: ...  # (B, T, A); proprio: o^p_t (B, P)
 
 
-WARM_STARTS = ("roll", "shift", "policy")
-EVALUATORS = ("fast", "eager")
-PRECISIONS = ("float32", "bfloat16")
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    """MPPI settings. Field defaults are the official controller's (simdist
-    config/control/mppi.yaml and control/mppi.py), the `official` preset; the other presets
-    (PLANNER_PRESETS) set what differs."""
-
-    horizon: int  # T: must equal the model's prediction length
-    action_low: tuple[float, ...]  # per action dimension, raw units (RobotSpec.action_low)
-    action_high: tuple[float, ...]
-    num_samples: int = 450  # Gaussian candidates per iteration
-    mixture_coef: float = 0.05  # base-policy candidates = int(num_samples * mixture_coef)
-    policy_noise_std: float = 0.05  # noise on the policy chunks, drawn once per step
-    iterations: int = 8
-    num_elites: int = 64
-    temperature: float = 0.25
-    init_std: float = 2.0  # std at the start of every step
-    min_std: float = 0.05
-    momentum: float = 0.0  # weight of the previous mean in the per-iteration update
-    discount: float = 0.99
-    delay: int = 1  # warm start: shift of the previous mean, in control steps
-    # Where each step's Gaussian mean starts. "roll" (official MppiController): the previous mean
-    # rolled forward by `delay` (its last `delay` rows come first) and zero after them. "shift"
-    # (TD-MPC): the previous mean advanced by `delay`, zero tail. "policy": pi's chunk, so that a
-    # drift the objective prefers cannot build up over steps (it did on the peg,
-    # docs/notebook/peg_wide.md).
-    warm_start: str = "roll"
-    # The value of the last predicted latent is weighted discount^(horizon + value_discount_offset)
-    # in the return; the official controller uses 1 (gamma^(T+1)).
-    value_discount_offset: int = 1
-    # Clamp candidates and the mean into [action_low, action_high]; the official controller
-    # does not (its actions are raw policy units with no bounds).
-    clamp_actions: bool = False
-    # Ranking cost of a candidate's distance from pi's chunk: policy_prior x the squared
-    # deviation in std_scale units, summed over action dimensions, averaged over the horizon.
-    # 0 = official. Ours: on the peg the objective scored chunks that drifted off pi's path
-    # above pi's own and the plan followed them (docs/notebook/peg_wide.md).
-    policy_prior: float = 0.0
-    seed: int = 42
-    max_nonfinite_candidates: int = 0  # per step; more raises PlannerError (0 = any NaN raises)
-    # Per action dimension, the unit of init_std, min_std and policy_noise_std; () = raw action
-    # units (Go2: mppi.yaml is in raw policy-action units). UR5e: half the action range, so its
-    # settings act on actions normalised to [-1, 1] (ur5e_planner_config).
-    std_scale: tuple[float, ...] = ()
-    # How candidates are scored. "fast": planning.fast_objective (the same f, R and V arranged for
-    # throughput; used when the model is a WorldModel, otherwise the eager path runs). "eager":
-    # the model's own dynamics / reward / value calls, the reference the fast path is tested
-    # against (docs/planner.md).
-    evaluator: str = "fast"
-    # The fast evaluator's compute dtype. "float32": the eager reference's precision (its returns
-    # agree with it to float rounding). "bfloat16": f, R and V with bfloat16 weights and
-    # activations (returns in float32), for CPUs with bf16 instructions (AVX512-BF16, AMX) and
-    # GPUs; its bound against the reference and its closed-loop check are in docs/planner.md.
-    precision: str = "float32"
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.horizon < 1:
-            problems.append(f"horizon must be >= 1, got {self.horizon}")
-        if len(self.action_low) != len(self.action_high) or not self.action_low:
-            problems.append(
-                f"action_low/high must be non-empty and equally long, got "
-                f"{len(self.action_low)} and {len(self.action_high)}"
-            )
-        elif not all(lo < hi for lo, hi in zip(self.action_low, self.action_high)):
-            problems.append(
-                f"need action_low < action_high, got {self.action_low} / {self.action_high}"
-            )
-        if self.num_samples < 1:
-            problems.append(f"num_samples must be >= 1, got {self.num_samples}")
-        if not 0.0 <= self.mixture_coef <= 1.0:
-            problems.append(f"mixture_coef must be in [0, 1], got {self.mixture_coef}")
-        if self.iterations < 1:
-            problems.append(f"iterations must be >= 1, got {self.iterations}")
-        if not 1 <= self.num_elites <= self.num_candidates:
-            problems.append(
-                f"num_elites must be in [1, {self.num_candidates}] (candidates), "
-                f"got {self.num_elites}"
-            )
-        for name in ("temperature", "init_std", "min_std"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("policy_noise_std", "policy_prior"):
-            if not getattr(self, name) >= 0:
-                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.momentum < 1.0:
-            problems.append(f"momentum must be in [0, 1), got {self.momentum}")
-        if not 0.0 < self.discount <= 1.0:
-            problems.append(f"discount must be in (0, 1], got {self.discount}")
-        if not 1 <= self.delay <= self.horizon:
-            problems.append(f"delay must be in [1, horizon={self.horizon}], got {self.delay}")
-        if not 0 <= self.value_discount_offset <= 1:
-            problems.append(
-                f"value_discount_offset must be 0 or 1, got {self.value_discount_offset}"
-            )
-        if self.evaluator not in EVALUATORS:
-            problems.append(f"evaluator must be one of {EVALUATORS}, got {self.evaluator!r}")
-        if self.precision not in PRECISIONS:
-            problems.append(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        elif self.precision != "float32" and self.evaluator != "fast":
-            problems.append(f"precision {self.precision} needs evaluator 'fast'")
-        if self.warm_start not in WARM_STARTS:
-            problems.append(f"warm_start must be one of {WARM_STARTS}, got {self.warm_start!r}")
-        if self.std_scale and (
-            len(self.std_scale) != len(self.action_low) or not all(u > 0 for u in self.std_scale)
-        ):
-            problems.append(
-                f"std_scale must be empty or {len(self.action_low)} positive values, "
-                f"got {self.std_scale}"
-            )
-        if self.max_nonfinite_candidates < 0:
-            problems.append(
-                f"max_nonfinite_candidates must be >= 0, got {self.max_nonfinite_candidates}"
-            )
-        if problems:
-            raise ValueError("invalid PlannerConfig: " + "; ".join(problems))
-
-    @property
-    def action_dim(self) -> int:
-        return len(self.action_low)
-
-    @property
-    def num_policy_samples(self) -> int:
-        return int(self.num_samples * self.mixture_coef)
-
-    @property
-    def num_candidates(self) -> int:
-        return self.num_samples + self.num_policy_samples
-
-
-# Go2 rewards are IsaacLab-scaled (x 0.02 s per step) and V^e is in the same units (~3.4), so the
-# returns of one step's candidates differ by ~1. At the official temperature 0.25 the elite
-# weights are then nearly uniform (e^(0.25 * 1) = 1.3): the mean averaged 6 base-policy chunks
-# with 26 random ones and the robot fell within 2 s on the sim slope. Measured on go2_slope sim
-# (docs/planner.md): 0.25 / 2 / 5 / 10 / 30 / 100 / 300 -> 30 and 100 best (4 of 5 crossings).
-GO2_TEMPERATURE = 30.0
-
-
-# What the presets of the self-pretrained models change from the official controller: the
-# TD-MPC warm start, gamma^T on the value and candidates clamped into the action bounds. They are
-# the settings those models were measured with (docs/planner.md).
-PROJECT_RETURN = dict(warm_start="shift", value_discount_offset=0, clamp_actions=True)
-
-
-def official_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
-    """The official SimDist controller on the Go2 (mppi.yaml and MppiController as released):
-    450 + 22 candidates, 8 iterations, 64 elites, temperature 0.25, H = T = 25, the "roll" warm
-    start, gamma^(T+1) on the value, no clamping. For imported official models (model.official)."""
-    return replace(
-        PlannerConfig(horizon=25, action_low=tuple(action_low), action_high=tuple(action_high)),
-        **overrides,
-    )
-
-
-def go2_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
-    """Go2 MPPI for self-pretrained models: the official sample, elite and iteration counts with
-    the project's return (PROJECT_RETURN) and a temperature that fits their reward units
-    (GO2_TEMPERATURE)."""
-    return replace(
-        PlannerConfig(
-            horizon=25,
-            action_low=tuple(action_low),
-            action_high=tuple(action_high),
-            temperature=GO2_TEMPERATURE,
-            **PROJECT_RETURN,
-        ),
-        **overrides,
-    )
-
-
-def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
-    """UR5e MPPI: init std 1.0, policy noise 0.1, temperature 0.4, T = 5 (METHOD_NOTES).
-
-    The stds are in units of half the action range (`std_scale`): on the raw bounds (+-5 cm,
-    +-0.5 rad per step) a std of 1.0 would put nearly every sample on a bound and the policy
-    noise of 0.1 would drown pi's 1-2 cm steps. The official release ships one MPPI file (Go2);
-    the sample, elite and iteration counts not fixed by the notes are taken from it unchanged
-    (450 + 22 candidates, 64 elites, 8 iterations), with the project's return (PROJECT_RETURN).
-    """
-    half = tuple((hi - lo) / 2.0 for lo, hi in zip(action_low, action_high))
-    return replace(
-        PlannerConfig(
-            horizon=5,
-            action_low=tuple(action_low),
-            action_high=tuple(action_high),
-            init_std=1.0,
-            policy_noise_std=0.1,
-            temperature=0.4,
-            std_scale=half,
-            **PROJECT_RETURN,
-        ),
-        **overrides,
-    )
-
-
-# The one source of the planner's defaults: a preset per robot (its self-pretrained models) and
-# the official controller's (Go2). The planner node's parameter defaults and the `planner:`
-# sections of config/*.yaml are these factories' values (tested value by value).
-PLANNER_CONFIGS = {"go2": go2_planner_config, "ur5e": ur5e_planner_config}
-OFFICIAL_PRESET = "official"
-PLANNER_PRESETS = {**PLANNER_CONFIGS, OFFICIAL_PRESET: official_planner_config}
-PRESET_ROBOT = {"go2": "go2", "ur5e": "ur5e", OFFICIAL_PRESET: "go2"}  # the robot of each preset
-
-
-def default_preset(robot: str, model_config=None) -> str:
-    """The preset a model plans with unless one is named: the official controller's for an
-    imported official model (model.official.is_official), else its robot's."""
-    if model_config is not None and is_official(model_config):
-        return OFFICIAL_PRESET
-    return robot
-
-
-def planner_config_for(spec, preset: str = "", **overrides) -> PlannerConfig:
-    """A preset's PlannerConfig (default: the robot's own) with the action bounds of the robot's
-    RobotSpec; `overrides` replace fields by name."""
-    preset = preset or spec.name
-    if preset not in PLANNER_PRESETS:
-        raise ValueError(f"unknown planner preset {preset!r}; known: {sorted(PLANNER_PRESETS)}")
-    if PRESET_ROBOT[preset] != spec.name:
-        raise ValueError(
-            f"planner preset {preset!r} is for the {PRESET_ROBOT[preset]}, not the {spec.name}"
-        )
-    return PLANNER_PRESETS[preset](spec.action_low, spec.action_high, **overrides)
-
-
 @dataclass(frozen=True)
 class PlanTimings:
     encode_s: float  # encoder, history encoder, f's context K / V, base policy, candidate noise
@@ -327,6 +117,55 @@ _FLAG_NAMES = (
     "base-policy chunk",
     "mean-trajectory prediction",
 )
+
+
+@dataclass
+class _Step:
+    """What one plan() computes once and every later unit reads."""
+
+    z: torch.Tensor  # (1, D)
+    history: torch.Tensor  # (1, 2H, D) history tokens
+    policy_chunk: torch.Tensor  # (1, T, A) pi's chunk
+    command: torch.Tensor | None
+    context: Any  # f's cross-attention keys / values (dynamics_context)
+    flags: list[torch.Tensor]  # device-side health flags, in _FLAG_NAMES order
+
+
+class Planner(Protocol):
+    """A planner over a world model, as the planner node, the evaluation agents and the probe
+    use it; `make_planner` builds one. Stateful: `reset()` at each episode start, `plan()` once
+    per control step."""
+
+    model: WorldModelLike
+    config: PlannerConfig
+
+    @property
+    def evaluator(self) -> str: ...  # how it scores candidates: "fast" or "eager"
+
+    def reset(self, seed: int | None = None) -> None: ...
+
+    def plan(
+        self,
+        obs: dict[str, torch.Tensor],
+        proprio_history: torch.Tensor,
+        action_history: torch.Tensor,
+    ) -> PlanResult: ...
+
+    def score(
+        self, obs, proprio_history, action_history, chunks: torch.Tensor
+    ) -> torch.Tensor: ...  # the objective's returns (N,) of given chunks (N, T, A)
+
+    def objective(
+        self, latents: torch.Tensor, actions: torch.Tensor, command=None
+    ) -> tuple[torch.Tensor, ...]: ...  # (returns, rewards, values) of latent trajectories
+
+
+def make_planner(
+    config: PlannerConfig, model: WorldModelLike, device: str | torch.device = "cpu"
+) -> Planner:
+    """The planner `config` describes, over `model` on `device`: the one place the stack builds
+    one (MPPI is the only algorithm; a variant with another algorithm branches here)."""
+    return MPPIPlanner(model, config, device)
 
 
 class MPPIPlanner:
@@ -403,12 +242,31 @@ class MPPIPlanner:
     # -- internals ---------------------------------------------------------------------------
 
     def _plan(self, obs, proprio_history, action_history) -> PlanResult:
-        c, model = self.config, self.model
-        T, A, S, N = c.horizon, c.action_dim, c.num_samples, c.num_candidates
+        """One step: encode, warm start, optimise, predict along the mean, resolve the checks."""
         start = time.perf_counter()
-        obs, proprio_history, action_history = self._to_device(obs, proprio_history, action_history)
-        command = obs.get("command")
+        step = self._encode(*self._to_device(obs, proprio_history, action_history))
+        score = self._scorer(
+            step.z, step.history, step.context, step.command, self.config.num_candidates
+        )
+        self._warm_start(step.policy_chunk)
+        self._sample_policy_candidates(step.policy_chunk)
+        self._sync()
+        encoded = time.perf_counter()
+        nonfinite = self._optimise(score, step.policy_chunk)
+        optimised = time.perf_counter()
+        rewards, values = self._predict_along_mean(step)
+        result = self._resolve(step, nonfinite, rewards, values)
+        end = time.perf_counter()
+        return replace(
+            result, timings=PlanTimings(encoded - start, optimised - encoded, end - start)
+        )
 
+    def _encode(self, obs, proprio_history, action_history) -> _Step:
+        """The step's encodings (z, history tokens, pi's chunk, f's context K / V, computed once
+        for every candidate) and the device-side health flags of what it read and made."""
+        c, model = self.config, self.model
+        T, A = c.horizon, c.action_dim
+        command = obs.get("command")
         z = model.encode(obs)
         if z.ndim != 2 or z.shape[0] != 1:
             raise PlannerError(f"model.encode returned shape {tuple(z.shape)}, expected (1, D)")
@@ -425,11 +283,13 @@ class MPPIPlanner:
             _any_nonfinite(history),
             _any_nonfinite(policy_chunk),
         ]
-        context = model.dynamics_context(z, history)  # f's K / V: once per step, for all candidates
-        score = self._scorer(z, history, context, command, N)
+        context = model.dynamics_context(z, history)
+        return _Step(z, history, policy_chunk, command, context, flags)
 
-        # Warm start (see PlannerConfig.warm_start); the std restarts wide.
-        d = c.delay
+    def _warm_start(self, policy_chunk: torch.Tensor) -> None:
+        """Where this step's mean starts (PlannerConfig.warm_start); the std restarts wide."""
+        c = self.config
+        T, A, d = c.horizon, c.action_dim, c.delay
         if c.warm_start == "roll":
             self._prev_mean.copy_(self._mean)
             self._mean[:d].copy_(self._prev_mean[T - d :])
@@ -442,8 +302,11 @@ class MPPIPlanner:
             self._mean.copy_(policy_chunk[0])
         self._clamp(self._mean)
         self._std.copy_(self._init_std.expand(T, A))
-        # Base-policy candidates: noised once per step, reused by every iteration.
-        policy_part = self._actions[S:]
+
+    def _sample_policy_candidates(self, policy_chunk: torch.Tensor) -> None:
+        """The base-policy candidates: pi's chunk noised once per step, reused by every
+        iteration."""
+        policy_part = self._actions[self.config.num_samples :]
         torch.randn(
             self._policy_noise.shape,
             generator=self._generator,
@@ -454,9 +317,13 @@ class MPPIPlanner:
             policy_chunk[0], self._policy_noise, self._policy_noise_scale, out=policy_part
         )
         self._clamp(policy_part)
-        self._sync()
-        encoded = time.perf_counter()
 
+    def _optimise(self, score, policy_chunk: torch.Tensor) -> torch.Tensor:
+        """The MPPI iterations: sample Gaussian candidates around the mean, score them (the
+        base-policy candidates once), refit the mean and std on the elites. Returns the count of
+        non-finite candidate evaluations (on the device)."""
+        c = self.config
+        S = c.num_samples
         nonfinite = torch.zeros((), dtype=torch.int64, device=self.device)
         gaussian_part = self._actions[:S]
         policy_scores = None  # the base-policy candidates' (returns, bad): fixed for the step
@@ -479,27 +346,35 @@ class MPPIPlanner:
                     self._actions, policy_chunk[0]
                 )
             self._update(torch.where(bad, -math.inf, returns))
-        optimised = time.perf_counter()
+        return nonfinite
 
-        # Predicted rewards / values along the final mean, for the plan topic and diagnostics.
+    def _predict_along_mean(self, step: _Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicted rewards and values along the final mean (for the plan topic and
+        diagnostics); adds their health flag."""
+        model, z = self.model, step.z
         mean_actions = self._mean.unsqueeze(0)
         mean_latents = torch.cat(
-            [z.unsqueeze(1), model.dynamics(z, mean_actions, history, context)], dim=1
+            [z.unsqueeze(1), model.dynamics(z, mean_actions, step.history, step.context)], dim=1
         )
-        rewards = model.reward(mean_latents, mean_actions, command)
-        values = model.value(mean_latents, command)
-        flags.append(_any_nonfinite(mean_latents, rewards, values, self._mean))
+        rewards = model.reward(mean_latents, mean_actions, step.command)
+        values = model.value(mean_latents, step.command)
+        step.flags.append(_any_nonfinite(mean_latents, rewards, values, self._mean))
+        return rewards, values
 
-        # One host transfer resolves every check and brings back the plan.
+    def _resolve(self, step: _Step, nonfinite, rewards, values) -> PlanResult:
+        """One host transfer resolves every check and brings back the plan; PlannerError names
+        what was non-finite instead of returning it (timings left zero for the caller)."""
+        c = self.config
+        T, A, N = c.horizon, c.action_dim, c.num_candidates
         packed = (
             torch.cat(
                 [
-                    torch.stack(flags).float(),
+                    torch.stack(step.flags).float(),
                     nonfinite.float().view(1),
                     self._mean.flatten(),
                     rewards[0].float(),
                     values[0].float(),
-                    policy_chunk[0].flatten().float(),
+                    step.policy_chunk[0].flatten().float(),
                 ]
             )
             .cpu()
@@ -520,7 +395,6 @@ class MPPIPlanner:
         values_np = packed[o + T * A + T : o + T * A + 2 * T]
         policy_np = packed[o + T * A + 2 * T :].reshape(T, A)
         expected = float(rewards_np @ self._discounts_np + self._tail_discount * values_np[-1])
-        end = time.perf_counter()
         return PlanResult(
             action=mean[0].copy(),
             mean=mean,
@@ -529,7 +403,7 @@ class MPPIPlanner:
             expected_return=expected,
             policy_chunk=policy_np,
             nonfinite_candidates=n_bad,
-            timings=PlanTimings(encoded - start, optimised - encoded, end - start),
+            timings=PlanTimings(0.0, 0.0, 0.0),
         )
 
     def score(self, obs, proprio_history, action_history, chunks: torch.Tensor) -> torch.Tensor:
@@ -684,3 +558,35 @@ def _any_nonfinite(*tensors: torch.Tensor) -> torch.Tensor:
 
 def _describe(t) -> str:
     return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+# The settings live in planning/config.py; they stay importable from here.
+__all__ = [
+    "EVALUATORS",
+    "GO2_TEMPERATURE",
+    "OFFICIAL_PRESET",
+    "PLANNER_CONFIGS",
+    "PLANNER_FIELDS",
+    "PLANNER_PARAMS",
+    "PLANNER_PRESETS",
+    "PRECISIONS",
+    "PRESET_ROBOT",
+    "PROJECT_RETURN",
+    "WARM_STARTS",
+    "MPPIPlanner",
+    "PlanResult",
+    "PlanTimings",
+    "PlannerConfig",
+    "PlannerError",
+    "PlannerParam",
+    "Planner",
+    "WorldModelLike",
+    "bf16_supported",
+    "check_precision",
+    "default_preset",
+    "go2_planner_config",
+    "make_planner",
+    "official_planner_config",
+    "planner_config_for",
+    "ur5e_planner_config",
+]

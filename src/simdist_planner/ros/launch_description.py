@@ -3,7 +3,8 @@
 Its nodes, executables, parameter files, remappings and arguments: pure data plus one resolver.
 Both launch paths read it: the launch_ros files in `launch/` turn `resolve()`'s nodes into
 `launch_ros.actions.Node`s, and the pip launcher (`simdist launch`) turns them into `--ros-args`
-command lines. Nothing here imports rclpy, launch or launch_ros.
+command lines. Nothing here imports rclpy, launch or launch_ros; a graph's robot is the task
+registry's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pathlib
 from dataclasses import dataclass, field, replace
 
 import yaml
+
+from robot_drivers import registry
 
 # Values a launch argument of kind "bool" accepts (as ROS launch does, case-insensitively).
 _TRUE = ("true", "1", "yes", "on")
@@ -51,15 +54,22 @@ RESPAWN_DELAY_S = 1.0
 
 @dataclass(frozen=True)
 class GraphSpec:
-    """A robot + task graph: which nodes, which config file, which MuJoCo task per variant."""
+    """A task graph: which config file and which MuJoCo task per variant; its robot (the
+    registry's robot of its tasks) picks the node set."""
 
     name: str
-    robot: str  # "ur5e" | "go2"
     config: str  # file name under config/
     # variant -> MuJoCo task name (robot:=sim); the variants the graph accepts, the first is the
     # default unless "real" is among them
     sim_tasks: tuple[tuple[str, str], ...]
-    nodes: tuple[NodeSpec, ...]
+
+    @property
+    def robot(self) -> str:
+        return registry.robot_of(self.sim_tasks[0][1])
+
+    @property
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        return _nodes(self.robot)
 
 
 @dataclass(frozen=True)
@@ -165,24 +175,43 @@ GO2_ARGS = (
 _REAL = (("robot", ("real",)),)
 
 
-def _nodes(robot: str) -> tuple[NodeSpec, ...]:
-    """The node set every graph of a robot runs; hardware driver chosen by `robot`."""
-    hw_driver = (
+@dataclass(frozen=True)
+class RobotLaunch:
+    """What a robot adds to its graphs: the hardware driver node (robot:=real), the launch
+    arguments it takes, and the MuJoCo driver's task options set from arguments
+    (parameter <- argument)."""
+
+    hardware_driver: NodeSpec
+    args: tuple[LaunchArg, ...]
+    course: tuple[tuple[str, str], ...] = ()
+
+
+ROBOT_LAUNCH = {
+    "ur5e": RobotLaunch(
         NodeSpec(
             "ur5e_driver",
             "ur5e_rtde_driver_node",
             when=_REAL,
             arg_params=(("robot_ip", "robot_ip"),),
-        )
-        if robot == "ur5e"
-        else NodeSpec(
+        ),
+        UR5E_ARGS,
+    ),
+    "go2": RobotLaunch(
+        NodeSpec(
             "go2_driver",
             "go2_sdk_driver_node",
             when=_REAL,
             arg_params=(("network_interface", "network_interface"),),
-        )
-    )
-    course = (("speed", "speed"), ("panel_friction", "friction")) if robot == "go2" else ()
+        ),
+        GO2_ARGS,
+        course=(("speed", "speed"), ("panel_friction", "friction")),
+    ),
+}
+
+
+def _nodes(robot: str) -> tuple[NodeSpec, ...]:
+    """The node set every graph of a robot runs; its hardware driver from ROBOT_LAUNCH."""
+    hw_driver, course = ROBOT_LAUNCH[robot].hardware_driver, ROBOT_LAUNCH[robot].course
     return (
         NodeSpec(
             "mujoco_driver",
@@ -231,27 +260,15 @@ def _nodes(robot: str) -> tuple[NodeSpec, ...]:
 
 
 GRAPHS: dict[str, GraphSpec] = {
-    "peg": GraphSpec("peg", "ur5e", "peg.yaml", (("sim", "peg"), ("real", "peg")), _nodes("ur5e")),
+    "peg": GraphSpec("peg", "peg.yaml", (("sim", "peg"), ("real", "peg"))),
     "table_leg": GraphSpec(
-        "table_leg",
-        "ur5e",
-        "table_leg.yaml",
-        (("sim", "table_leg"), ("real", "table_leg")),
-        _nodes("ur5e"),
+        "table_leg", "table_leg.yaml", (("sim", "table_leg"), ("real", "table_leg"))
     ),
-    "go2_flat": GraphSpec(
-        "go2_flat", "go2", "go2_flat.yaml", (("sim", "go2_flat"),), _nodes("go2")
-    ),
+    "go2_flat": GraphSpec("go2_flat", "go2_flat.yaml", (("sim", "go2_flat"),)),
     "go2_slope": GraphSpec(
-        "go2_slope",
-        "go2",
-        "go2_slope.yaml",
-        (("sim", "go2_slope"), ("real", "slippery_slope")),
-        _nodes("go2"),
+        "go2_slope", "go2_slope.yaml", (("sim", "go2_slope"), ("real", "slippery_slope"))
     ),
-    "go2_foam": GraphSpec(
-        "go2_foam", "go2", "go2_foam.yaml", (("sim", "go2_flat"), ("real", "foam")), _nodes("go2")
-    ),
+    "go2_foam": GraphSpec("go2_foam", "go2_foam.yaml", (("sim", "go2_flat"), ("real", "foam"))),
 }
 
 
@@ -265,7 +282,7 @@ def graph_args(graph: str) -> tuple[LaunchArg, ...]:
         else a
         for a in COMMON_ARGS
     )
-    return common + (UR5E_ARGS if spec.robot == "ur5e" else GO2_ARGS)
+    return common + ROBOT_LAUNCH[spec.robot].args
 
 
 def config_dir() -> pathlib.Path:
@@ -395,6 +412,7 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
         section = (defaults.get(node.name) or {}).get("ros__parameters")
         if section is None and node.arg_params:
             raise ValueError(f"{params_file} has no '{node.name}: ros__parameters:' section")
+        section = section or {}  # a node no argument sets may go without one
         # replay is the clock's source and paces itself on the wall clock
         overrides: dict = {"use_sim_time": sim_time and node.name != "replay"}
         for param, arg in node.arg_params:

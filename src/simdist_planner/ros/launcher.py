@@ -109,6 +109,8 @@ class Supervisor:
 
     @staticmethod
     def _pump(name: str, proc: subprocess.Popen) -> None:
+        if proc.stdout is None:  # started without a pipe: nothing to forward
+            return
         for line in iter(proc.stdout.readline, b""):
             sys.stdout.write(f"[{name}] {line.decode(errors='replace')}")
             sys.stdout.flush()

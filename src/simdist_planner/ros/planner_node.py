@@ -19,7 +19,11 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
 - Hot swap: `~/load_model` (std_srvs/Trigger) loads the `checkpoint` parameter's directory in a
   background thread, validates it (same inputs/outputs, finite plan on the latest observation)
   and swaps it in between two ticks; the control loop keeps ticking meanwhile.
-- Parameters: every tunable is declared with a range; a set is validated (by building the
+- Logic: loading, hot-swap checks, parameter values -> PlannerConfig, the deadline fallback and
+  the plan itself live in `planner_core.PlannerCore` (no rclpy, tested without ROS); this node
+  adds the topics, the planning and loader threads, locks and diagnostics.
+- Parameters: every tunable is declared with a range (the MPPI settings from
+  planning.config.PLANNER_PARAMS); a set is validated (by building the
   PlannerConfig it implies) and applied at the start of the next tick. The MPPI parameters and
   the control rate default to the planner preset's (`planner_preset`, else `official` for an
   imported official model, else the robot's: `robot`, else the start-up checkpoint's):
@@ -34,11 +38,9 @@ import json
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import rclpy
-import torch
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -49,28 +51,25 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.interface import Command, CommandKind, Observation, RobotSpec
+from robot_drivers.interface import Command, CommandKind, Observation
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.specs import robot_spec
-from simdist_planner.model.checkpoint import load_checkpoint, read_config
-from simdist_planner.planning.observation import (
-    ObservationError,
-    ObservationHistory,
-    observation_to_inputs,
-)
+from simdist_planner.planning.observation import ObservationError
 from simdist_planner.planning.planner import (
-    EVALUATORS,
     PLANNER_CONFIGS,
+    PLANNER_FIELDS,
+    PLANNER_PARAMS,
     PLANNER_PRESETS,
-    PRECISIONS,
-    PRESET_ROBOT,
-    WARM_STARTS,
-    MPPIPlanner,
-    PlannerConfig,
     PlannerError,
-    check_precision,
-    default_preset,
     planner_config_for,
+)
+from simdist_planner.ros.planner_core import (
+    LoadedModel,
+    PlannerCore,
+    load_world_model,
+    parse_device,
+    resolve_preset,
+    resolve_robot,
 )
 
 QOS = QoSProfile(
@@ -80,10 +79,9 @@ QOS = QoSProfile(
     durability=DurabilityPolicy.VOLATILE,
 )
 
-# The robot whose defaults a node takes when neither `robot` nor a readable checkpoint names one.
-DEFAULT_ROBOT = "ur5e"
 # Observations older than this many control periods are not planned on (real-time mode).
 MAX_OBSERVATION_AGE_PERIODS = 2.5
+LATENCY_EMA = 0.2  # default smoothing factor of the latency estimate (parameter latency_ema)
 
 # Declared before the others, which take their defaults from the robot these two name.
 STARTUP_PARAMS = (
@@ -112,74 +110,6 @@ STARTUP_PARAMS = (
     ),
 )
 
-# PlannerConfig fields that are node parameters (same names): (name, description, low, high,
-# choices). Their defaults are the planner preset's PlannerConfig
-# (planning.planner.PLANNER_PRESETS).
-PLANNER_PARAMS = (
-    ("num_samples", "MPPI Gaussian candidates per iteration", 1, 16384, ()),
-    ("mixture_coef", "base-policy candidates = num_samples x mixture_coef", 0.0, 1.0, ()),
-    (
-        "policy_noise_std",
-        "std of the noise on base-policy candidates (UR5e: in half action ranges)",
-        0.0,
-        10.0,
-        (),
-    ),
-    ("iterations", "MPPI iterations per control step", 1, 64, ()),
-    ("num_elites", "elite candidates refitting the mean and std", 1, 16384, ()),
-    ("temperature", "MPPI weight exp(temperature * (R - R_max))", 0.001, 100.0, ()),
-    (
-        "init_std",
-        "sampling std at the start of every step (UR5e: in half action ranges)",
-        0.001,
-        10.0,
-        (),
-    ),
-    ("min_std", "lower bound of the sampling std (UR5e: in half action ranges)", 0.0001, 10.0, ()),
-    ("momentum", "weight of the previous mean in each iteration's update", 0.0, 0.99, ()),
-    ("discount", "discount gamma of the planned return", 0.5, 1.0, ()),
-    ("horizon", "planning horizon T in control steps (must equal the model's T)", 1, 256, ()),
-    ("seed", "planner RNG seed (re-applied at every episode start)", 0, 2**31 - 1, ()),
-    (
-        "warm_start",
-        "where each step's mean starts: roll (the previous mean, official), shift (TD-MPC) or "
-        "policy (pi's chunk)",
-        None,
-        None,
-        WARM_STARTS,
-    ),
-    (
-        "value_discount_offset",
-        "the last value is weighted discount^(horizon + this); 1 = official",
-        0,
-        1,
-        (),
-    ),
-    ("clamp_actions", "clamp candidates into the action bounds (official: no)", None, None, ()),
-    (
-        "evaluator",
-        "how candidates are scored: fast (planning.fast_objective) or eager (the reference)",
-        None,
-        None,
-        EVALUATORS,
-    ),
-    (
-        "precision",
-        "fast evaluator's compute dtype: float32 or bfloat16 (CPUs with bf16 instructions, GPUs)",
-        None,
-        None,
-        PRECISIONS,
-    ),
-    (
-        "policy_prior",
-        "ranking cost of a candidate's squared distance from pi's chunk (std units); 0 = official",
-        0.0,
-        1000.0,
-        (),
-    ),
-)
-PLANNER_FIELDS = tuple(name for name, *_ in PLANNER_PARAMS)
-
 
 def tunable_params(robot: str, preset: str = "") -> tuple[Param, ...]:
     """The node's parameters after STARTUP_PARAMS, with the defaults of `preset` (default: the
@@ -197,8 +127,8 @@ def tunable_params(robot: str, preset: str = "") -> tuple[Param, ...]:
             "plan once per new observation (MuJoCo lockstep on /clock) instead of on the timer",
         ),
         *(
-            Param(name, getattr(planner, name), text, low, high, choices=choices)
-            for name, text, low, high, choices in PLANNER_PARAMS
+            Param(q.name, getattr(planner, q.name), q.doc, q.low, q.high, choices=q.choices)
+            for q in PLANNER_PARAMS
         ),
         Param(
             "deadline_fraction",
@@ -210,7 +140,13 @@ def tunable_params(robot: str, preset: str = "") -> tuple[Param, ...]:
         Param(
             "fallback_to_policy", True, "run the base policy pi when MPPI would miss the deadline"
         ),
-        Param("latency_ema", 0.2, "smoothing factor of the running latency estimate", 0.01, 1.0),
+        Param(
+            "latency_ema",
+            LATENCY_EMA,
+            "smoothing factor of the running latency estimate",
+            0.01,
+            1.0,
+        ),
         Param(
             "reprobe_ticks",
             0,
@@ -242,32 +178,6 @@ def node_params(robot: str, preset: str = "") -> tuple[Param, ...]:
     return (*STARTUP_PARAMS, *tunable_params(robot, preset))
 
 
-def _checkpoint_config(checkpoint: str):
-    """The checkpoint's config.json (the weights are not read), or None if it cannot be read."""
-    try:
-        return read_config(checkpoint) if checkpoint else None
-    except Exception:  # noqa: BLE001 - an unreadable checkpoint is reported when it is loaded
-        return None
-
-
-def resolve_robot(robot: str, checkpoint: str, preset: str = "") -> str:
-    """The robot whose defaults the node takes: `robot` if given, else the preset's, else the
-    checkpoint's, else DEFAULT_ROBOT."""
-    if robot:
-        return robot
-    if preset:
-        return PRESET_ROBOT[preset]
-    config = _checkpoint_config(checkpoint)
-    named = config.robot if config is not None else ""
-    return named if named in PLANNER_CONFIGS else DEFAULT_ROBOT
-
-
-def resolve_preset(preset: str, robot: str, checkpoint: str) -> str:
-    """The planner preset the node's defaults come from: `preset` if given, else
-    planner.default_preset for the start-up checkpoint on `robot`."""
-    return preset or default_preset(robot, _checkpoint_config(checkpoint))
-
-
 # Observations the answered share (min_answer_share) is taken over, and the fewest it needs.
 ANSWER_WINDOW = 100
 ANSWER_MIN_SEEN = 20
@@ -278,120 +188,10 @@ REPORTED_COUNTS = (
     "stale_observations", "swaps", "republished",
 )  # fmt: skip
 
-_NEVER = object()  # "no episode planned yet" (differs from every /simdist/episode id, even None)
-
-
-class LatencyEstimate:
-    """Running latency estimate: EMA of the mean and of the absolute deviation."""
-
-    def __init__(self, alpha: float):
-        self.alpha = alpha
-        self.mean: float | None = None
-        self.dev = 0.0
-
-    def update(self, seconds: float) -> None:
-        if self.mean is None:
-            self.mean = seconds
-            return
-        self.dev += self.alpha * (abs(seconds - self.mean) - self.dev)
-        self.mean += self.alpha * (seconds - self.mean)
-
-    def predict(self) -> float:
-        """Pessimistic next latency; 0 before the first measurement (MPPI is tried first)."""
-        return 0.0 if self.mean is None else self.mean + 3.0 * self.dev
-
-    def reset(self) -> None:
-        self.mean, self.dev = None, 0.0
-
-    def scale(self, factor: float) -> None:
-        """MPPI settings changed: its cost scales with candidates x iterations (no blind
-        re-probe)."""
-        if self.mean is not None:
-            self.mean *= factor
-            self.dev *= factor
-
-
-@dataclass
-class LoadedModel:
-    """A world model ready to plan with, and the facts the node checks a swap against."""
-
-    model: torch.nn.Module
-    path: str
-    device: str
-    robot: str
-    cameras: tuple[str, ...]
-    has_height_map: bool
-    proprio_dim: int
-    action_dim: int
-    command_dim: int
-    history: int
-    horizon: int
-
-    def interface(self) -> tuple:
-        """What must stay the same across a hot swap (topics, shapes, action layout)."""
-        return (self.robot, self.cameras, self.has_height_map, self.proprio_dim, self.action_dim,
-                self.command_dim, self.history)  # fmt: skip
-
-
-def load_world_model(path: str, device: str) -> LoadedModel:
-    """Load and validate a checkpoint directory (never unpickles) and put the model in eval mode."""
-
-    if not path:
-        raise ValueError(
-            "no checkpoint given: set the 'checkpoint' parameter to a checkpoint directory"
-        )
-    model = load_checkpoint(path, device=device)
-    model.eval()
-    cfg = model.config
-    return LoadedModel(
-        model=model,
-        path=str(path),
-        device=device,
-        robot=cfg.robot,
-        cameras=tuple(cfg.image.cameras) if cfg.image is not None else (),
-        has_height_map=cfg.height_map is not None,
-        proprio_dim=cfg.proprio_dim,
-        action_dim=cfg.action_dim,
-        command_dim=cfg.command_dim,
-        history=cfg.history,
-        horizon=cfg.horizon,
-    )
-
-
-def checked_spec(loaded: LoadedModel) -> RobotSpec:
-    """The robot spec the planner checks observations against: the robot's, with the model's
-    cameras."""
-    spec = robot_spec(loaded.robot)
-    if (spec.action_dim, spec.proprio_dim) != (loaded.action_dim, loaded.proprio_dim):
-        raise ValueError(
-            f"checkpoint {loaded.path}: action_dim {loaded.action_dim} / "
-            f"proprio_dim {loaded.proprio_dim} "
-            f"do not match the {loaded.robot} spec ({spec.action_dim} / {spec.proprio_dim})"
-        )
-    if loaded.has_height_map != (spec.height_map_shape is not None):
-        raise ValueError(
-            f"checkpoint {loaded.path}: height-map input does not match the {loaded.robot} spec"
-        )
-    return dataclasses.replace(spec, cameras=loaded.cameras)
-
-
-def parse_device(device: str) -> str | None:
-    """None if `device` is usable here, else the reason."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as exc:
-        return f"device {device!r} is not a torch device ({exc})"
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        return f"device {device!r}: CUDA is not available on this machine"
-    if dev.type not in ("cpu", "cuda"):
-        return f"device {device!r}: only cpu and cuda[:N] are supported"
-    return None
-
 
 class PlannerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("planner", **kwargs)
-        self._loaded: LoadedModel | None = None
         # The planning thread owns every tick; callbacks only store inputs and wake it. It
         # starts once the node is complete.
         self._wake = threading.Condition()
@@ -408,26 +208,25 @@ class PlannerNode(Node):
                 raise ValueError(
                     f"planner: parameter {q.name}={value!r} must be one of {q.choices}"
                 )
-        self.robot = resolve_robot(robot, checkpoint, preset)
-        self.preset = resolve_preset(preset, self.robot, checkpoint)
+        robot = resolve_robot(robot, checkpoint, preset)
+        # the latency smoothing follows the parameter from the first tick (_apply_params)
+        self.core = PlannerCore(robot, resolve_preset(preset, robot, checkpoint), LATENCY_EMA)
         self.params = NodeParams(
             self, tunable_params(self.robot, self.preset), check=self._check_param
         )
         p = self.params.values
+        self.core.latency.alpha = p["latency_ema"]
         self.diag = Diagnostics(self, hardware_id="planner")
         self._tick_lock = (
             threading.Lock()
         )  # held for a whole tick; a hot swap takes it between ticks
         self._loading = threading.Lock()  # one background load at a time
-        self.latency = LatencyEstimate(p["latency_ema"])
         self._stats = collections.Counter()
         self._last_latency_s = 0.0
         self._last_age_s = 0.0
         self._latest: tuple[int, Observation] | None = None  # (stamp ns, observation)
         self._answered_stamp = -1
         self._episode: tuple | None = None  # (episode id, seed) of the latest /simdist/episode
-        self._planned_episode: object = _NEVER
-        self._since_probe = 0
         self._answer: tuple | None = None  # (action, plan) messages of the last answered tick
         # per new observation, in arrival order: was it answered (True) or superseded / stale
         self._answered = collections.deque(maxlen=ANSWER_WINDOW)
@@ -473,31 +272,24 @@ class PlannerNode(Node):
         self._loader_executor.add_node(self.loader)
         threading.Thread(target=self._serve_loads, name="loader", daemon=True).start()
 
+    # The core's state, read by the node and its tests under the names it had in the node.
+    robot = property(lambda self: self.core.robot)
+    preset = property(lambda self: self.core.preset)
+    planner = property(lambda self: self.core.planner)
+    _loaded = property(lambda self: self.core.loaded)
+    _spec = property(lambda self: self.core.spec)
+
     # -- parameters ------------------------------------------------------------------------------
     def _check_param(self, name: str, value, values: dict) -> str | None:
         if name == "device":
             return parse_device(value)
-        if name in PLANNER_FIELDS and self._loaded is not None:
-            try:
-                self._planner_config(values, self._loaded, self._spec)
-            except ValueError as exc:
-                return str(exc)
+        if name in PLANNER_FIELDS:
+            return self.core.check_planner_values(values)
         return None
 
-    def _planner_config(self, values: dict, loaded: LoadedModel, spec: RobotSpec) -> PlannerConfig:
+    def _planner_config(self, values: dict, loaded: LoadedModel, spec):
         """The PlannerConfig these parameter values imply; ValueError says what is wrong."""
-        if loaded.robot != self.robot:
-            raise ValueError(
-                f"checkpoint {loaded.path} is a {loaded.robot} model; this planner's parameters "
-                f"are {self.robot}'s (parameter robot)"
-            )
-        if values["horizon"] != loaded.horizon:
-            raise ValueError(
-                f"horizon={values['horizon']} must equal the model's horizon T={loaded.horizon}"
-            )
-        config = planner_config_for(spec, self.preset, **{f: values[f] for f in PLANNER_FIELDS})
-        check_precision(config, loaded.model, loaded.device)
-        return config
+        return self.core.planner_config(values, loaded, spec)
 
     def _apply_params(self) -> None:
         """Called at the start of a tick: accepted parameter changes take effect now."""
@@ -505,15 +297,10 @@ class PlannerNode(Node):
         if not changed:
             return
         p = self.params.values
-        if set(changed) & set(PLANNER_FIELDS) and self._loaded is not None:
-            config = self._planner_config(p, self._loaded, self._spec)
-            old = self.planner.config
-            self.latency.scale(
-                (config.num_candidates * config.iterations) / (old.num_candidates * old.iterations)
-            )
-            self.planner = MPPIPlanner(self._loaded.model, config, self._loaded.device)
+        if set(changed) & set(PLANNER_FIELDS):
+            self.core.retune(p)
         if "latency_ema" in changed:
-            self.latency.alpha = p["latency_ema"]
+            self.core.latency.alpha = p["latency_ema"]
         if "control_rate_hz" in changed:
             self._timer.timer_period_ns = int(1e9 / p["control_rate_hz"])
             self._timer.reset()
@@ -524,14 +311,7 @@ class PlannerNode(Node):
     # -- model loading and hot swap ----------------------------------------------------------------
     def _install(self, loaded: LoadedModel) -> None:
         """Make `loaded` the planning model (caller holds the tick lock or runs before spinning)."""
-        spec = checked_spec(loaded)
-        config = self._planner_config(self.params.values, loaded, spec)
-        self._spec = spec
-        self.planner = MPPIPlanner(loaded.model, config, loaded.device)
-        self.history = ObservationHistory(spec, loaded.history)
-        self._loaded = loaded
-        self.latency.reset()
-        self._planned_episode = _NEVER  # the next tick cold-starts the planner and history
+        self.core.install(loaded, self.params.values)
 
     def _subscribe(self, loaded: LoadedModel) -> None:
         # with the spec, the proprio element names are checked: a layout change is an error
@@ -597,21 +377,8 @@ class PlannerNode(Node):
 
     def _validate_candidate(self, candidate: LoadedModel) -> None:
         """Same interface as the running model, a valid planner config, a finite plan."""
-        if self._loaded is not None and candidate.interface() != self._loaded.interface():
-            raise ValueError(
-                f"its interface {candidate.interface()} differs from the running model's "
-                f"{self._loaded.interface()}"
-            )
-        spec = checked_spec(candidate)
-        config = self._planner_config(self.params.values, candidate, spec)
         latest = self._latest
-        if latest is not None:  # dry run on the newest observation with a throwaway planner
-            obs = latest[1]
-            history = ObservationHistory(spec, candidate.history)
-            history.reset(obs)
-            MPPIPlanner(candidate.model, config, candidate.device).plan(
-                observation_to_inputs(obs, spec), *history.tensors()
-            )
+        self.core.validate(candidate, self.params.values, None if latest is None else latest[1])
 
     def _current_path(self) -> str:
         return self._loaded.path if self._loaded else "no model"
@@ -739,22 +506,9 @@ class PlannerNode(Node):
                 )
                 return
         start = time.perf_counter()
-        use_policy = self._should_fall_back(period)
+        use_policy = self.core.should_fall_back(p, period)
         try:
-            batch = observation_to_inputs(obs, self._spec)
-            if self._new_episode():  # cold start, seeded: a run is reproducible episode by episode
-                self.planner.reset()
-                self.history.reset(obs)
-            proprio_hist, action_hist = self.history.tensors()
-            if use_policy:
-                chunk, rewards, values = (
-                    self._policy_chunk(batch, proprio_hist, action_hist, loaded),
-                    None,
-                    None,
-                )
-            else:
-                result = self.planner.plan(batch, proprio_hist, action_hist)
-                chunk, rewards, values = result.mean, result.rewards, result.values
+            chunk, rewards, values = self.core.plan(obs, self._episode, use_policy, loaded)
         except (PlannerError, ObservationError, RuntimeError, ValueError) as exc:  # never act on it
             self._stats["failed_plans"] += 1
             self._publish_hold(stamp, period)
@@ -768,7 +522,7 @@ class PlannerNode(Node):
         latency = time.perf_counter() - start
         self._last_latency_s = latency
         if not use_policy:
-            self.latency.update(latency)
+            self.core.latency.update(latency)
         self._stats["ticks"] += 1
         self._stats["policy_fallbacks" if use_policy else "mppi_ticks"] += 1
         if latency > period:
@@ -777,7 +531,7 @@ class PlannerNode(Node):
         self._last_age_s = (
             self.get_clock().now().nanoseconds - stamp
         ) * 1e-9  # observation -> action
-        self.history.push(obs, chunk[0])
+        self.core.history.push(obs, chunk[0])
         self._answered.append(True)
         level = Level.WARN if use_policy else Level.OK
         what = "base policy (MPPI predicted to miss the deadline)" if use_policy else "MPPI"
@@ -797,57 +551,8 @@ class PlannerNode(Node):
         answered = list(self._answered)
         return sum(answered) / len(answered) if len(answered) >= ANSWER_MIN_SEEN else None
 
-    def _new_episode(self) -> bool:
-        """True at the first tick and when /simdist/episode names a new episode.
-
-        An episode id first learnt after planning started (the episode topic matched late) is
-        adopted without a reset."""
-        episode, planned = self._episode, self._planned_episode
-        if planned is _NEVER or (
-            episode is not None and planned is not None and episode != planned
-        ):
-            self._planned_episode = episode
-            return True
-        if planned is None:
-            self._planned_episode = episode
-        return False
-
-    def _should_fall_back(self, period: float) -> bool:
-        """MPPI predicted to overrun the deadline? (Real time only: in lockstep the simulator
-        waits.)"""
-        p = self.params.values
-        if (
-            p["lockstep"]
-            or not p["fallback_to_policy"]
-            or self.latency.predict() <= p["deadline_fraction"] * period
-        ):
-            self._since_probe = 0
-            return False
-        self._since_probe += 1
-        if p["reprobe_ticks"] and self._since_probe >= p["reprobe_ticks"]:
-            self._since_probe = 0
-            return False  # re-measure MPPI once in a while, so the estimate can recover
-        return True
-
-    def _policy_chunk(self, batch, proprio_hist, action_hist, loaded: LoadedModel) -> np.ndarray:
-        """The base policy's chunk a^_{t:t+T} (clamped to the action bounds); raises on NaN."""
-        dev = torch.device(loaded.device)
-        with torch.no_grad():
-            batch = {k: v.to(dev) for k, v in batch.items()}
-            z = loaded.model.encode(batch)
-            history = loaded.model.encode_history(proprio_hist.to(dev), action_hist.to(dev))
-            chunk = (
-                loaded.model.policy(z, history, batch.get("command"), batch["proprio"])[0]
-                .float()
-                .cpu()
-                .numpy()
-            )
-        if not np.all(np.isfinite(chunk)):
-            raise PlannerError("non-finite values in the base-policy chunk; no action returned")
-        return np.clip(chunk, self._spec.action_low, self._spec.action_high)
-
     def _command_kind(self) -> CommandKind:
-        return CommandKind.EE_DELTA if self._spec.name == "ur5e" else CommandKind.JOINT_POSITION
+        return self._spec.command_kind
 
     def _await_matched(self, timeout_s: float = 2.0) -> None:
         """Lockstep: wait (bounded) until every subscriber the graph knows is matched to our
@@ -917,7 +622,7 @@ class PlannerNode(Node):
             **{k: self._stats[k] for k in REPORTED_COUNTS},
             "last_latency_ms": f"{1e3 * self._last_latency_s:.2f}",
             "observation_to_action_ms": f"{1e3 * self._last_age_s:.2f}",
-            "latency_estimate_ms": f"{1e3 * self.latency.predict():.2f}",
+            "latency_estimate_ms": f"{1e3 * self.core.latency.predict():.2f}",
             "last_stamp": self._answered_stamp,
             "answer_share": "n/a" if (share := self.answer_share()) is None else f"{share:.2f}",
             "checkpoint": self._current_path(),
@@ -926,27 +631,38 @@ class PlannerNode(Node):
 
 
 def main(args=None):
-    rclpy.init(args=args)
-    try:
-        node = PlannerNode()
-    except ValueError as exc:  # a start-up error the user can fix: one line, no traceback
-        print(exc, file=sys.stderr)
-        rclpy.try_shutdown()
-        raise SystemExit(1) from None
-    # The node's own threads plan and serve ~/load_model; this executor serves the observations,
-    # parameters and the timer, callbacks that return at once (docs/launch.md).
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.stop_planning()
-        executor.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    with rclpy.init(args=args):
+        try:
+            node = PlannerNode()
+        except ValueError as exc:  # a start-up error the user can fix: one line, no traceback
+            print(exc, file=sys.stderr)
+            raise SystemExit(1) from None
+        # The node's own threads plan and serve ~/load_model; this executor serves the observations,
+        # parameters and the timer, callbacks that return at once (docs/launch.md).
+        executor = SingleThreadedExecutor()
+        executor.add_node(node)
+        try:
+            executor.spin()
+        except (KeyboardInterrupt, ExternalShutdownException):
+            pass
+        finally:
+            node.stop_planning()
+            executor.shutdown()
+            node.destroy_node()
 
 
 if __name__ == "__main__":
     main()
+
+
+# Names the tests and the demo import from here (the core's live in ros/planner_core.py).
+__all__ = [
+    "PLANNER_FIELDS",
+    "QOS",
+    "PlannerNode",
+    "load_world_model",
+    "main",
+    "node_params",
+    "resolve_preset",
+    "resolve_robot",
+]

@@ -390,7 +390,7 @@ FLAT_FIELDS: dict[str, tuple[str | None, str]] = {
 }
 
 # The flat encoder settings of a run without the stage.
-_STAGE_OFF = {
+_STAGE_OFF: dict[str, object] = {
     "encoder_steps": 0,
     "encoder_learning_rate": EncoderStage.__dataclass_fields__["learning_rate"].default,
     "encoder_near_field": {},

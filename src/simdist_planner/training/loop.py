@@ -24,6 +24,7 @@ import pathlib
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,7 @@ from simdist_planner.model.checkpoint import (
     recover_dir,
     save_checkpoint,
 )
-from simdist_planner.model.losses import TERMS, near_field_slices, world_model_loss
+from simdist_planner.model.losses import TERMS, NearField, near_field_slices, world_model_loss
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.training.config import PretrainConfig
 from simdist_planner.training.distributed import gather_digests, init_distributed, out_of_time
@@ -87,10 +88,41 @@ def pretrain(
     source = WindowSource(cfg, rank, world)
     if rank == 0 and source.cum_weights is not None:
         print(f"pretrain: rank 0 draws {source.weighting}")
+    model = _build_model(cfg, source)
+    if check_model is not None and rank == 0:
+        check_model(model)
+    model.to(dev)
+    # a save killed between its fallback renames: the previous version back; rank 0 also
+    # removes what killed saves left beside it (no rank is saving yet)
+    if recover_dir(out / "train_state", remove_leftovers=rank == 0) is not None:
+        print(f"pretrain: recovered {out / 'train_state'} from the save before the interrupted one")
+    resuming = (out / "train_state" / "state.json").is_file()
+    frozen = _encoder_stage(model, source, cfg, dev, rank, out, progress, resuming)
+    near: NearField = ()
+    if cfg.state_near_field:
+        if source.windows is None:
+            raise ValueError("state_near_field needs shard data with a task state, not synthetic")
+        near = near_field_slices(
+            source.windows.dataset.layout, cfg.state_near_field, "state_near_field"
+        )
+    optimizer = torch.optim.Adam(
+        [p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0)
+    )
+    start = _open_run(out, cfg, model, optimizer, rank, world, resuming)
+    run = _train(
+        model, optimizer, source, cfg, out, dev, rank, world, start, near, frozen, progress
+    )
+    _finish(model, out, cfg, dev, rank, world, start, run)
+    return out / "model"
+
+
+def _build_model(cfg: PretrainConfig, source: WindowSource) -> WorldModel:
+    """The seeded model with its scaler fitted on the data, warm-started from `cfg.init_from`
+    (an earlier run's weights and scaler; the optimizer starts fresh)."""
     torch.manual_seed(cfg.seed)
     model = WorldModel(source.model_config)
     fit_scaler(model, cfg, source)
-    if cfg.init_from:  # warm start: an earlier run's weights and scaler, a fresh optimizer
+    if cfg.init_from:
         earlier = read_config(cfg.init_from)
         added = {
             k: False
@@ -104,16 +136,14 @@ def pretrain(
             raise ValueError(
                 f"warm start from {cfg.init_from}: missing {missing}, unexpected {unexpected}"
             )
-    if check_model is not None and rank == 0:
-        check_model(model)
-    model.to(dev)
-    # a save killed between its fallback renames: the previous version back; rank 0 also
-    # removes what killed saves left beside it (no rank is saving yet)
-    if recover_dir(out / "train_state", remove_leftovers=rank == 0) is not None:
-        print(f"pretrain: recovered {out / 'train_state'} from the save before the interrupted one")
-    resuming = (out / "train_state" / "state.json").is_file()
+    return model
+
+
+def _encoder_stage(model, source, cfg, dev, rank, out, progress, resuming) -> bool:
+    """The optional image-backbone stage before the first step of a new run (its result lives
+    on in the model's weights); returns whether the backbone stays frozen."""
     stage = cfg.encoder_stage
-    if stage is not None and not resuming:  # the stage's result lives on in the model's weights
+    if stage is not None and not resuming:
         encoder_writer = None
         if rank == 0:
             encoder_writer = SummaryWriter(str(out / "tb" / "encoder"))
@@ -127,14 +157,12 @@ def pretrain(
     frozen = stage is not None and stage.freeze_backbone
     if frozen:
         model.encoder.images.backbone.requires_grad_(False)
-    near = (
-        near_field_slices(source.windows.dataset.layout, cfg.state_near_field, "state_near_field")
-        if cfg.state_near_field
-        else ()
-    )
-    optimizer = torch.optim.Adam(
-        [p for p in model.parameters() if p.requires_grad], lr=lr_at(cfg, 0)
-    )
+    return frozen
+
+
+def _open_run(out, cfg, model, optimizer, rank: int, world: int, resuming: bool) -> int:
+    """Resume the train state (the config must match) or start at step 0; rank 0 writes
+    pretrain.json. Returns the first step to run."""
     start = 0
     if resuming:
         check_resume_config(out, cfg)
@@ -146,7 +174,53 @@ def pretrain(
         (out / "pretrain.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     if world > 1:
         dist.barrier()
+    return start
 
+
+@dataclass
+class _Run:
+    """How the training steps of this process ended."""
+
+    done: int  # steps done in total (this run and the ones before)
+    metrics: dict  # the last logged metrics
+    t_start: float  # perf_counter at the first step of this run
+
+
+class _LossLog:
+    """Loss terms averaged over each logging interval, to TensorBoard (rank 0) and the bar."""
+
+    def __init__(self, cfg: PretrainConfig, world: int, writer, bar):
+        self.cfg, self.world, self.writer, self.bar = cfg, world, writer, bar
+        self.sums = {k: 0.0 for k in ("total", *TERMS)}
+        self.count, self.t_log = 0, time.perf_counter()
+        self.metrics: dict = {}
+
+    def add(self, values: dict) -> None:
+        for k, v in values.items():
+            self.sums[k] += v
+        self.count += 1
+
+    def flush(self, done: int, lr: float) -> None:
+        now = time.perf_counter()
+        metrics = {f"loss/{k}": v / self.count for k, v in self.sums.items()}
+        metrics["lr"] = lr
+        metrics["windows_per_s"] = (
+            self.count * self.cfg.batch_size * self.world / (now - self.t_log)
+        )
+        if self.writer is not None:
+            for k, v in metrics.items():
+                self.writer.add_scalar(k, v, done)
+        self.bar.set_postfix(loss=f"{metrics['loss/total']:.4f}", lr=f"{lr:.2e}")
+        self.sums = {k: 0.0 for k in self.sums}
+        self.count, self.t_log = 0, now
+        self.metrics = metrics
+
+
+def _train(
+    model, optimizer, source, cfg, out, dev, rank, world, start, near, frozen, progress
+) -> _Run:
+    """Steps start .. cfg.steps (or until the time limit): Eq. 2 on each step's batch, logging
+    and periodic checkpoints (rank 0)."""
     train_model = model
     if world > 1:
         train_model = torch.nn.parallel.DistributedDataParallel(
@@ -174,10 +248,9 @@ def pretrain(
         desc="pretrain",
         dynamic_ncols=True,
     )
-    sums = {k: 0.0 for k in ("total", *TERMS)}
-    count, t_log, t_start = 0, time.perf_counter(), time.perf_counter()
-    metrics: dict = {}
-    step, done = start, start
+    log = _LossLog(cfg, world, writer, bar)
+    t_start = log.t_log
+    done = start
     model.train()
     if frozen:
         model.encoder.images.backbone.eval()  # frozen: batch-norm statistics stay as they were too
@@ -197,30 +270,19 @@ def pretrain(
             raise FloatingPointError(
                 f"pretrain: loss became {values['total']} at step {step}: {values}"
             )
-        for k, v in values.items():
-            sums[k] += v
-        count += 1
+        log.add(values)
         done = step + 1
         bar.update(1)
         stop = done < cfg.steps and out_of_time(cfg, t_start, world, dev)
         if done % cfg.log_every == 0 or done == cfg.steps or stop:
-            now = time.perf_counter()
-            metrics = {f"loss/{k}": v / count for k, v in sums.items()}
-            metrics["lr"] = lr
-            metrics["windows_per_s"] = count * cfg.batch_size * world / (now - t_log)
-            if writer is not None:
-                for k, v in metrics.items():
-                    writer.add_scalar(k, v, done)
-            bar.set_postfix(loss=f"{metrics['loss/total']:.4f}", lr=f"{lr:.2e}")
-            sums = {k: 0.0 for k in sums}
-            count, t_log = 0, now
+            log.flush(done, lr)
         if done % cfg.checkpoint_every == 0 or done == cfg.steps or stop:
             if rank == 0:
-                save_train_state(out, model, optimizer, done, metrics)
+                save_train_state(out, model, optimizer, done, log.metrics)
                 save_checkpoint(
                     model,
                     out / "checkpoints" / f"step-{done:07d}",
-                    metrics={"step": done, **metrics},
+                    metrics={"step": done, **log.metrics},
                 )
                 _prune(out / "checkpoints", cfg.keep_checkpoints)
             if world > 1:
@@ -228,28 +290,31 @@ def pretrain(
         if stop:
             break
     bar.close()
+    if writer is not None:
+        writer.close()
+    return _Run(done, log.metrics, t_start)
 
+
+def _finish(model, out, cfg, dev, rank: int, world: int, start: int, run: _Run) -> None:
+    """Every rank must end with the same weights; rank 0 writes the final checkpoint."""
     digest = weights_sha256(model)
     digests = gather_digests(digest, world, dev)
     if len(set(digests)) != 1:
         raise RuntimeError(f"pretrain: ranks ended with different weights: {digests}")
     if rank == 0:
         final = {
-            "step": done,
-            **metrics,
+            "step": run.done,
+            **run.metrics,
             "world_size": world,
             "rank_weights_sha256": digests,
-            "seconds_this_run": time.perf_counter() - t_start,
-            "steps_this_run": done - start,
-            "stopped_at_time_limit": done < cfg.steps,
+            "seconds_this_run": time.perf_counter() - run.t_start,
+            "steps_this_run": run.done - start,
+            "stopped_at_time_limit": run.done < cfg.steps,
             "model_config": cfg.model,
         }
         save_checkpoint(model, out / "model", metrics=final)
-        if writer is not None:
-            writer.close()
     if world > 1:
         dist.barrier()
-    return out / "model"
 
 
 def _prune(folder: pathlib.Path, keep: int) -> None:

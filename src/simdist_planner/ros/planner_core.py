@@ -1,0 +1,340 @@
+"""The planner node's logic without ROS: `PlannerCore` and the model loading it rests on.
+
+`PlannerCore` decides everything a tick of the planner node needs that is not a topic, a thread
+or a diagnostic: which model plans (loading a checkpoint, the checks a hot swap must pass,
+installing it), with which PlannerConfig (parameter values -> a validated config), whether a
+tick runs MPPI or falls back to the base policy (the running latency estimate against the
+deadline, with optional re-probes) and the plan of one observation (a cold start at each new
+episode; non-finite output raises, never becomes an action). `ros/planner_node.py` wraps it in
+rclpy; this module imports no rclpy, so it is tested without ROS (tests/test_planner_core.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from robot_drivers.interface import Observation, RobotSpec
+from robot_drivers.specs import robot_spec
+from simdist_planner.model.checkpoint import load_checkpoint, read_config
+from simdist_planner.model.world_model import WorldModel
+from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs
+from simdist_planner.planning.planner import (
+    PLANNER_CONFIGS,
+    PLANNER_FIELDS,
+    PRESET_ROBOT,
+    Planner,
+    PlannerConfig,
+    PlannerError,
+    check_precision,
+    default_preset,
+    make_planner,
+    planner_config_for,
+)
+
+# The robot whose defaults a node takes when neither `robot` nor a readable checkpoint names one.
+DEFAULT_ROBOT = "ur5e"
+
+
+def _checkpoint_config(checkpoint: str):
+    """The checkpoint's config.json (the weights are not read), or None if it cannot be read."""
+    try:
+        return read_config(checkpoint) if checkpoint else None
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint is reported when it is loaded
+        return None
+
+
+def resolve_robot(robot: str, checkpoint: str, preset: str = "") -> str:
+    """The robot whose defaults the node takes: `robot` if given, else the preset's, else the
+    checkpoint's, else DEFAULT_ROBOT."""
+    if robot:
+        return robot
+    if preset:
+        return PRESET_ROBOT[preset]
+    config = _checkpoint_config(checkpoint)
+    named = config.robot if config is not None else ""
+    return named if named in PLANNER_CONFIGS else DEFAULT_ROBOT
+
+
+def resolve_preset(preset: str, robot: str, checkpoint: str) -> str:
+    """The planner preset the node's defaults come from: `preset` if given, else
+    planner.default_preset for the start-up checkpoint on `robot`."""
+    return preset or default_preset(robot, _checkpoint_config(checkpoint))
+
+
+_NEVER = object()  # "no episode planned yet" (differs from every /simdist/episode id, even None)
+
+
+class LatencyEstimate:
+    """Running latency estimate: EMA of the mean and of the absolute deviation."""
+
+    def __init__(self, alpha: float):
+        self.alpha = alpha
+        self.mean: float | None = None
+        self.dev = 0.0
+
+    def update(self, seconds: float) -> None:
+        if self.mean is None:
+            self.mean = seconds
+            return
+        self.dev += self.alpha * (abs(seconds - self.mean) - self.dev)
+        self.mean += self.alpha * (seconds - self.mean)
+
+    def predict(self) -> float:
+        """Pessimistic next latency; 0 before the first measurement (MPPI is tried first)."""
+        return 0.0 if self.mean is None else self.mean + 3.0 * self.dev
+
+    def reset(self) -> None:
+        self.mean, self.dev = None, 0.0
+
+    def scale(self, factor: float) -> None:
+        """MPPI settings changed: its cost scales with candidates x iterations (no blind
+        re-probe)."""
+        if self.mean is not None:
+            self.mean *= factor
+            self.dev *= factor
+
+
+@dataclass
+class LoadedModel:
+    """A world model ready to plan with, and the facts the node checks a swap against."""
+
+    model: WorldModel
+    path: str
+    device: str
+    robot: str
+    cameras: tuple[str, ...]
+    has_height_map: bool
+    proprio_dim: int
+    action_dim: int
+    command_dim: int
+    history: int
+    horizon: int
+
+    def interface(self) -> tuple:
+        """What must stay the same across a hot swap (topics, shapes, action layout)."""
+        return (self.robot, self.cameras, self.has_height_map, self.proprio_dim, self.action_dim,
+                self.command_dim, self.history)  # fmt: skip
+
+
+def load_world_model(path: str, device: str) -> LoadedModel:
+    """Load and validate a checkpoint directory (never unpickles) and put the model in eval mode."""
+
+    if not path:
+        raise ValueError(
+            "no checkpoint given: set the 'checkpoint' parameter to a checkpoint directory"
+        )
+    model = load_checkpoint(path, device=device)
+    model.eval()
+    cfg = model.config
+    return LoadedModel(
+        model=model,
+        path=str(path),
+        device=device,
+        robot=cfg.robot,
+        cameras=tuple(cfg.image.cameras) if cfg.image is not None else (),
+        has_height_map=cfg.height_map is not None,
+        proprio_dim=cfg.proprio_dim,
+        action_dim=cfg.action_dim,
+        command_dim=cfg.command_dim,
+        history=cfg.history,
+        horizon=cfg.horizon,
+    )
+
+
+def checked_spec(loaded: LoadedModel) -> RobotSpec:
+    """The robot spec the planner checks observations against: the robot's, with the model's
+    cameras."""
+    spec = robot_spec(loaded.robot)
+    if (spec.action_dim, spec.proprio_dim) != (loaded.action_dim, loaded.proprio_dim):
+        raise ValueError(
+            f"checkpoint {loaded.path}: action_dim {loaded.action_dim} / "
+            f"proprio_dim {loaded.proprio_dim} "
+            f"do not match the {loaded.robot} spec ({spec.action_dim} / {spec.proprio_dim})"
+        )
+    if loaded.has_height_map != (spec.height_map_shape is not None):
+        raise ValueError(
+            f"checkpoint {loaded.path}: height-map input does not match the {loaded.robot} spec"
+        )
+    return replace(spec, cameras=loaded.cameras)
+
+
+def parse_device(device: str) -> str | None:
+    """None if `device` is usable here, else the reason."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        return f"device {device!r} is not a torch device ({exc})"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return f"device {device!r}: CUDA is not available on this machine"
+    if dev.type not in ("cpu", "cuda"):
+        return f"device {device!r}: only cpu and cuda[:N] are supported"
+    return None
+
+
+class PlannerCore:
+    """The planner node's decisions for one robot and planner preset (module docstring).
+
+    `values` arguments are the node's parameter values by name: the PLANNER_FIELDS and
+    `lockstep`, `fallback_to_policy`, `deadline_fraction`, `reprobe_ticks`. Not thread-safe: the
+    node calls it from one tick at a time (a hot swap installs between two ticks)."""
+
+    def __init__(self, robot: str, preset: str, latency_ema: float):
+        self.robot, self.preset = robot, preset
+        self.latency = LatencyEstimate(latency_ema)
+        self.loaded: LoadedModel | None = None
+        self.spec: RobotSpec | None = None  # the robot's spec with the loaded model's cameras
+        self.planner: Planner | None = None
+        self.history: ObservationHistory | None = None
+        self._planned_episode: object = _NEVER
+        self._since_probe = 0
+
+    def _active(self) -> tuple[LoadedModel, RobotSpec, Planner, ObservationHistory]:
+        """The installed model, its spec, planner and history (RuntimeError before install)."""
+        if self.loaded is None or self.spec is None or self.planner is None or self.history is None:
+            raise RuntimeError("no model installed: install() one first")
+        return self.loaded, self.spec, self.planner, self.history
+
+    # -- configuration ---------------------------------------------------------------------------
+    def planner_config(self, values: dict, loaded: LoadedModel, spec: RobotSpec) -> PlannerConfig:
+        """The PlannerConfig these parameter values imply for `loaded`; ValueError says what is
+        wrong."""
+        if loaded.robot != self.robot:
+            raise ValueError(
+                f"checkpoint {loaded.path} is a {loaded.robot} model; this planner's parameters "
+                f"are {self.robot}'s (parameter robot)"
+            )
+        if values["horizon"] != loaded.horizon:
+            raise ValueError(
+                f"horizon={values['horizon']} must equal the model's horizon T={loaded.horizon}"
+            )
+        config = planner_config_for(spec, self.preset, **{f: values[f] for f in PLANNER_FIELDS})
+        check_precision(config, loaded.model, loaded.device)
+        return config
+
+    def check_planner_values(self, values: dict) -> str | None:
+        """Why these planner parameter values cannot plan with the loaded model (None: they can,
+        or no model is loaded yet)."""
+        if self.loaded is None:
+            return None
+        loaded, spec, _, _ = self._active()
+        try:
+            self.planner_config(values, loaded, spec)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def retune(self, values: dict) -> None:
+        """Planner parameters changed: a planner with the new config; the latency estimate
+        scales with candidates x iterations (no blind re-probe)."""
+        if self.loaded is None:
+            return
+        loaded, spec, planner, _ = self._active()
+        config = self.planner_config(values, loaded, spec)
+        old = planner.config
+        self.latency.scale(
+            (config.num_candidates * config.iterations) / (old.num_candidates * old.iterations)
+        )
+        self.planner = make_planner(config, loaded.model, loaded.device)
+
+    # -- models ----------------------------------------------------------------------------------
+    def install(self, loaded: LoadedModel, values: dict) -> None:
+        """Make `loaded` the planning model; the next plan cold-starts the planner and history."""
+        spec = checked_spec(loaded)
+        config = self.planner_config(values, loaded, spec)
+        self.spec = spec
+        self.planner = make_planner(config, loaded.model, loaded.device)
+        self.history = ObservationHistory(spec, loaded.history)
+        self.loaded = loaded
+        self.latency.reset()
+        self._planned_episode = _NEVER
+
+    def validate(self, candidate: LoadedModel, values: dict, latest: Observation | None) -> None:
+        """What a hot swap must pass (ValueError / PlannerError otherwise): the running model's
+        interface, a valid planner config and, given the newest observation, a finite plan on it
+        with a throwaway planner."""
+        if self.loaded is not None and candidate.interface() != self.loaded.interface():
+            raise ValueError(
+                f"its interface {candidate.interface()} differs from the running model's "
+                f"{self.loaded.interface()}"
+            )
+        spec = checked_spec(candidate)
+        config = self.planner_config(values, candidate, spec)
+        if latest is not None:
+            history = ObservationHistory(spec, candidate.history)
+            history.reset(latest)
+            make_planner(config, candidate.model, candidate.device).plan(
+                observation_to_inputs(latest, spec), *history.tensors()
+            )
+
+    # -- one tick --------------------------------------------------------------------------------
+    def should_fall_back(self, values: dict, period: float) -> bool:
+        """MPPI predicted to overrun the deadline? (Real time only: in lockstep the simulator
+        waits.) While falling back, MPPI runs once every `reprobe_ticks` ticks (0: never) so the
+        estimate can recover."""
+        if (
+            values["lockstep"]
+            or not values["fallback_to_policy"]
+            or self.latency.predict() <= values["deadline_fraction"] * period
+        ):
+            self._since_probe = 0
+            return False
+        self._since_probe += 1
+        if values["reprobe_ticks"] and self._since_probe >= values["reprobe_ticks"]:
+            self._since_probe = 0
+            return False
+        return True
+
+    def new_episode(self, episode) -> bool:
+        """True at the first plan after an install and when `episode` (the latest
+        /simdist/episode's (id, seed), None before one arrived) names a new episode.
+
+        An episode id first learnt after planning started (the episode topic matched late) is
+        adopted without a reset."""
+        planned = self._planned_episode
+        if planned is _NEVER or (
+            episode is not None and planned is not None and episode != planned
+        ):
+            self._planned_episode = episode
+            return True
+        if planned is None:
+            self._planned_episode = episode
+        return False
+
+    def plan(
+        self, obs: Observation, episode, use_policy: bool, loaded: LoadedModel
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(action chunk, predicted rewards, values) for `obs`: MPPI's mean, or the base
+        policy's chunk with no rewards or values. At a new episode the planner and history start
+        cold (seeded: a run is reproducible episode by episode). Raises PlannerError,
+        ObservationError, RuntimeError or ValueError instead of returning a plan not to act on."""
+        _, spec, planner, history = self._active()
+        batch = observation_to_inputs(obs, spec)
+        if self.new_episode(episode):
+            planner.reset()
+            history.reset(obs)
+        proprio_hist, action_hist = history.tensors()
+        if use_policy:
+            return self.policy_chunk(batch, proprio_hist, action_hist, loaded), None, None
+        result = planner.plan(batch, proprio_hist, action_hist)
+        return result.mean, result.rewards, result.values
+
+    def policy_chunk(self, batch, proprio_hist, action_hist, loaded: LoadedModel) -> np.ndarray:
+        """The base policy's chunk a^_{t:t+T} (clamped to the action bounds); raises on NaN."""
+        dev = torch.device(loaded.device)
+        with torch.no_grad():
+            batch = {k: v.to(dev) for k, v in batch.items()}
+            z = loaded.model.encode(batch)
+            history = loaded.model.encode_history(proprio_hist.to(dev), action_hist.to(dev))
+            chunk = (
+                loaded.model.policy(z, history, batch.get("command"), batch["proprio"])[0]
+                .float()
+                .cpu()
+                .numpy()
+            )
+        if not np.all(np.isfinite(chunk)):
+            raise PlannerError("non-finite values in the base-policy chunk; no action returned")
+        spec = self._active()[1]
+        return np.clip(chunk, spec.action_low, spec.action_high)

@@ -1,0 +1,134 @@
+"""docs/extending.md stays true: every task's registry entry is complete, every robot has what
+the stack looks up per robot, and every file the guide names exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pathlib
+import re
+
+import pytest
+
+from robot_drivers import registry
+from robot_drivers.go2.config import Go2Config
+from robot_drivers.specs import ROBOT_SPECS
+from simdist_planner.evaluation.datagen import ROBOT_DATA_CONFIGS
+from simdist_planner.evaluation.evaluate import AgentSummary
+from simdist_planner.planning.planner import PLANNER_CONFIGS
+from simdist_planner.ros.launch_description import GRAPHS, ROBOT_LAUNCH
+from simdist_planner.training.config import PRETRAIN_PRESETS
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "extending.md"
+# The episode options the stack passes (registry.episode_overrides); a task module takes a subset.
+STACK_OPTIONS = {"max_steps", "region", "image_size", "cameras", "speed", "panel_friction"}
+HEADLINES = {f.name for f in dataclasses.fields(AgentSummary)}
+
+
+def entry_problems(name: str, entry: registry.TaskEntry) -> list[str]:
+    """What the guide's task checklist finds missing in one registry entry ([] = complete)."""
+    problems = []
+    if entry.robot not in ROBOT_SPECS:
+        problems.append(f"robot {entry.robot!r} has no spec (robot_drivers/specs.py)")
+    module_name, _, factory = entry.factory.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        return [*problems, f"factory module {module_name!r} does not import: {exc}"]
+    if not callable(getattr(module, factory, None)):
+        problems.append(f"factory {entry.factory!r} is not a function")
+    options = getattr(module, "EPISODE_OPTIONS", None)
+    if options is None or not callable(getattr(module, "episode_overrides", None)):
+        problems.append(f"{module_name} lacks EPISODE_OPTIONS / episode_overrides")
+    elif not set(options) <= STACK_OPTIONS:
+        problems.append(f"{module_name}.EPISODE_OPTIONS {options} has options the stack lacks")
+    experts = importlib.import_module(entry.experts or module_name)
+    for fn in ("expert_ladder", "expert_value"):
+        if not callable(getattr(experts, fn, None)):
+            problems.append(f"experts {experts.__name__} lack {fn}")
+    if entry.graph:
+        graph = GRAPHS.get(entry.graph)
+        if graph is None:
+            problems.append(f"graph {entry.graph!r} is not in GRAPHS")
+        elif name not in {task for _, task in graph.sim_tasks}:
+            problems.append(f"graph {entry.graph!r} does not run {name!r}")
+        for path in (f"config/{entry.graph}.yaml", f"launch/{entry.graph}.launch.py"):
+            if not (ROOT / path).is_file():
+                problems.append(f"{path} is missing")
+    if entry.pretrain_preset and entry.pretrain_preset not in PRETRAIN_PRESETS:
+        problems.append(f"pretraining preset {entry.pretrain_preset!r} does not exist")
+    if entry.headline not in HEADLINES:
+        problems.append(f"headline {entry.headline!r} is not an AgentSummary field")
+    return problems
+
+
+@pytest.mark.parametrize("name", sorted(registry.TASKS))
+def test_every_task_entry_is_complete(name):
+    assert entry_problems(name, registry.TASKS[name]) == []
+
+
+def test_an_incomplete_entry_is_reported_item_by_item():
+    entry = registry.TaskEntry(
+        "spot",
+        "robot_drivers.tasks.go2_tasks:make_spot_task",
+        graph="nowhere",
+        pretrain_preset="spot",
+        headline="speed",
+    )
+    problems = "\n".join(entry_problems("spot_walk", entry))
+    for expected in (
+        "robot 'spot' has no spec",
+        "is not a function",
+        "graph 'nowhere' is not in GRAPHS",
+        "config/nowhere.yaml is missing",
+        "pretraining preset 'spot'",
+        "headline 'speed'",
+    ):
+        assert expected in problems
+    wrong_graph = dataclasses.replace(registry.TASKS["peg"], graph="go2_flat")
+    assert entry_problems("peg", wrong_graph) == ["graph 'go2_flat' does not run 'peg'"]
+
+
+@pytest.mark.parametrize("robot", sorted({e.robot for e in registry.TASKS.values()}))
+def test_every_robot_has_its_per_robot_entries(robot):
+    assert robot in ROBOT_SPECS and robot in ROBOT_LAUNCH
+    assert robot in PLANNER_CONFIGS and robot in ROBOT_DATA_CONFIGS
+    assert any(registry.TASKS[t].graph for t in registry.tasks_of(robot)), "no graph runs it"
+
+
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+def test_every_graph_runs_registered_tasks_of_one_robot(graph):
+    tasks = [task for _, task in GRAPHS[graph].sim_tasks]
+    assert all(task in registry.TASKS for task in tasks)
+    assert {registry.robot_of(task) for task in tasks} == {GRAPHS[graph].robot}
+
+
+def test_episode_options_become_the_task_modules_overrides():
+    assert registry.episode_overrides("peg", max_steps=10, image_size=(32, 32)) == {
+        "region": "wide",
+        "max_steps": 10,
+        "image_size": (32, 32),
+    }
+    assert registry.episode_overrides("go2_flat", max_steps=10, speed=0.3, region=None) == {
+        "episode_s": 10 * Go2Config().control_dt,
+        "speed": 0.3,
+    }
+    with pytest.raises(ValueError, match="speed: not an option of task 'peg'"):
+        registry.episode_overrides("peg", speed=0.3)
+    with pytest.raises(ValueError, match="region: not an option of task 'foam'"):
+        registry.episode_overrides("foam", region="wide")
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        registry.robot_of("nope")
+
+
+def test_every_path_the_guide_names_exists():
+    text = GUIDE.read_text()
+    paths = set(
+        re.findall(
+            r"`((?:src|tests|config|launch|docs)/[^`<>*\s]+|setup\.py|pyproject\.toml)`", text
+        )
+    )
+    assert len(paths) > 20, "the guide names files as `path` in backticks"
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert missing == []
