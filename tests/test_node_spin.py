@@ -37,7 +37,7 @@ def test_the_cut_short_publish_raises_without_the_helper(ros_domain):
 def test_a_publish_cut_short_by_shutdown_ends_the_spin_quietly(ros_domain):
     context, node, executor = _spinning(_shut_down_then_publish)
     exited = []
-    spin_until_shutdown(node, executor, on_exit=lambda: exited.append(True))
+    spin_until_shutdown(node, executor.spin, on_exit=lambda: exited.append(True))
     assert exited == [True] and not context.ok()
 
 
@@ -48,6 +48,6 @@ def test_a_fault_while_the_context_is_valid_propagates(ros_domain):
     context, node, executor = _spinning(fault)
     try:
         with pytest.raises(ValueError, match="a real fault"):
-            spin_until_shutdown(node, executor)
+            spin_until_shutdown(node, executor.spin, on_exit=executor.shutdown)
     finally:
         rclpy.try_shutdown(context=context)

@@ -14,7 +14,6 @@ import time
 import rclpy
 from geometry_msgs.msg import Twist
 from nav_msgs.msg import Odometry
-from rclpy.executors import ExternalShutdownException
 from sensor_msgs.msg import Imu
 
 from robot_drivers import ros_msgs
@@ -23,6 +22,7 @@ from robot_drivers.hardware.go2_sdk import Go2SdkConfig, connect_go2
 from robot_drivers.hardware.realtime_driver import RealtimeDriverNode
 from robot_drivers.interface import CommandKind
 from robot_drivers.node_params import Param
+from robot_drivers.node_spin import spin_until_shutdown
 
 PARAMS = (
     Param(
@@ -104,13 +104,7 @@ def main(args=None):
         except (ImportError, ValueError) as e:
             print(f"go2_driver: {e}")
             raise SystemExit(1)
-        try:
-            rclpy.spin(node)
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            node.backend.close()
-            node.destroy_node()
+        spin_until_shutdown(node, on_exit=node.backend.close)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import rclpy
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
 
@@ -20,6 +19,7 @@ from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
 from robot_drivers.ingestion import Ingestion, IngestionConfig, StreamError
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_spin import spin_until_shutdown
 
 PARAMS = (
     Param(
@@ -226,12 +226,7 @@ class IngestionNode(Node):
 def main(args=None):
     with rclpy.init(args=args):
         node = IngestionNode()
-        try:
-            rclpy.spin(node)
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            node.destroy_node()
+        spin_until_shutdown(node)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import rclpy
 from geometry_msgs.msg import PoseStamped
 from nav_msgs.msg import Odometry
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.task import Future
@@ -36,6 +35,7 @@ from robot_drivers import registry, ros_msgs
 from robot_drivers.diagnostics import CommandSourceWatch, Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.tasks.base import Task
 from robot_drivers.ur5e.config import SceneConfig
 
@@ -557,13 +557,11 @@ def _check(name, value, values) -> str | None:
 def main(args=None):
     with rclpy.init(args=args):
         node = MujocoDriverNode()
-        try:
-            rclpy.spin_until_future_complete(node, node.finished)
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            node.episode.task.close()
-            node.destroy_node()
+        spin_until_shutdown(
+            node,
+            lambda: rclpy.spin_until_future_complete(node, node.finished),
+            on_exit=node.episode.task.close,
+        )
 
 
 if __name__ == "__main__":

@@ -13,31 +13,31 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import rclpy
-from rclpy.executors import Executor, ExternalShutdownException
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 
 
 def spin_until_shutdown(
     node: Node,
-    executor: Executor | None = None,
+    spin: Callable[[], object] | None = None,
     on_exit: Callable[[], None] | None = None,
 ) -> None:
-    """Spin `node` (on `executor`, else rclpy's default) until shutdown, then run `on_exit` and
-    destroy the node. Returns quietly on Ctrl-C, SIGTERM, an external `rclpy.shutdown` and an
-    error raised by a callback the shutdown cut short."""
+    """Run `spin` (default `rclpy.spin(node)`) until shutdown, then `on_exit`, then destroy the
+    node. Returns quietly on Ctrl-C, SIGTERM, an external `rclpy.shutdown` and an error raised by
+    a callback the shutdown cut short; any other error propagates (after the clean-up)."""
     try:
-        if executor is None:
+        if spin is None:
             rclpy.spin(node)
         else:
-            executor.spin()
+            spin()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     except Exception:
         if node.context.ok():
             raise
     finally:
-        if on_exit is not None:
-            on_exit()
-        if executor is not None:
-            executor.shutdown()
-        node.destroy_node()
+        try:
+            if on_exit is not None:
+                on_exit()
+        finally:
+            node.destroy_node()

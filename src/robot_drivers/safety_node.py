@@ -18,7 +18,6 @@ import numpy as np
 import rclpy
 from geometry_msgs.msg import PoseStamped
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
 from std_srvs.srv import Trigger
@@ -27,6 +26,7 @@ from trajectory_msgs.msg import JointTrajectory
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.safety import (
     GO2_DEFAULT_POSE,
     GO2_MAX_TARGET_STEP,
@@ -290,12 +290,7 @@ class SafetyNode(Node):
 def main(args=None):
     with rclpy.init(args=args):
         node = SafetyNode()
-        try:
-            rclpy.spin(node)
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            node.destroy_node()
+        spin_until_shutdown(node)
 
 
 if __name__ == "__main__":

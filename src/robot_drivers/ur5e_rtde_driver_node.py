@@ -11,7 +11,6 @@ import dataclasses
 
 import rclpy
 from geometry_msgs.msg import PoseStamped
-from rclpy.executors import ExternalShutdownException
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Level
@@ -20,6 +19,7 @@ from robot_drivers.hardware.robotiq import RobotiqGripper
 from robot_drivers.hardware.ur5e_rtde import UR5eRtdeConfig, connect_ur5e
 from robot_drivers.interface import CommandKind
 from robot_drivers.node_params import Param
+from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.ur5e.so3 import mat_to_quat
 
 PARAMS = (
@@ -93,13 +93,7 @@ def main(args=None):
         except (ConnectionError, OSError, ValueError) as e:
             print(f"ur5e_driver: {e}")
             raise SystemExit(1)
-        try:
-            rclpy.spin(node)
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            node.backend.close()
-            node.destroy_node()
+        spin_until_shutdown(node, on_exit=node.backend.close)
 
 
 if __name__ == "__main__":

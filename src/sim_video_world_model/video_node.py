@@ -25,7 +25,7 @@ import time
 import numpy as np
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
@@ -34,6 +34,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.registry import make_task
 from sim_video_world_model.paired_data import JointStateMaskRenderer
 from sim_video_world_model.predictor import (
@@ -265,17 +266,10 @@ class VideoPredictionNode(Node):
 
 def main(args=None):
     with rclpy.init(args=args):
-        node = None
-        try:
-            node = VideoPredictionNode()
-            executor = MultiThreadedExecutor()
-            executor.add_node(node)
-            executor.spin()
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            if node is not None:
-                node.destroy_node()
+        node = VideoPredictionNode()
+        executor = MultiThreadedExecutor()
+        executor.add_node(node)
+        spin_until_shutdown(node, executor.spin, on_exit=executor.shutdown)
 
 
 if __name__ == "__main__":

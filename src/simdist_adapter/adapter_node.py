@@ -21,13 +21,13 @@ import rclpy
 import torch
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.specs import robot_spec
 from simdist_adapter.adapter import adapt_round
 from simdist_adapter.bags import SIDECAR, BagError, EpisodeMeta, list_episode_bags
@@ -359,12 +359,7 @@ def main(args=None) -> None:
     lower_cpu_priority()
     with rclpy.init(args=args):
         node = AdapterNode()
-        try:
-            rclpy.spin(node)
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            node.destroy_node()
+        spin_until_shutdown(node)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ import rclpy
 import rerun as rr
 from rclpy.clock import Clock, ClockType
 from rclpy.exceptions import InvalidParameterValueException
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_spin import spin_until_shutdown
 from simdist_planner.ros.launch_description import GRAPHS
 from simdist_viewer import layout as L
 from simdist_viewer.core import ViewerLogger
@@ -242,12 +242,7 @@ def main(args=None):
         except (ValueError, InvalidParameterValueException) as exc:  # one line, no traceback
             print(exc, flush=True)
             raise SystemExit(1) from None
-        try:
-            rclpy.spin(node)
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
-            node.destroy_node()
+        spin_until_shutdown(node)
 
 
 if __name__ == "__main__":

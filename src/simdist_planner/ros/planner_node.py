@@ -53,6 +53,7 @@ from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind, Observation
 from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.specs import robot_spec
 from simdist_planner.planning.observation import ObservationError
 from simdist_planner.planning.planner import (
@@ -641,14 +642,12 @@ def main(args=None):
         # parameters and the timer, callbacks that return at once (docs/launch.md).
         executor = SingleThreadedExecutor()
         executor.add_node(node)
-        try:
-            executor.spin()
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
-        finally:
+
+        def stop() -> None:
             node.stop_planning()
             executor.shutdown()
-            node.destroy_node()
+
+        spin_until_shutdown(node, executor.spin, on_exit=stop)
 
 
 if __name__ == "__main__":
