@@ -57,6 +57,7 @@ def figures(results: dict) -> dict:
     }
 
 
+@pytest.mark.slow  # the experiment twice, in process and with workers
 @pytest.mark.timeout(600)
 def test_workers_reproduce_the_in_process_experiment(tmp_path):
     checkpoint = save_checkpoint(small_model(), tmp_path / "pretrained")

@@ -128,8 +128,10 @@ def _replan(bag: EpisodeBag, checkpoint: str, params: pathlib.Path, domain: int)
         ros.close()
 
 
+# slow: make test keeps one end-to-end test, the adaptation loop (test_adapt_loop_e2e.py)
 @pytest.mark.e2e
-@pytest.mark.parametrize("check_plans", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("check_plans", [False, True])
 def test_peg_graph_episode_recorded_and_replayed(tmp_path, ros_domain, check_plans):
     """check_plans: the planner of the replayed graph also reproduces every recorded plan. Kept
     out of `make test`: on a busy machine the replayed planner now and then skips an observation
@@ -236,6 +238,7 @@ GO2_STEPS = 50  # 1 s at 50 Hz
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_go2_flat_graph_walks_the_official_model_and_the_supervisor_passes_its_gait(
     tmp_path, ros_domain
 ):

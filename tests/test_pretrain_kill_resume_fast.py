@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from simdist_planner.cli.pretrain import parse_args
@@ -45,6 +46,9 @@ def saved_step(state) -> int:
         return -1
 
 
+# slow: test_pretrain.py::test_kill_and_resume_gives_the_weights_of_an_uninterrupted_run checks
+# the same in make test
+@pytest.mark.slow
 def test_killed_pretraining_resumes_to_the_uninterrupted_weights(tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.Popen(

@@ -63,6 +63,7 @@ def _pretrain(tmp_path, name, state_weight, steps, data="train"):
     return load_checkpoint(pretrain(cfg, tmp_path / name, progress=False))
 
 
+@pytest.mark.slow  # trains two readouts on generated episodes (about a minute)
 def test_readout_tells_a_latent_that_holds_the_state_from_an_untrained_one(
     tmp_path, capsys, monkeypatch
 ):

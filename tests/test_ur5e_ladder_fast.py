@@ -28,6 +28,7 @@ def steps_to_success(task, policy, seed: int) -> int:
     return CAP
 
 
+@pytest.mark.slow  # expert episodes on every rung
 @pytest.mark.parametrize("name", ["peg", "table_leg"])
 def test_every_degraded_rung_is_measurably_worse_than_the_expert(name):
     task = make_task(name, "sim", cameras=())

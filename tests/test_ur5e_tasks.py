@@ -182,6 +182,7 @@ def test_ladder_policies_are_valid():
     task.close()
 
 
+@pytest.mark.slow  # full peg episodes with the search
 def test_the_spiral_search_finds_a_hole_the_estimate_misses(monkeypatch):
     """Vertical insertion (the default): with its hole estimate 2 mm off (per axis), the expert
     lands on the fixture beside the 1 mm-clearance hole; the spiral finds it where pressing on

@@ -300,12 +300,18 @@ class MujocoDriverNode(Node):
 
     def _make_io(self) -> None:
         self.pub_clock = self.create_publisher(ClockMsg, "/clock", 10)
-        self.pub_joints = self.create_publisher(JointState, "/joint_states", 10)
-        self.pub_proprio = self.create_publisher(JointState, "/simdist/robot/proprio", 10)
+        self.pub_joints = self.create_publisher(
+            JointState, "/joint_states", ros_msgs.RECORDED_DEPTH
+        )
+        self.pub_proprio = self.create_publisher(
+            JointState, "/simdist/robot/proprio", ros_msgs.RECORDED_DEPTH
+        )
         self.pub_cams = {
             c: self.create_publisher(Image, f"/camera/{c}/image_raw", 10) for c in self.spec.cameras
         }
-        self.pub_episode = self.create_publisher(String, "/simdist/episode", 10)
+        self.pub_episode = self.create_publisher(
+            String, "/simdist/episode", ros_msgs.RECORDED_DEPTH
+        )
         # the robot's own sensors (ros_msgs.SENSOR_TOPICS): a floating base, or a TCP pose
         self.floating_base = "/odom" in ros_msgs.SENSOR_TOPICS[self.spec.name]
         if self.floating_base:
@@ -316,7 +322,7 @@ class MujocoDriverNode(Node):
             self.pub_tcp = self.create_publisher(PoseStamped, "/tcp_pose", 10)
         self.create_subscription(JointTrajectory, "/simdist/safe_command", self.on_command, 10)
         self.pub_applied = self.create_publisher(
-            JointTrajectory, ros_msgs.APPLIED_COMMAND_TOPIC, 10
+            JointTrajectory, ros_msgs.APPLIED_COMMAND_TOPIC, ros_msgs.RECORDED_DEPTH
         )
         self.command_source = CommandSourceWatch(self, self.diag, "/simdist/safe_command")
         self.create_service(Trigger, "~/reset", self.on_reset)

@@ -31,6 +31,11 @@ SENSOR_TOPICS = {"ur5e": ("/tcp_pose",), "go2": ("/imu", "/odom", "/height_map")
 # What a driver actually sent to the robot (command packing, stamped with the command's stamp,
 # HOLD / DAMP when it applied the safe action): the supervisor's step limiter follows it.
 APPLIED_COMMAND_TOPIC = "/simdist/robot/applied_command"
+# History depth of the small per-tick streams the recorder keeps (proprio, episode, commands).
+# A reliable KEEP_LAST writer overwrites what a reader has not yet acknowledged, so a recorder
+# that stalls for more than `depth` ticks (a slow disk, a loaded CPU) loses them in delivery;
+# 100 ticks are 2 s at 50 Hz for a few kilobytes per stream.
+RECORDED_DEPTH = 100
 
 
 def message_class(msgtype: str):

@@ -151,7 +151,9 @@ class SafetyNode(Node):
         self.diag.set("command", Level.WARN, "waiting for the first plan on /simdist/action")
         self.diag.set("estop", Level.OK, "released")
         self.counts = {"pass": 0, "clipped": 0, "rejected": 0, "safe": 0, "duplicate": 0}
-        self.pub = self.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
+        self.pub = self.create_publisher(
+            JointTrajectory, "/simdist/safe_command", ros_msgs.RECORDED_DEPTH
+        )
         self.create_subscription(JointTrajectory, "/simdist/action", self.on_action, 10)
         self.create_subscription(
             JointState, "/simdist/observation/proprio", self.on_observation, 10

@@ -76,10 +76,12 @@ class RealtimeDriverNode(Node):
         self.last_command_time: float | None = None
         self.watchdog_fired = False
         self.pub_joints = self.create_publisher(JointState, "/joint_states", 10)
-        self.pub_proprio = self.create_publisher(JointState, "/simdist/robot/proprio", 10)
+        self.pub_proprio = self.create_publisher(
+            JointState, "/simdist/robot/proprio", ros_msgs.RECORDED_DEPTH
+        )
         self.create_subscription(JointTrajectory, "/simdist/safe_command", self.on_command, 10)
         self.pub_applied = self.create_publisher(
-            JointTrajectory, ros_msgs.APPLIED_COMMAND_TOPIC, 10
+            JointTrajectory, ros_msgs.APPLIED_COMMAND_TOPIC, ros_msgs.RECORDED_DEPTH
         )
         self._command_stamp_ns = 0  # stamp of the newest command received (its safe actions too)
         self.command_source = CommandSourceWatch(self, self.diag, "/simdist/safe_command")
