@@ -36,11 +36,15 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
+# Two test processes (pytest-xdist), one test file each at a time: the ROS tests run on private
+# domains (tests/conftest.py), so files never cross-talk; PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
+
 test: lint
-	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(VPY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-all: lint chromium
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Debian's headless Chromium for the web-viewer screenshot test (tests/test_viewer.py, slow;
 # make test-all installs it first). Run as root (no sudo in the images).

@@ -37,9 +37,15 @@ def claim_domain(low: int, high: int):
     raise RuntimeError(f"every ROS domain id in [{low}, {high}] is held by another test run")
 
 
-if "ROS_DOMAIN_ID" not in os.environ:
-    _SESSION_DOMAIN, _SESSION_LOCK = claim_domain(1, 100)  # held for the whole session
+# The session's own domain, held for the whole session: unless the caller chose one, every test
+# process claims its own. pytest-xdist workers inherit the controller's environment, so a
+# domain this conftest claimed in the controller (marked by SIMDIST_TEST_DOMAIN_OF) is not theirs.
+if "ROS_DOMAIN_ID" not in os.environ or (
+    os.environ.get("SIMDIST_TEST_DOMAIN_OF") not in (None, str(os.getpid()))
+):
+    _SESSION_DOMAIN, _SESSION_LOCK = claim_domain(1, 100)
     os.environ["ROS_DOMAIN_ID"] = str(_SESSION_DOMAIN)
+    os.environ["SIMDIST_TEST_DOMAIN_OF"] = str(os.getpid())
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
