@@ -523,6 +523,7 @@ def _learner_checkpoint(tmp_path):
     return pretrain(cfg, tmp_path / "run", progress=False)
 
 
+@pytest.mark.slow  # learner-driven episodes with expert stretches
 def test_learner_driven_episodes_label_pi_states_with_expert_stretches(tmp_path):
     """DAgger-style data: pi (fed the executed actions) drives, the expert takes over in
     stretches of the configured lengths, and only its actions are flagged as expert targets."""

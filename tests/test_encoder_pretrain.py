@@ -210,6 +210,7 @@ def test_encoder_stage_and_near_field_settings_are_checked(data):
         )
 
 
+@pytest.mark.slow  # two ranks; test_pretrain.py checks DDP ranks in make test
 def test_two_ranks_with_a_frozen_backbone_end_with_identical_weights(data):
     # each rank trains the stage on its own shard; DDP starts every rank from rank 0's weights,
     # and a frozen backbone is never all-reduced, so this holds only if that start covers it

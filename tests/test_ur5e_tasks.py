@@ -242,6 +242,7 @@ def test_discounted_returns_make_success_absorbing():
     assert discounted_returns(r, success=False)[-1] == 0.0
 
 
+@pytest.mark.slow  # expert rollouts and a value fit
 def test_value_fit_heldout_error_and_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SIMDIST_CACHE_DIR", str(tmp_path))
     cfg = ValueFitConfig(episodes=6, holdout=0.34)
@@ -307,6 +308,7 @@ def test_same_actions_move_the_real_arm_differently():
     real.close()
 
 
+@pytest.mark.slow  # expert episodes on both variants
 def test_sim_expert_does_worse_on_real():
     """The sim expert, closed loop: measurably slower or less successful on "real"."""
     for name, seeds in (("peg", (31, 32)), ("table_leg", (31,))):
