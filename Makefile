@@ -22,7 +22,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): requirements.txt setup.py
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q --no-compile -r requirements.txt
+	$(VPY) -m pip install -q -r requirements.txt
 	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
