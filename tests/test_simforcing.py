@@ -25,9 +25,12 @@ from sim_video_world_model.config import (
 )
 from sim_video_world_model.evaluate import (
     EvalConfig,
+    Protocol,
     Scorer,
     baseline_predictions,
     evaluate_run,
+    protocol_data,
+    verdict,
 )
 from sim_video_world_model.evaluate import main as eval_main
 from sim_video_world_model.metrics import frechet_distance
@@ -41,7 +44,13 @@ from sim_video_world_model.paired_data import (
 )
 from sim_video_world_model.pipeline import SimForcingPipeline
 from sim_video_world_model.scheduler import FlowMatchScheduler, warmup_cosine
-from sim_video_world_model.train import LOSS_LOG, RunConfig, make_student, run
+from sim_video_world_model.train import (
+    LOSS_LOG,
+    RunConfig,
+    ScarceRealDataset,
+    make_student,
+    run,
+)
 
 TINY = TinyBackboneConfig(
     latent_channels=4,
@@ -264,6 +273,120 @@ def read_losses(stage_dir: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def test_concat_keeps_windows_in_order_and_widens_action_statistics():
+    a = synthetic_pairs(
+        2, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0
+    )
+    b = synthetic_pairs(
+        2, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=1
+    )
+    both = PairedWindows.concat([a, b])
+    assert len(both) == len(a) + len(b)
+    assert np.array_equal(both.real[: len(a)], a.real) and np.array_equal(both.sim[len(a) :], b.sim)
+    assert np.array_equal(both.actions[len(a) :], b.actions)
+    assert np.array_equal(both.action_low, np.minimum(a.action_low, b.action_low))
+    assert np.array_equal(both.action_high, np.maximum(a.action_high, b.action_high))
+    with pytest.raises(ValueError, match="nothing"):
+        PairedWindows.concat([])
+
+
+def test_heldout_actions_scale_with_the_models_statistics():
+    w = synthetic_pairs(
+        2, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0
+    )
+    low, high = w.action_low - 1.0, w.action_high + 1.0  # a training file's wider range
+    own, model = PairedVideoDataset(w), PairedVideoDataset(w, (low, high))
+    expected = normalize_actions(w.actions[0], low, high)
+    assert np.allclose(model[0]["actions"].numpy(), expected)
+    assert not torch.allclose(own[0]["actions"], model[0]["actions"])
+
+
+def test_scarce_real_dataset_cycles_the_few_real_windows_under_every_sim_window():
+    w = synthetic_pairs(
+        3, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0
+    )
+    data, real = PairedVideoDataset(w), PairedVideoDataset(w.subset(slice(0, 2)))
+    mixed = ScarceRealDataset(data, real)
+    assert len(mixed) == len(w) > 2
+    for i in range(len(w)):
+        assert torch.equal(mixed[i]["sim"], data[i]["sim"])
+        assert torch.equal(mixed[i]["real"], data[i % 2]["real"])
+
+
+def test_verdict_needs_the_full_student_above_every_baseline_and_sft_row():
+    def row(variant, psnr, moving, w=0.0, method=None):
+        return {
+            "method": method or variant,
+            "variant": variant,
+            "student": None if variant == "baseline" else f"student_{variant}",
+            "w": None if variant == "baseline" else w,
+            "psnr": psnr,
+            "psnr_moving": moving,
+        }
+
+    table = [
+        row("baseline", 24.0, 12.7, method="copy"),
+        row("sft", 23.0, 13.0, method="sft base"),
+        row("sft", 24.5, 13.5, method="sft teacher"),
+        row("full", 24.0, 14.0, w=0.6),
+        row("full", 25.0, 13.2, w=1.0),
+    ]
+    v = verdict(table, 0.6)
+    assert v["full_beats_baselines_moving"] is True
+    # whole-frame AND moving-pixel PSNR: 24.0 < 24.5 loses to the teacher-started SFT
+    assert v["full_beats_sft"] == {"sft base": True, "sft teacher": False}
+    assert v["winner"] == {"method": "full", "student": "student_full", "w": 0.6}
+    assert verdict(table, 1.0)["full_beats_sft"] == {"sft base": True, "sft teacher": False}
+    assert verdict(table, 1.0)["full_beats_baselines_moving"] is True
+    table[0]["psnr_moving"] = 14.5  # a baseline above the full student on the moving pixels
+    assert verdict(table, 0.6)["full_beats_baselines_moving"] is False
+    assert "full_beats_sft" not in verdict(table[:3], 0.6)  # no full row: no verdict
+
+
+@pytest.mark.e2e
+def test_scarce_real_protocol_trains_the_teacher_on_all_sim_and_students_on_the_real_few(
+    tmp_path,
+):
+    data = str(tmp_path / "pairs.h5")
+    w = synthetic_pairs(
+        4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0
+    )
+    w.save(data)
+    steps = dict(batch_size=4, log_every=1, save_every=10)
+    cfg = RunConfig(
+        backbone=BackboneConfig(tiny=TINY),
+        autoencoder_train=TrainConfig(steps=2, lr=1e-3, **steps),
+        teacher_train=TrainConfig(steps=2, **steps),
+        student_train=TrainConfig(steps=2, **steps),
+        real_windows=4,
+    )
+    out = str(tmp_path / "run")
+    run(
+        cfg,
+        data,
+        out,
+        ["autoencoder", "teacher", "student"],
+        [Variant.SFT],
+        resume=False,
+        sft_inits=("base", "teacher"),
+    )
+    base = load_bundle(os.path.join(out, "student_sft"))
+    from_teacher = load_bundle(os.path.join(out, "student_sft_teacher"))
+    assert base.info["init"] == "base" and from_teacher.info["init"] == "teacher"
+    assert base.info["real_windows"] == 4 and base.info["sim_windows"] == len(w) > 4
+    with open(os.path.join(out, "run_config.json")) as f:
+        assert RunConfig.from_json(json.load(f)).real_windows == 4
+    with pytest.raises(ValueError, match="real_windows"):
+        run(
+            RunConfig(backbone=BackboneConfig(tiny=TINY), real_windows=len(w) + 1),
+            data,
+            str(tmp_path / "bad"),
+            ["autoencoder"],
+            [],
+            resume=False,
+        )
+
+
 @pytest.mark.e2e
 def test_tiny_train_then_infer_and_resume(tmp_path):
     data = str(tmp_path / "pairs.h5")
@@ -356,7 +479,16 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     assert "baseline: copy first frame" in (tmp_path / "eval" / "results.md").read_text()
     assert result["table"][0]["robot_found"] == 1.0  # a copy keeps the first frame's robot
     assert len(result["latency"]) == 4 and all(r["seconds"] > 0 for r in result["latency"])
-    assert isinstance(result["full_beats_sft"], bool)
+    # the verdict: the full student (headline w) against every baseline and every SFT row
+    assert set(result["full_beats_sft"]) == {"real-only SFT from the base backbone"}
+    assert isinstance(result["full_beats_baselines_moving"], bool)
+    model_rows = [r for r in result["table"] if r["variant"] != "baseline"]
+    best = max(model_rows, key=lambda r: r["psnr_moving"])
+    assert result["winner"] == {
+        "method": best["method"],
+        "student": best["student"],
+        "w": best["w"],
+    }
     assert all(
         (tmp_path / "eval" / f).is_file() for f in ("results.json", "results.md", "qualitative.png")
     )
@@ -602,3 +734,17 @@ def test_frechet_distance_matches_the_covariance_formula():
     few = torch.randn(5, 64, generator=g), torch.randn(6, 64, generator=g) + 0.5  # N < D: SVD path
     for a, b in (many, few):
         assert frechet_distance(a, b) == pytest.approx(reference(a, b), rel=1e-6)
+
+
+def test_protocol_data_concatenates_its_parts_and_keeps_finished_files(tmp_path):
+    proto = Protocol("t", train_parts=((1, 0), (1, 1)), heldout=(1, 2), episode_steps=8)
+    protocol_data(proto, str(tmp_path), "peg", workers=2)
+    train, heldout = (PairedWindows.load(str(tmp_path / f)) for f in ("train.h5", "heldout.h5"))
+    parts = [PairedWindows.load(str(tmp_path / f"train_part{i}.h5")) for i in (0, 1)]
+    assert len(train) == sum(len(p) for p in parts) > 0 and len(heldout) > 0
+    assert np.array_equal(train.real, np.concatenate([p.real for p in parts]))
+    assert not np.array_equal(parts[0].real, parts[1].real)  # the parts' seeds differ
+    assert [p["seed"] for p in train.meta["parts"]] == [0, 1]
+    stamp = os.path.getmtime(tmp_path / "train.h5")
+    protocol_data(proto, str(tmp_path), "peg", workers=2)
+    assert os.path.getmtime(tmp_path / "train.h5") == stamp  # finished data is kept

@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import h5py
 import mujoco
@@ -83,6 +83,19 @@ class PairedWindows:
             dict(self.meta),
         )
 
+    @classmethod
+    def concat(cls, parts: list["PairedWindows"]) -> "PairedWindows":
+        """The windows of `parts` in order, with the action statistics of all of them."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        return cls(
+            *(np.concatenate([getattr(p, k) for p in parts]) for k in ("sim", "real", "actions")),
+            np.concatenate([p.mask for p in parts]),
+            np.min([p.action_low for p in parts], axis=0),
+            np.max([p.action_high for p in parts], axis=0),
+            dict(parts[0].meta, parts=[p.meta for p in parts]),
+        )
+
     def save(self, path: str) -> None:
         with h5py.File(path, "w") as f:
             for name in ("sim", "real", "actions", "mask", "action_low", "action_high"):
@@ -122,11 +135,15 @@ def to_pixels(frames_uint8: np.ndarray) -> torch.Tensor:
 
 
 class PairedVideoDataset(torch.utils.data.Dataset):
-    """Serves sim / real (3, T, H, W) in [-1, 1], actions (T-1, A) in [-1, 1], mask (H, W)."""
+    """Serves sim / real (3, T, H, W) in [-1, 1], actions (T-1, A) in [-1, 1], mask (H, W).
 
-    def __init__(self, windows: PairedWindows):
+    Actions are normalised with `action_range` (low, high) where given, i.e. a model's training
+    statistics when a held-out file is scored, else with the file's own statistics."""
+
+    def __init__(self, windows: PairedWindows, action_range: tuple[Any, Any] | None = None):
         self.windows = windows
-        self.actions = normalize_actions(windows.actions, windows.action_low, windows.action_high)
+        low, high = action_range or (windows.action_low, windows.action_high)
+        self.actions = normalize_actions(windows.actions, low, high)
 
     def __len__(self) -> int:
         return len(self.windows)

@@ -4,7 +4,8 @@
     torchrun --nproc_per_node 2 -m sim_video_world_model.train --data pairs.h5 --out runs/sf ...
 
 Every stage writes a full model checkpoint directory (see checkpoint.py) under --out:
-`autoencoder/`, `teacher/`, `student_<variant>/`; with --resume an interrupted stage continues
+`autoencoder/`, `teacher/`, `student_<variant>/` (`student_sft_teacher/` for the real-only baseline
+started from the sim teacher); with --resume an interrupted stage continues
 from its last save and a finished stage is skipped. DDP: NCCL on CUDA, gloo on CPU.
 """
 
@@ -234,7 +235,7 @@ def _set_checkpointing(denoiser: VideoDenoiser, tcfg: TrainConfig, device: torch
 
 def train_autoencoder(
     autoencoder: VideoAutoencoder,
-    data: PairedVideoDataset,
+    data: torch.utils.data.Dataset,
     tcfg: TrainConfig,
     out: str,
     dist: Dist,
@@ -290,6 +291,29 @@ def train_autoencoder(
 
 def _placeholder_denoiser(backbone: BackboneConfig) -> VideoDenoiser:
     return build_backbone(backbone)[1]
+
+
+class ScarceRealDataset(torch.utils.data.Dataset):
+    """Every window's sim stream, each paired in turn with one of the few real windows: the
+    autoencoder of the scarce-real protocol sees all the sim data and only the real windows the
+    students see (`RunConfig.real_windows`)."""
+
+    def __init__(self, data: PairedVideoDataset, real: PairedVideoDataset):
+        self.data, self.real = data, real
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"sim": self.data[i]["sim"], "real": self.real[i % len(self.real)]["real"]}
+
+
+def student_dir(variant: Variant, sft_init: str = "base") -> str:
+    """A student's directory name under the run: `student_<variant>`, and `student_sft_teacher`
+    for the real-only baseline started from the sim teacher."""
+    if variant is Variant.SFT and sft_init == "teacher":
+        return "student_sft_teacher"
+    return f"student_{variant.value}"
 
 
 class LatentDataset(torch.utils.data.Dataset):
@@ -361,7 +385,8 @@ def train_student(
     writer=None,
     init: VideoDenoiser | None = None,
 ) -> None:
-    """`init` (default: the teacher) is the denoiser the student starts from."""
+    """`init` (default: the teacher) is the denoiser the student starts from; `out`'s directory
+    name names the stage in the logs."""
     teacher = teacher_bundle.denoiser
     teacher.requires_grad_(False).eval()
     student = make_student(teacher if init is None else init, ocfg.variant)
@@ -389,7 +414,7 @@ def train_student(
     )
     save = lambda path: save_bundle(path, ModelBundle(ae, student, teacher_bundle.backbone, info))  # noqa: E731
     fit(
-        f"student_{ocfg.variant.value}",
+        os.path.basename(os.path.normpath(out)),
         student,
         loss_fn,
         data,
@@ -417,9 +442,16 @@ class RunConfig:
     student_train: TrainConfig = dataclasses.field(
         default_factory=lambda: TrainConfig(steps=1000, lr=2e-4)
     )
+    # How many of the training file's windows (the first ones) keep their real stream; None: all.
+    # The teacher trains on every window's sim stream; the autoencoder's real half, the students
+    # and the real-only baselines see only these (the scarce-real protocol: sim data outnumbers
+    # real data, as in the paper).
+    real_windows: int | None = None
 
     @classmethod
     def from_json(cls, data: dict) -> "RunConfig":
+        data = dict(data)
+        real_windows = data.pop("real_windows", None)
         kinds = {
             "backbone": BackboneConfig,
             "objective": ObjectiveConfig,
@@ -432,7 +464,9 @@ class RunConfig:
             raise ValueError(
                 f"run config: unknown sections {sorted(unknown)}; expected {sorted(kinds)}"
             )
-        return cls(**{k: from_dict(kinds[k], v) for k, v in data.items()})
+        return cls(
+            real_windows=real_windows, **{k: from_dict(kinds[k], v) for k, v in data.items()}
+        )
 
 
 def run(
@@ -442,7 +476,10 @@ def run(
     stages: list[str],
     variants: list[Variant],
     resume: bool,
+    sft_inits: tuple[str, ...] | None = None,
 ) -> None:
+    """`sft_inits`: the starts of the real-only SFT baseline when `variants` holds it, one student
+    each ("base", "teacher"; default: the objective's `sft_init`)."""
     dist = init_distributed(cfg.teacher_train.device)
     device = resolve_device(cfg.teacher_train.device, dist)
     torch.manual_seed(cfg.teacher_train.seed)
@@ -453,8 +490,17 @@ def run(
             f"backbone expects {cfg.backbone.action_dim}"
         )
     data = PairedVideoDataset(windows)
+    real_data = data
+    if cfg.real_windows is not None:
+        if not 0 < cfg.real_windows <= len(windows):
+            raise ValueError(
+                f"real_windows {cfg.real_windows}: {data_path} has {len(windows)} windows"
+            )
+        real_data = PairedVideoDataset(windows.subset(slice(0, cfg.real_windows)))
     info = {
         "num_frames": windows.num_frames,
+        "real_windows": len(real_data),
+        "sim_windows": len(data),
         "image_size": list(windows.sim.shape[2:4]),
         "action_low": windows.action_low.tolist(),
         "action_high": windows.action_high.tolist(),
@@ -477,7 +523,7 @@ def run(
                 autoencoder = load_bundle(ae_dir).autoencoder.requires_grad_(True)
             train_autoencoder(
                 autoencoder.to(device),
-                data,
+                data if real_data is data else ScarceRealDataset(data, real_data),
                 cfg.autoencoder_train,
                 ae_dir,
                 dist,
@@ -505,15 +551,24 @@ def run(
         _barrier(dist)
         if "student" in stages:
             teacher = load_bundle(teacher_dir, device)
-            latents = LatentDataset(teacher.autoencoder, data)
-            for variant in variants:
-                sdir = os.path.join(out, f"student_{variant.value}")
+            latents = LatentDataset(teacher.autoencoder, real_data)
+            runs = [
+                (variant, init)
+                for variant in variants
+                for init in (
+                    (sft_inits or (cfg.objective.sft_init,))
+                    if variant is Variant.SFT
+                    else (cfg.objective.sft_init,)
+                )
+            ]
+            for variant, init in runs:
+                sdir = os.path.join(out, student_dir(variant, init))
                 if resume and _stage_done(sdir):
                     continue
-                ocfg = dataclasses.replace(cfg.objective, variant=variant)
+                ocfg = dataclasses.replace(cfg.objective, variant=variant, sft_init=init)
                 base = (
                     build_backbone(cfg.backbone)[1].to(device)
-                    if variant is Variant.SFT and ocfg.sft_init == "base"
+                    if variant is Variant.SFT and init == "base"
                     else None
                 )
                 train_student(
@@ -544,6 +599,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         choices=[v.value for v in Variant],
         help="student variant(s) to train (repeatable; default: full)",
+    )
+    p.add_argument(
+        "--sft-init",
+        action="append",
+        choices=["base", "teacher"],
+        help="start(s) of the real-only SFT baseline, one student each (repeatable; default: "
+        "the config's objective.sft_init); 'teacher' trains student_sft_teacher/",
+    )
+    p.add_argument(
+        "--real-windows",
+        type=int,
+        help="keep the real stream of the first N windows only (the scarce-real protocol)",
     )
     p.add_argument("--config", help="JSON file with RunConfig sections overriding the defaults")
     p.add_argument("--device", help="cpu | cuda | cuda:N (all stages)")
@@ -583,9 +650,12 @@ def main(argv: list[str] | None = None) -> None:
             t.batch_size = args.batch_size
         if args.steps:
             t.steps = args.steps[i]
+    if args.real_windows is not None:
+        cfg.real_windows = args.real_windows
     stages = ["autoencoder", "teacher", "student"] if args.stage == "all" else [args.stage]
     variants = [Variant(v) for v in (args.variant or ["full"])]
-    run(cfg, args.data, args.out, stages, variants, args.resume)
+    sft_inits = tuple(args.sft_init) if args.sft_init else None
+    run(cfg, args.data, args.out, stages, variants, args.resume, sft_inits)
 
 
 if __name__ == "__main__":
