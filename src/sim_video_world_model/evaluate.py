@@ -381,7 +381,21 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         json.dump(result, f, indent=2)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(format_markdown(result))
+    if "winner" in result:
+        link_winner(run_dir, result["winner"]["student"])
     return result
+
+
+WINNER = "winner"  # <run>/winner: a link to the student directory the video node serves
+
+
+def link_winner(run_dir: str, student: str) -> None:
+    """Point `<run_dir>/winner` at `student` (a relative link, replaced atomically)."""
+    tmp = os.path.join(run_dir, f".{WINNER}.tmp")
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(student, tmp)
+    os.replace(tmp, os.path.join(run_dir, WINNER))
 
 
 COLUMNS = {
