@@ -738,13 +738,14 @@ def test_frechet_distance_matches_the_covariance_formula():
 
 def test_protocol_data_concatenates_its_parts_and_keeps_finished_files(tmp_path):
     proto = Protocol("t", train_parts=((1, 0), (1, 1)), heldout=(1, 2), episode_steps=8)
-    protocol_data(proto, str(tmp_path), "peg", workers=2)
-    train, heldout = (PairedWindows.load(str(tmp_path / f)) for f in ("train.h5", "heldout.h5"))
-    parts = [PairedWindows.load(str(tmp_path / f"train_part{i}.h5")) for i in (0, 1)]
+    out = tmp_path / "new"  # made by protocol_data
+    protocol_data(proto, str(out), "peg")
+    train, heldout = (PairedWindows.load(str(out / f)) for f in ("train.h5", "heldout.h5"))
+    parts = [PairedWindows.load(str(out / f"train_part{i}.h5")) for i in (0, 1)]
     assert len(train) == sum(len(p) for p in parts) > 0 and len(heldout) > 0
     assert np.array_equal(train.real, np.concatenate([p.real for p in parts]))
     assert not np.array_equal(parts[0].real, parts[1].real)  # the parts' seeds differ
     assert [p["seed"] for p in train.meta["parts"]] == [0, 1]
-    stamp = os.path.getmtime(tmp_path / "train.h5")
-    protocol_data(proto, str(tmp_path), "peg", workers=2)
-    assert os.path.getmtime(tmp_path / "train.h5") == stamp  # finished data is kept
+    stamp = os.path.getmtime(out / "train.h5")
+    protocol_data(proto, str(out), "peg", workers=2)  # nothing left to generate
+    assert os.path.getmtime(out / "train.h5") == stamp  # finished data is kept

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import math
+import multiprocessing
 import os
 import time
 
@@ -523,6 +524,7 @@ def _generate_part(task: str, episodes: int, seed: int, steps: int, path: str) -
 def protocol_data(protocol: Protocol, out: str, source: str = "peg", workers: int = 1) -> None:
     """`out`/train.h5 and heldout.h5 for `protocol` (kept when they exist): MuJoCo episodes of the
     sim task replayed in its "real" variant, or the synthetic arm world (`source="synthetic"`)."""
+    os.makedirs(out, exist_ok=True)
     train_file, heldout_file = os.path.join(out, "train.h5"), os.path.join(out, "heldout.h5")
     if os.path.isfile(train_file) and os.path.isfile(heldout_file):
         return
@@ -537,7 +539,8 @@ def protocol_data(protocol: Protocol, out: str, source: str = "peg", workers: in
     jobs.append((source, *protocol.heldout, protocol.episode_steps, heldout_file))
     todo = [job for job in jobs if not os.path.isfile(job[-1])]
     if workers > 1 and len(todo) > 1:
-        with concurrent.futures.ProcessPoolExecutor(min(workers, len(todo))) as pool:
+        spawn = multiprocessing.get_context("spawn")  # no EGL context or torch threads forked
+        with concurrent.futures.ProcessPoolExecutor(min(workers, len(todo)), spawn) as pool:
             for future in [pool.submit(_generate_part, *job) for job in todo]:
                 future.result()
     else:
