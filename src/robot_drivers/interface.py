@@ -68,6 +68,13 @@ class Observation:
     joint_vel: np.ndarray | None = None
     privileged: dict[str, np.ndarray] | None = None
 
+    def require_privileged(self) -> dict[str, np.ndarray]:
+        """`privileged` for the simulation-only readers (rewards, experts, labels); ValueError
+        where the observation has none (hardware)."""
+        if self.privileged is None:
+            raise ValueError("this observation has no privileged state (simulation only)")
+        return self.privileged
+
 
 @dataclass
 class Command:

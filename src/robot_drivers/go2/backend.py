@@ -164,7 +164,9 @@ class MujocoGo2Backend(RobotBackend):
         clearance = min(
             self.data.geom_xpos[g, 2]
             - self.model.geom_size[g, 0]
-            - ground_z(self.model, self.data, *self.data.geom_xpos[g, :2], 5.0)
+            - ground_z(
+                self.model, self.data, self.data.geom_xpos[g, 0], self.data.geom_xpos[g, 1], 5.0
+            )
             for g in self._foot_geoms
         )
         self.data.qpos[2] -= clearance - 0.002  # 2 mm drop onto the ground
