@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import h5py
 import mujoco
@@ -258,7 +258,7 @@ def synthetic_pairs(
         start = rng.uniform(0.2, 0.8, 2).astype(np.float32)
         actions = _expert_actions(rng, steps, cfg.action_dim, start)
         worlds = {v: SyntheticArmWorld(cfg, v, rng) for v in ("sim", "real")}
-        frames = {v: [] for v in worlds}
+        frames: dict[str, list[np.ndarray]] = {v: [] for v in worlds}
         real_masks = []  # rendered from the real arm's state through the camera: the mask renderer
         for v, world in worlds.items():
             world.reset(start)
@@ -348,6 +348,7 @@ def mujoco_pairs(
     segmenter = segmenter or JointStateMaskRenderer(calibrated.backend, cfg.camera)
     ladder = expert_ladder(sim)
     rng = np.random.default_rng(seed)
+    actions: Any  # an episode's actions as recorded (a list), then stacked (an array)
     sims, reals, acts, masks = [], [], [], []
     try:
         for ep in range(num_episodes):

@@ -86,7 +86,7 @@ def fit(
     name: str,
     module: nn.Module,
     loss_fn: Callable,
-    data: torch.utils.data.Dataset,
+    data: PairedVideoDataset | LatentDataset,
     tcfg: TrainConfig,
     out: str,
     dist: Dist,
@@ -122,7 +122,7 @@ def fit(
         lambda s: warmup_cosine(s, tcfg.steps, tcfg.warmup_frac),
         last_epoch=start - 1 if start else -1,
     )
-    sampler = (
+    sampler: DistributedSampler | None = (
         DistributedSampler(data, dist.world, dist.rank, seed=tcfg.seed) if dist.world > 1 else None
     )
     loader = DataLoader(
@@ -511,13 +511,13 @@ def run(
                 if resume and _stage_done(sdir):
                     continue
                 ocfg = dataclasses.replace(cfg.objective, variant=variant)
-                base = (
+                init = (
                     build_backbone(cfg.backbone)[1].to(device)
                     if variant is Variant.SFT and ocfg.sft_init == "base"
                     else None
                 )
                 train_student(
-                    teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer, init=base
+                    teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer, init=init
                 )
                 _barrier(dist)
     finally:
