@@ -19,6 +19,7 @@ level changes; the robot's MuJoCo bodies (optional, `RobotScene`).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 
@@ -52,7 +53,9 @@ def _level(value) -> int:
     return value[0] if isinstance(value, (bytes, bytearray)) else int(value)
 
 
-def _float(text: str) -> float:
+def _float(text: str | None) -> float:
+    if text is None:
+        return float("nan")
     try:
         return float(text)
     except (TypeError, ValueError):
@@ -107,13 +110,14 @@ class ViewerLogger:
             "/diagnostics": self._diagnostics,
         }
         for cam in self.cameras:
-            self._handlers[f"/camera/{cam}/image_raw"] = lambda m, c=cam: self._image(m, c, "raw")
-            self._handlers[f"/simdist/observation/image/{cam}"] = lambda m, c=cam: self._image(
-                m, c, "model"
-            )
-            self._handlers[f"/simdist/predicted_video/{cam}"] = lambda m, c=cam: self._image(
-                m, c, "predicted"
-            )
+            for prefix, kind in (
+                ("/camera/{}/image_raw", "raw"),
+                ("/simdist/observation/image/{}", "model"),
+                ("/simdist/predicted_video/{}", "predicted"),
+            ):
+                self._handlers[prefix.format(cam)] = functools.partial(
+                    self._image, camera=cam, kind=kind
+                )
 
     # -- what it shows
     @property
@@ -209,16 +213,19 @@ class ViewerLogger:
         self.rec.log(entity, rr.Tensor(hm, dim_names=("x", "y")))
         out = [entity]
         if kind == "raw" and self._base is not None:  # the scan as points under the robot
-            self.rec.log(L.HEIGHT_MAP_3D, rr.Points3D(self._scan_points(hm), radii=0.01))
+            self.rec.log(
+                L.HEIGHT_MAP_3D, rr.Points3D(self._scan_points(hm, self._base), radii=0.01)
+            )
             out.append(L.HEIGHT_MAP_3D)
         return out
 
-    def _scan_points(self, hm: np.ndarray) -> np.ndarray:
-        """Height scan (nx, ny) of `base_z - hit_z - offset` -> world points (yaw-aligned grid)."""
+    def _scan_points(self, hm: np.ndarray, base: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Height scan (nx, ny) of `base_z - hit_z - offset` -> world points (yaw-aligned grid)
+        under the base pose `base` (position, wxyz quaternion)."""
         scan = Go2Config().scan
         nx, ny = hm.shape
         xy = scan.grid_xy().reshape(ny, nx, 2).transpose(1, 0, 2).reshape(-1, 2)
-        pos, quat = self._base
+        pos, quat = base
         w, x, y, z = quat
         yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
         c, s = np.cos(yaw), np.sin(yaw)
