@@ -93,6 +93,10 @@ def go2_spec(config: Go2Config) -> RobotSpec:
         action_high=tuple(float(v) for v in high),
         joint_names=UNITREE_JOINT_NAMES,
         command_kind=CommandKind.JOINT_POSITION,
+        default_pose=tuple(float(v) for v in DEFAULT_POSE_UNITREE),
+        action_scale=scale,
+        damping_mode=True,
+        bare_scene="robot_drivers.go2.scene:bare_scene",
     )
 
 

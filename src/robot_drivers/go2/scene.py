@@ -214,3 +214,8 @@ def build_go2_spec(config: Go2Config, terrain: TerrainConfig) -> mujoco.MjSpec:
 
 def build_go2_model(config: Go2Config, terrain: TerrainConfig) -> mujoco.MjModel:
     return build_go2_spec(config, terrain).compile()
+
+
+def bare_scene() -> mujoco.MjSpec:
+    """The Go2 on flat ground with the default settings (`RobotSpec.bare_scene`)."""
+    return build_go2_spec(Go2Config(), TerrainConfig())

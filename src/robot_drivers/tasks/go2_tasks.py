@@ -173,7 +173,6 @@ def _wrap(a: float) -> float:
 class Go2Task(Task):
     """Velocity tracking with privileged reward, a fall test and a distance / survival success."""
 
-    damping_mode = True  # DAMP: the backend's zero-stiffness mode; the episode ends
     backend: MujocoGo2Backend
 
     def __init__(self, name: str, variant: str, config: Go2TaskConfig):

@@ -61,6 +61,7 @@ def make_spec(scene: SceneConfig, controller: ControllerConfig) -> RobotSpec:
         action_high=(c.max_step_pos,) * 3 + (c.max_step_rot,) * 3 + (1.0,),
         joint_names=ARM_JOINTS,
         command_kind=CommandKind.EE_DELTA,
+        bare_scene="robot_drivers.ur5e.scene:bare_scene",
     )
 
 
