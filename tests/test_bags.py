@@ -285,6 +285,8 @@ def test_reader_round_trip_and_metadata_fallback(tmp_path):
         with pytest.raises(BagError, match=r"no topic\(s\) \['/odom'\]"):
             list(bag.messages(["/odom"]))
         assert list(bag.messages([])) == []  # no topic asked for: no message (not all)
+    with pytest.raises(BagError, match="the bag is closed"):
+        list(bag.messages())
 
 
 @pytest.mark.parametrize("damage", ["truncate_half", "truncate_tail", "overwrite_middle"])
@@ -314,7 +316,11 @@ def test_writer_refuses_overwrite_and_unknown_types(tmp_path):
             bag.add_topic("/x", "my_msgs/msg/Custom")
         with pytest.raises(BagError, match="was not declared"):
             bag.write_raw("/y", 1, b"\x00\x01\x00\x00")
+        bag.add_topic("/z", "std_msgs/msg/String")
     assert os.path.isfile(tmp_path / "other" / "metadata.yaml")
+    bag.flush()  # a closed bag has nothing pending
+    with pytest.raises(BagError, match="the bag is closed"):
+        bag.write_raw("/z", 2, b"\x00\x01\x00\x00")
 
 
 _KILLED_WRITER = """

@@ -193,6 +193,9 @@ def test_torchrun_ranks_write_the_shards_workers_would(tmp_path, monkeypatch):
         assert by_rank[(shard_name(s), "attrs")]["num_shards"] == "2"
     with pytest.raises(ValueError, match="one worker"):
         datagen.generate(config(5), tmp_path / "x", workers=2, rank=0, world_size=2, progress=False)
+    with pytest.raises(ValueError, match="needs this process's rank"):
+        datagen.generate(config(5), tmp_path / "y", world_size=2, progress=False)
+    assert not (tmp_path / "y").exists() or not any((tmp_path / "y").iterdir())
 
 
 def test_resume_after_interruption_equals_uninterrupted(tmp_path):

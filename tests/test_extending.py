@@ -1,23 +1,31 @@
 """docs/extending.md stays true: every task's registry entry is complete, every robot has what
-the stack looks up per robot, and every file the guide names exists."""
+the stack looks up per robot, robot-name branches live only in robot-specific modules (a new
+robot's RobotSpec carries it through the safety supervisor and the viewer), and every file the
+guide names exists."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import pathlib
 import re
 
+import numpy as np
 import pytest
+import rerun as rr
 
 from robot_drivers import registry
 from robot_drivers.go2.config import Go2Config
-from robot_drivers.specs import ROBOT_SPECS
+from robot_drivers.interface import Command, CommandKind
+from robot_drivers.safety import SafetyConfig, SafetySupervisor
+from robot_drivers.specs import ROBOT_SPECS, robot_spec
 from simdist_planner.evaluation.datagen import ROBOT_DATA_CONFIGS
 from simdist_planner.evaluation.evaluate import AgentSummary
 from simdist_planner.planning.planner import PLANNER_CONFIGS
 from simdist_planner.ros.launch_description import GRAPHS, ROBOT_LAUNCH
 from simdist_planner.training.config import PRETRAIN_PRESETS
+from simdist_viewer.core import ViewerLogger
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "extending.md"
@@ -132,3 +140,102 @@ def test_every_path_the_guide_names_exists():
     assert len(paths) > 20, "the guide names files as `path` in backticks"
     missing = sorted(p for p in paths if not (ROOT / p).exists())
     assert missing == []
+
+
+# Where a robot's name may decide what code does: its own package, its node modules (named after
+# it), and the task, expert and hardware modules.
+ROBOT_MODULE_DIRS = ("experts", "tasks", "hardware")
+
+
+def robot_specific(path: pathlib.Path, robots) -> bool:
+    parts = path.relative_to(ROOT / "src").parts
+    if parts[0] != "robot_drivers" or len(parts) < 2:
+        return False
+    first = parts[1].removesuffix(".py")
+    return first in robots or first in ROBOT_MODULE_DIRS or first.split("_")[0] in robots
+
+
+def robot_name_branches(source: str, robots) -> list[int]:
+    """Lines of `source` that branch on a robot's name: a comparison with it (==, !=, in, ...),
+    a conditional expression or a match case that picks one. A robot name as a dict key, a
+    default or an argument is not a branch."""
+
+    def names_robot(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str) and node.value in robots
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(names_robot(e) for e in node.elts)
+        return False
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(
+            names_robot(x) for x in (node.left, *node.comparators)
+        ):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.IfExp) and (names_robot(node.body) or names_robot(node.orelse)):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.MatchValue) and names_robot(node.value):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_the_branch_scan_finds_comparisons_and_choices_not_tables():
+    robots = {"ur5e", "go2"}
+    source = """
+if robot == "go2": pass
+ok = name in ("ur5e", "go2")
+pick = "ur5e" if tcp else "go2"
+match robot:
+    case "ur5e": pass
+TABLE = {"ur5e": 1, "go2": 2}
+cfg = make(robot="go2")
+plain = name == "peg"
+"""
+    assert robot_name_branches(source, robots) == [2, 3, 4, 6]
+    src = ROOT / "src"
+    assert robot_specific(src / "robot_drivers/go2/backend.py", robots)
+    assert robot_specific(src / "robot_drivers/tasks/ur5e_tasks.py", robots)
+    assert robot_specific(src / "robot_drivers/ur5e_rtde_driver_node.py", robots)
+    assert not robot_specific(src / "robot_drivers/safety.py", robots)
+    assert not robot_specific(src / "simdist_viewer/core.py", robots)
+
+
+def test_robot_name_branches_live_only_in_robot_specific_modules():
+    robots = set(ROBOT_SPECS)
+    found = {}
+    for path in sorted((ROOT / "src").rglob("*.py")):
+        if not robot_specific(path, robots):
+            lines = robot_name_branches(path.read_text(), robots)
+            if lines:
+                found[str(path.relative_to(ROOT))] = lines
+    assert found == {}, "read the robot's RobotSpec (robot_drivers/specs.py) instead"
+
+
+@pytest.mark.parametrize("like", sorted(ROBOT_SPECS))
+def test_a_new_robots_spec_flows_through_safety_and_viewer(monkeypatch, like):
+    """A robot that differs from an existing one only by name: registering its RobotSpec is
+    all the safety supervisor and the viewer need to treat it the same way."""
+    spec = dataclasses.replace(robot_spec(like), name="newbot")
+    monkeypatch.setitem(ROBOT_SPECS, "newbot", lambda: spec)
+    new, old = SafetyConfig(robot="newbot"), SafetyConfig(robot=like)
+    assert (new.action_kind, new.action_dim) == (old.action_kind, old.action_dim)
+    for damp in (False, True):
+        kinds = {SafetySupervisor(c).safe_command(1.0, damp=damp).kind for c in (new, old)}
+        assert len(kinds) == 1
+    sup = SafetySupervisor(new)
+    sup.observation(1.0)
+    sup.tcp_pose([0.1, 0.5, 0.3])
+    decision = sup.filter(Command(spec.command_kind, np.zeros(spec.action_dim), 1.0), now=1.0)
+    assert decision.status == "pass" and decision.command.kind == spec.command_kind
+    assert SafetySupervisor(new).safe_command(1.0, damp=True).kind == (
+        CommandKind.DAMP if spec.damping_mode else CommandKind.HOLD
+    )
+    rec = rr.RecordingStream("simdist_test_extending")
+    viewer, reference = ViewerLogger(rec, "newbot"), ViewerLogger(rec, like)
+    assert viewer.cameras == reference.cameras and viewer.period_ns == reference.period_ns
+    chunk = np.full((3, spec.action_dim), 0.5)
+    np.testing.assert_array_equal(viewer._targets(chunk), reference._targets(chunk))
+    np.testing.assert_array_equal(
+        viewer._chunk_display(chunk)[0], reference._chunk_display(chunk)[0]
+    )

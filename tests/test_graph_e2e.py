@@ -24,12 +24,12 @@ from rclpy.serialization import deserialize_message
 from sensor_msgs.msg import Image, JointState
 from trajectory_msgs.msg import JointTrajectory
 
+from checkpoint_helpers import make_checkpoint
 from robot_ros_helpers import RosHarness
 from simdist_adapter.bags import EpisodeBag, list_episode_bags
 from simdist_adapter.episode_report import episode_report
 from simdist_planner.cli.import_official import main as import_official_main
 from simdist_planner.ros.planner_node import QOS, PlannerNode
-from test_planner_node import make_checkpoint
 
 SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -17,7 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from simdist_adapter.episodes import SELECTION_SEED, Episode, EpisodeStore, weights_digest
+from simdist_adapter.episodes import (
+    SELECTION_SEED,
+    Episode,
+    EpisodePool,
+    EpisodeStore,
+    weights_digest,
+)
 from simdist_adapter.ladder import cell_key, format_table, main, select_friction
 from simdist_adapter.registry import ModelRegistry
 from simdist_planner.model.checkpoint import save_checkpoint
@@ -114,6 +120,12 @@ def test_the_ladder_command_resumes_and_keeps_every_cell(tmp_path, capsys):
     assert len(saved) == 4 and all(len(c["success"]) == 2 for c in saved.values())
     assert {c["agent"] for c in saved.values()} == {"policy", "planner"}
     assert saved[cell_key("planner", 0.12, 0.5)]["planner"]["num_samples"] == 8
+
+
+def test_a_pool_needs_at_least_one_worker(tmp_path):
+    """--workers 0 is refused before any task or model loads, with the reason."""
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        EpisodePool("go2_slope", {}, "cpu", {}, 0)
 
 
 def test_a_worker_dies_with_the_process_that_spawned_it(tmp_path):

@@ -18,6 +18,7 @@ import rclpy
 import yaml
 from rclpy.parameter import Parameter
 
+from checkpoint_helpers import make_checkpoint
 from robot_drivers import ros_msgs
 from robot_drivers.specs import robot_spec
 from simdist_adapter.bags import TYPESTORE, EpisodeBagWriter, EpisodeMeta
@@ -25,7 +26,6 @@ from simdist_adapter.replay_node import ReplayNode
 from simdist_planner.planning.planner import planner_config_for
 from simdist_planner.ros import launch_description as desc
 from simdist_planner.ros import launcher, planner_node
-from test_planner_node import make_checkpoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")

@@ -7,31 +7,15 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
+from checkpoint_helpers import make_checkpoint
 from robot_drivers.interface import Observation
 from robot_drivers.specs import robot_spec
-from simdist_planner.model.checkpoint import save_checkpoint
-from simdist_planner.model.config import AttentionConfig, ur5e_small_config
-from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning.planner import PLANNER_FIELDS, planner_config_for
 from simdist_planner.ros.planner_core import LatencyEstimate, PlannerCore, load_world_model
 
 SPEC = robot_spec("ur5e")
 PERIOD = 0.2
-
-
-def make_checkpoint(path, seed=0, **overrides) -> str:
-    torch.manual_seed(seed)
-    config = ur5e_small_config(
-        proprio_dim=SPEC.proprio_dim,
-        latent_dim=32,
-        dynamics=AttentionConfig(1, 2),
-        policy=AttentionConfig(1, 2),
-        **overrides,
-    )
-    save_checkpoint(WorldModel(config), path)
-    return str(path)
 
 
 def values(**changes) -> dict:

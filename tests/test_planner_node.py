@@ -24,11 +24,12 @@ from sensor_msgs.msg import Image, JointState
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
+from checkpoint_helpers import make_checkpoint
 from robot_drivers import ros_msgs
 from robot_drivers.interface import Observation
 from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import save_checkpoint
-from simdist_planner.model.config import AttentionConfig, go2_config, ur5e_small_config
+from simdist_planner.model.config import AttentionConfig, go2_config
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning.planner import GO2_TEMPERATURE, bf16_supported, planner_config_for
 from simdist_planner.ros.planner_node import (
@@ -43,26 +44,6 @@ from simdist_planner.ros.planner_node import (
 PLANNER = str(pathlib.Path(sys.executable).parent / "planner_node")
 SPEC = robot_spec("ur5e")
 BF16_CPU = bf16_supported(torch.device("cpu"))
-
-
-def make_checkpoint(path, seed=0, scale=1.0, **overrides):
-    """A small random UR5e world model saved with the world-model engineer's save_checkpoint."""
-
-    torch.manual_seed(seed)
-    config = ur5e_small_config(
-        proprio_dim=SPEC.proprio_dim,
-        latent_dim=32,
-        dynamics=AttentionConfig(1, 2),
-        policy=AttentionConfig(1, 2),
-        **overrides,
-    )
-    model = WorldModel(config)
-    if scale != 1.0:  # finite weights whose activations overflow: the model outputs NaN/Inf
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(scale)
-    save_checkpoint(model, path)
-    return str(path)
 
 
 class Ingestion:

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from robot_drivers.interface import Command, CommandKind, FaultLevel
+from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
 from robot_drivers.ur5e import ControllerConfig, MujocoUR5eBackend, SceneConfig
 from robot_drivers.ur5e.so3 import rot_error, rotvec_to_mat
 
@@ -38,6 +38,10 @@ def test_reset_observation_shapes(backend):
     # the TCP starts pointing straight down
     tcp_z_axis = obs.privileged["tcp_mat"][:, 2]
     assert tcp_z_axis[2] == pytest.approx(-1.0, abs=1e-3)
+    assert obs.require_privileged() is obs.privileged
+    # a hardware observation has no privileged state: its readers say so instead of a TypeError
+    with pytest.raises(ValueError, match="simulation only"):
+        Observation(obs.stamp, obs.proprio).require_privileged()
 
 
 def test_controller_tracks_a_step_target(backend):

@@ -51,7 +51,8 @@ class Diagnostics:
         self._status[name] = (Level(level), message, values, now, stale_after_s)
         changed = previous is None or previous[0] != level
         if (
-            not changed
+            previous is not None
+            and not changed
             and level >= Level.WARN
             and previous[1] != message
             and now - self._last_push > 0.1

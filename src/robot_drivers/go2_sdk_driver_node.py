@@ -18,7 +18,7 @@ from sensor_msgs.msg import Imu
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Level
-from robot_drivers.hardware.go2_sdk import Go2SdkConfig, connect_go2
+from robot_drivers.hardware.go2_sdk import Go2SdkBackend, Go2SdkConfig, connect_go2
 from robot_drivers.hardware.realtime_driver import RealtimeDriverNode
 from robot_drivers.interface import CommandKind
 from robot_drivers.node_params import Param
@@ -45,6 +45,7 @@ PARAMS = (
 
 class Go2SdkDriverNode(RealtimeDriverNode):
     SAFE_KIND = CommandKind.DAMP
+    backend: Go2SdkBackend
 
     def __init__(self, backend=None, **kwargs):
         super().__init__("go2_driver", PARAMS, backend, **kwargs)
@@ -55,7 +56,7 @@ class Go2SdkDriverNode(RealtimeDriverNode):
         self._writer = threading.Thread(target=self._write_loop, name="go2_lowcmd", daemon=True)
         self._writer.start()
 
-    def connect(self):
+    def connect(self) -> Go2SdkBackend:
         cfg = Go2SdkConfig(
             lowcmd_rate_hz=self.params["lowcmd_rate_hz"],
             lowstate_timeout_s=self.params["lowstate_timeout_s"],

@@ -219,6 +219,7 @@ class Ingestion:
                 break
             self._pending.popleft()
             proprio, command = self._nearest("proprio", stamp)[1]
+            assert self._names is not None  # add_proprio set them when it queued this stamp
             out.append(
                 AlignedObservation(
                     stamp_ns=stamp,

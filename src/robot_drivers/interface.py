@@ -32,7 +32,9 @@ class ProprioTerm:
 
 @dataclass(frozen=True)
 class RobotSpec:
-    """Static facts about a robot that nodes and models size themselves from."""
+    """Static facts about a robot that nodes and models size themselves from: the one description
+    of a robot that the stack outside its own package (safety supervisor, viewer, planner, data)
+    reads instead of branching on its name."""
 
     name: str  # "ur5e" | "go2"
     action_dim: int
@@ -43,9 +45,18 @@ class RobotSpec:
     height_map_shape: tuple[int, int] | None = None
     command_dim: int = 0  # Go2 velocity command (vx, vy, wz)
     action_low: tuple[float, ...] = ()
-    action_high: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()  # EE_DELTA: the per-step caps (the chunk view's scale)
     joint_names: tuple[str, ...] = ()
     command_kind: CommandKind = CommandKind.JOINT_POSITION  # what its actions are commanded as
+    # JOINT_POSITION: joint target = default_pose + action_scale * action (joint_names order)
+    default_pose: tuple[float, ...] = ()
+    action_scale: float = 1.0
+    # True: DAMP is a mode of its own (zero stiffness, a quadruped: it lies down, the episode
+    # ends); False: DAMP stops the robot as HOLD does (an arm)
+    damping_mode: bool = False
+    # "module:function" returning the robot's mujoco.MjSpec as the simulator builds it, without
+    # cameras, task objects or render-only mesh detail (the viewer's 3-D robot); "": none
+    bare_scene: str = ""
 
     @property
     def proprio_dim(self) -> int:
@@ -67,6 +78,13 @@ class Observation:
     joint_pos: np.ndarray | None = None  # measured joint positions (rad), spec.joint_names order
     joint_vel: np.ndarray | None = None
     privileged: dict[str, np.ndarray] | None = None
+
+    def require_privileged(self) -> dict[str, np.ndarray]:
+        """`privileged` for the simulation-only readers (rewards, experts, labels); ValueError
+        where the observation has none (hardware)."""
+        if self.privileged is None:
+            raise ValueError("this observation has no privileged state (simulation only)")
+        return self.privileged
 
 
 @dataclass

@@ -40,15 +40,16 @@ class Param:
         d = ParameterDescriptor(description=self.description, read_only=self.read_only)
         if self.choices:
             d.additional_constraints = "one of: " + ", ".join(map(str, self.choices))
-        if self.low is not None and isinstance(self.default, bool):
+        low, high = self.low, self.high
+        if (low is None) != (high is None):
+            raise TypeError(f"parameter {self.name}: a range takes both low and high")
+        if low is not None and isinstance(self.default, bool):
             raise TypeError(f"parameter {self.name}: a bool takes no range")
-        if self.low is not None and isinstance(self.default, int):
-            d.integer_range = [
-                IntegerRange(from_value=int(self.low), to_value=int(self.high), step=1)
-            ]
-        elif self.low is not None:
+        if low is not None and high is not None and isinstance(self.default, int):
+            d.integer_range = [IntegerRange(from_value=int(low), to_value=int(high), step=1)]
+        elif low is not None and high is not None:
             d.floating_point_range = [
-                FloatingPointRange(from_value=float(self.low), to_value=float(self.high), step=0.0)
+                FloatingPointRange(from_value=float(low), to_value=float(high), step=0.0)
             ]
         return d
 

@@ -1,11 +1,14 @@
 """The safety supervisor's pure core: every command passes here before any driver sees it.
 
 Checks, in order: NaN / Inf, e-stop latch, stale observation, the command's age (the age of the
-observation it answers), command kind / size, then the
-robot's limits (UR5e: end-effector step caps and a workspace box on the predicted TCP; Go2: joint
-target limits and a per-tick target step limit). A command-rate watchdog turns a missing plan into
-HOLD (arm) or, after a grace period, DAMP (quadruped). The ROS node (`safety_node.py`) only moves
-messages in and out of this class; every rule is testable here without ROS.
+observation it answers), command kind / size, then the robot's limits, chosen by what its actions
+are (`RobotSpec.command_kind`): end-effector deltas (UR5e) get step caps and a workspace box on
+the predicted TCP; joint targets (Go2) get joint-target limits and a per-tick target step limit.
+A command-rate watchdog turns a missing plan into HOLD, and, after a grace period, into DAMP on a
+robot for which DAMP is a mode of its own (`RobotSpec.damping_mode`: the quadruped). The robot's
+kind, action size and damping come from its `RobotSpec` (`robot_drivers.specs`), never from its
+name. The ROS node (`safety_node.py`) only moves messages in and out of this class; every rule is
+testable here without ROS.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from robot_drivers.interface import Command, CommandKind
+from robot_drivers.interface import Command, CommandKind, RobotSpec
+from robot_drivers.specs import robot_spec
 
 # Go2 joint limits (rad), Unitree order FR, FL, RR, RL x (hip, thigh, calf), from the menagerie
 # model; the rear thighs reach further back than the front ones.
@@ -49,7 +53,7 @@ class SafetyConfig:
     """Limits and timeouts of one robot. Times are seconds on the node clock (sim time in
     lockstep)."""
 
-    robot: str = "ur5e"  # "ur5e" (EE_DELTA, safe action HOLD) or "go2" (JOINT_POSITION, DAMP)
+    robot: str = "ur5e"  # a robot of robot_drivers.specs; its RobotSpec says what the rest means
     command_timeout_s: float = 0.5  # no fresh plan for this long -> safe action
     damp_grace_s: float = 0.2  # Go2: HOLD (stand) this long after a timeout, then DAMP
     observation_timeout_s: float = 0.5  # newest observation older than this -> safe action
@@ -57,12 +61,12 @@ class SafetyConfig:
     # this from the node clock, in the past (a late plan) or the future (a command of another
     # episode after a clock reset, a clock jump), is not forwarded: the safe action goes instead.
     max_command_age_s: float = 0.5
-    # UR5e
+    # end-effector deltas (EE_DELTA: the UR5e)
     max_step_pos: float = 0.03  # m per control step (norm of dx, dy, dz)
     max_step_rot: float = 0.25  # rad per control step (norm of the rotation vector)
     workspace_low: tuple[float, float, float] = (-0.45, 0.10, 0.01)  # m, TCP box in the base frame
     workspace_high: tuple[float, float, float] = (0.55, 0.90, 0.70)
-    # Go2
+    # joint targets (JOINT_POSITION: the Go2)
     action_scale: float = 0.25  # joint target = default_pose + action_scale * action
     default_pose: tuple[float, ...] = GO2_DEFAULT_POSE
     joint_low: tuple[float, ...] = GO2_TARGET_LOW  # joint-target limits (GO2_TARGET_MARGIN)
@@ -70,8 +74,7 @@ class SafetyConfig:
     max_target_step: float = GO2_MAX_TARGET_STEP  # rad per control step between joint targets
 
     def __post_init__(self) -> None:
-        if self.robot not in ("ur5e", "go2"):
-            raise ValueError(f"SafetyConfig.robot must be 'ur5e' or 'go2', got {self.robot!r}")
+        self._spec = robot_spec(self.robot)  # ValueError naming the known robots
         for name in (
             "command_timeout_s",
             "observation_timeout_s",
@@ -94,22 +97,28 @@ class SafetyConfig:
                 "workspace box needs 3 values each with low < high, "
                 f"got {self.workspace_low} / {self.workspace_high}"
             )
+        joints = self._spec.action_dim if self.action_kind == CommandKind.JOINT_POSITION else None
         for name in ("default_pose", "joint_low", "joint_high"):
-            if len(getattr(self, name)) != 12:
+            if joints is not None and len(getattr(self, name)) != joints:
                 raise ValueError(
-                    f"SafetyConfig.{name} needs 12 values (Go2 joints), "
+                    f"SafetyConfig.{name} needs {joints} values ({self.robot} joints), "
                     f"got {len(getattr(self, name))}"
                 )
         if not all(lo < hi for lo, hi in zip(self.joint_low, self.joint_high)):
             raise ValueError("SafetyConfig.joint_low must be below joint_high for every joint")
 
     @property
+    def spec(self) -> RobotSpec:
+        """The robot's spec (default backend settings)."""
+        return self._spec
+
+    @property
     def action_kind(self) -> CommandKind:
-        return CommandKind.EE_DELTA if self.robot == "ur5e" else CommandKind.JOINT_POSITION
+        return self._spec.command_kind
 
     @property
     def action_dim(self) -> int:
-        return 7 if self.robot == "ur5e" else 12
+        return self._spec.action_dim
 
 
 def stale_command_reason(stamp: float, now: float, max_age_s: float) -> str | None:
@@ -201,21 +210,22 @@ class SafetySupervisor:
         )
 
     def safe_command(self, stamp: float, damp: bool = False) -> Command:
-        kind = CommandKind.DAMP if (damp and self.config.robot == "go2") else CommandKind.HOLD
+        kind = CommandKind.DAMP if (damp and self.config.spec.damping_mode) else CommandKind.HOLD
         return Command(kind=kind, stamp=stamp)
 
     def applied(self, command: Command) -> None:
         """The driver reports the command it applied (its stamp is the observation it answers):
-        the step limiter's reference moves to it. HOLD makes the Go2 stand (its target is the
-        default pose, in sim and on the robot), so the next step is measured from there; DAMP
-        has no target (zero stiffness), so none is. Forwarded targets with a stamp at or before
-        it can no longer be applied and are forgotten."""
+        the step limiter's reference (joint-target robots) moves to it. HOLD makes the Go2 stand
+        (its target is the default pose, in sim and on the robot), so the next step is measured
+        from there; DAMP has no target (zero stiffness), so none is. Forwarded targets with a
+        stamp at or before it can no longer be applied and are forgotten."""
         if command.stamp < self._applied_stamp:
             return  # an older report overtaken by a newer one
         self._applied_stamp = command.stamp
         self._pending = [(s, t) for s, t in self._pending if s > command.stamp]
         default = np.asarray(self.config.default_pose)
-        if self.config.robot != "go2" or command.kind == CommandKind.DAMP:
+        joints = self.config.action_kind == CommandKind.JOINT_POSITION
+        if not joints or command.kind == CommandKind.DAMP:
             self._applied_target = None
         elif command.kind == CommandKind.HOLD:
             self._applied_target = self._hold_target()
@@ -280,7 +290,7 @@ class SafetySupervisor:
             return self.reject(
                 stamp, f"command has shape {values.shape}, expected ({self.config.action_dim},)"
             )
-        if self.config.robot == "ur5e":
+        if self.config.action_kind == CommandKind.EE_DELTA:
             decision = self._limit_ee(values, stamp)
         else:
             decision = self._limit_joints(values, stamp)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import numpy as np
 import rclpy
@@ -124,7 +125,7 @@ CONFIG_FIELDS = [f.name for f in dataclasses.fields(SafetyConfig)]
 
 
 def _config(values: dict) -> SafetyConfig:
-    kw = {
+    kw: dict[str, Any] = {
         k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in CONFIG_FIELDS
     }
     return SafetyConfig(**kw)

@@ -16,7 +16,7 @@ from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Level
 from robot_drivers.hardware.realtime_driver import RealtimeDriverNode
 from robot_drivers.hardware.robotiq import RobotiqGripper
-from robot_drivers.hardware.ur5e_rtde import UR5eRtdeConfig, connect_ur5e
+from robot_drivers.hardware.ur5e_rtde import UR5eRtdeBackend, UR5eRtdeConfig, connect_ur5e
 from robot_drivers.interface import CommandKind
 from robot_drivers.node_params import Param
 from robot_drivers.node_spin import spin_until_shutdown
@@ -45,12 +45,13 @@ PARAMS = (
 
 class UR5eRtdeDriverNode(RealtimeDriverNode):
     SAFE_KIND = CommandKind.HOLD  # a faulted UR is already stopped by its controller
+    backend: UR5eRtdeBackend
 
     def __init__(self, backend=None, **kwargs):
         super().__init__("ur5e_driver", PARAMS, backend, **kwargs)
         self.pub_tcp = self.create_publisher(PoseStamped, "/tcp_pose", 10)
 
-    def connect(self):
+    def connect(self) -> UR5eRtdeBackend:
         cfg = UR5eRtdeConfig(
             lookahead_time=self.params["lookahead_time"],
             gain=self.params["gain"],

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 FORMAT_VERSION = 1
+
+
+def _pair(value: Sequence[float]) -> tuple[float, float]:
+    """A (low, high) setting as a tuple (a config read from JSON gives a list)."""
+    low, high = value
+    return low, high
 
 
 class Variant(str, enum.Enum):
@@ -59,8 +66,8 @@ class ObjectiveConfig:
         self.variant = Variant(self.variant)
         if self.sft_init not in ("base", "teacher"):
             raise ValueError(f"sft_init must be 'base' or 'teacher', got {self.sft_init!r}")
-        self.corrupt_alpha = tuple(self.corrupt_alpha)
-        self.corrupt_sigma = tuple(self.corrupt_sigma)
+        self.corrupt_alpha = _pair(self.corrupt_alpha)
+        self.corrupt_sigma = _pair(self.corrupt_sigma)
         for name in ("sim_cond_prob", "corrupt_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -90,7 +97,8 @@ class TinyBackboneConfig:
     action_heads: int = 4
 
     def __post_init__(self) -> None:
-        self.patch_size = tuple(self.patch_size)
+        t, h, w = self.patch_size  # a config read from JSON gives a list
+        self.patch_size = (t, h, w)
         if self.spatial_factor not in (2, 4, 8):
             raise ValueError(f"spatial_factor must be 2, 4 or 8, got {self.spatial_factor}")
         if self.hidden % self.heads:
@@ -156,7 +164,7 @@ class TrainConfig:
     num_workers: int = 0
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)
+        self.betas = _pair(self.betas)
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(
                 f"steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}"

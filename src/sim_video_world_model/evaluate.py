@@ -22,6 +22,7 @@ import math
 import multiprocessing
 import os
 import time
+from typing import Any
 
 import torch
 
@@ -172,7 +173,7 @@ class Scorer:
         self.lpips = (
             metrics.LPIPS(lpips_backbone, lpips_heads) if lpips_backbone and lpips_heads else None
         )
-        self.extra = {}
+        self.extra: dict[str, torch.nn.Module] = {}
         if fid_weights:
             self.extra["fid"] = metrics.FrechetInceptionDistance(fid_weights)
         if fvd_weights:
@@ -180,7 +181,7 @@ class Scorer:
 
     def __call__(
         self, pred: torch.Tensor, gt: torch.Tensor, first_mask: torch.Tensor, start: int = 1
-    ) -> dict[str, float]:
+    ) -> dict[str, float | None]:
         """Scores of frames start..T-1 of (N, 3, T, H, W) videos; `first_mask` (N, H, W) is the
         robot mask of the real first frame."""
         p, g = pred[:, :, start:], gt[:, :, start:]
@@ -324,7 +325,7 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
     if not available:
         raise FileNotFoundError(f"no student_<variant>/ checkpoint under {run_dir}")
     for name, pred in baseline_predictions(gt, start).items():
-        row = {"method": name, "variant": "baseline", "student": None, "w": None}
+        row: dict[str, Any] = {"method": name, "variant": "baseline", "student": None, "w": None}
         table.append(dict(row, **scorer(pred, gt, first_mask, start)))
         log.info("%s", table[-1])
     torch.manual_seed(cfg.seed)
@@ -484,7 +485,7 @@ class Protocol:
             layers=4,
             ffn=256,
         )
-        common = dict(device=device, batch_size=8, log_every=10, save_every=100)
+        common: dict[str, Any] = dict(device=device, batch_size=8, log_every=10, save_every=100)
         return RunConfig(
             backbone=BackboneConfig(tiny=tiny),
             autoencoder_train=TrainConfig(

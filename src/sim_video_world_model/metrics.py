@@ -57,9 +57,9 @@ def psnr(pred: torch.Tensor, target: torch.Tensor) -> float:
 
 def ssim(pred: torch.Tensor, target: torch.Tensor) -> float:
     _check_pair(pred, target)
-    return float(
-        structural_similarity_index_measure(_frames01(pred), _frames01(target), data_range=1.0)
-    )
+    score = structural_similarity_index_measure(_frames01(pred), _frames01(target), data_range=1.0)
+    assert isinstance(score, torch.Tensor)  # a tuple only with return_full_image (not asked)
+    return float(score)
 
 
 def motion_mask(target: torch.Tensor, threshold: float = MOTION_THRESHOLD) -> torch.Tensor:
@@ -248,6 +248,8 @@ class LPIPS(nn.Module):
 
     CHANNELS = (64, 192, 384, 256, 256)
     TAPS = (1, 4, 7, 9, 11)  # ReLU outputs in torchvision's alexnet.features
+    shift: torch.Tensor  # (1, 3, 1, 1) buffers: [-1, 1] input -> the backbone's normalisation
+    scale: torch.Tensor
 
     def __init__(self, backbone_weights: str | None = None, head_weights: str | None = None):
         super().__init__()
@@ -257,9 +259,10 @@ class LPIPS(nn.Module):
             load_weights(
                 self.features, backbone_weights, strip="features."
             )  # full AlexNet or features only
-        self.heads = nn.ModuleList(nn.Conv2d(c, 1, 1, bias=False) for c in self.CHANNELS)
-        for h in self.heads:
+        heads = [nn.Conv2d(c, 1, 1, bias=False) for c in self.CHANNELS]
+        for h in heads:
             nn.init.uniform_(h.weight, 0.0, 1.0 / h.in_channels)
+        self.heads = nn.ModuleList(heads)
         if head_weights:
             load_weights(self.heads, head_weights)
         self.register_buffer("shift", torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1))
@@ -342,6 +345,9 @@ def frechet_distance(a: torch.Tensor, b: torch.Tensor) -> float:
 class FrechetInceptionDistance(nn.Module):
     """FID on all frames: Inception-v3 2048-d pool features at 299x299 (`size`), ImageNet norm."""
 
+    mean: torch.Tensor  # (1, 3, 1, 1) normalisation buffers
+    std: torch.Tensor
+
     def __init__(self, weights: str | None = None, size: int = 299):
         super().__init__()
 
@@ -370,6 +376,9 @@ class FrechetInceptionDistance(nn.Module):
 class FrechetVideoDistance(nn.Module):
     """FVD: Frechet distance of whole-clip features (torchvision R3D-18 at 112x112 (`size`),
     Kinetics normalisation)."""
+
+    mean: torch.Tensor  # (1, 3, 1, 1, 1) normalisation buffers
+    std: torch.Tensor
 
     def __init__(self, weights: str | None = None, size: int = 112):
         super().__init__()

@@ -146,6 +146,8 @@ class StudentObjective:
         l_fm_sim = fm(v_sim, z_sim) if variant.joint_fm else zero
         l_m_real = l_m_sim = zero
         if variant.motion:
+            # checked at the top: motion needs the teacher, and it runs the sim half (use_sim)
+            assert teacher is not None and v_sim is not None
             with torch.no_grad():
                 v_teacher = teacher(x_sim, t, actions)
                 m_teacher = latent_motion(

@@ -89,7 +89,9 @@ class PairedWindows:
         if not parts:
             raise ValueError("nothing to concatenate")
         return cls(
-            *(np.concatenate([getattr(p, k) for p in parts]) for k in ("sim", "real", "actions")),
+            np.concatenate([p.sim for p in parts]),
+            np.concatenate([p.real for p in parts]),
+            np.concatenate([p.actions for p in parts]),
             np.concatenate([p.mask for p in parts]),
             np.min([p.action_low for p in parts], axis=0),
             np.max([p.action_high for p in parts], axis=0),
@@ -275,7 +277,7 @@ def synthetic_pairs(
         start = rng.uniform(0.2, 0.8, 2).astype(np.float32)
         actions = _expert_actions(rng, steps, cfg.action_dim, start)
         worlds = {v: SyntheticArmWorld(cfg, v, rng) for v in ("sim", "real")}
-        frames = {v: [] for v in worlds}
+        frames: dict[str, list[np.ndarray]] = {v: [] for v in worlds}
         real_masks = []  # rendered from the real arm's state through the camera: the mask renderer
         for v, world in worlds.items():
             world.reset(start)
@@ -365,6 +367,7 @@ def mujoco_pairs(
     segmenter = segmenter or JointStateMaskRenderer(calibrated.backend, cfg.camera)
     ladder = expert_ladder(sim)
     rng = np.random.default_rng(seed)
+    actions: Any  # an episode's actions as recorded (a list), then stacked (an array)
     sims, reals, acts, masks = [], [], [], []
     try:
         for ep in range(num_episodes):

@@ -87,7 +87,7 @@ def fit(
     name: str,
     module: nn.Module,
     loss_fn: Callable,
-    data: torch.utils.data.Dataset,
+    data: PairedVideoDataset | ScarceRealDataset | LatentDataset,
     tcfg: TrainConfig,
     out: str,
     dist: Dist,
@@ -123,7 +123,7 @@ def fit(
         lambda s: warmup_cosine(s, tcfg.steps, tcfg.warmup_frac),
         last_epoch=start - 1 if start else -1,
     )
-    sampler = (
+    sampler: DistributedSampler | None = (
         DistributedSampler(data, dist.world, dist.rank, seed=tcfg.seed) if dist.world > 1 else None
     )
     loader = DataLoader(
@@ -235,7 +235,7 @@ def _set_checkpointing(denoiser: VideoDenoiser, tcfg: TrainConfig, device: torch
 
 def train_autoencoder(
     autoencoder: VideoAutoencoder,
-    data: torch.utils.data.Dataset,
+    data: PairedVideoDataset | ScarceRealDataset,
     tcfg: TrainConfig,
     out: str,
     dist: Dist,
@@ -566,13 +566,21 @@ def run(
                 if resume and _stage_done(sdir):
                     continue
                 ocfg = dataclasses.replace(cfg.objective, variant=variant, sft_init=init)
-                base = (
+                start_from = (
                     build_backbone(cfg.backbone)[1].to(device)
                     if variant is Variant.SFT and init == "base"
                     else None
                 )
                 train_student(
-                    teacher, latents, ocfg, cfg.student_train, sdir, dist, resume, writer, init=base
+                    teacher,
+                    latents,
+                    ocfg,
+                    cfg.student_train,
+                    sdir,
+                    dist,
+                    resume,
+                    writer,
+                    init=start_from,
                 )
                 _barrier(dist)
     finally:

@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 import yaml
 from rosbags.rosbag2 import Reader, StoragePlugin, Writer
+from rosbags.rosbag2.storage_mcap import McapWriter
 from rosbags.typesys import Stores, get_typestore
 
 TYPESTORE = get_typestore(Stores.ROS2_KILTED)
@@ -114,11 +115,17 @@ class EpisodeBagWriter:
             )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.meta = meta
-        self._writer = Writer(self.path, version=9, storage_plugin=StoragePlugin.MCAP)
-        self._writer.open()
+        writer = Writer(self.path, version=9, storage_plugin=StoragePlugin.MCAP)
+        writer.open()
+        self._writer: Writer | None = writer  # None once closed
         self._connections: dict[str, Any] = {}
         self.message_count = 0
         self._write_sidecar()
+
+    def _live(self) -> Writer:
+        if self._writer is None:
+            raise BagError(f"{self.path}: the bag is closed")
+        return self._writer
 
     def add_topic(self, topic: str, msgtype: str) -> None:
         """Declare a topic; idempotent for the same type, an error for a different one."""
@@ -128,17 +135,17 @@ class EpisodeBagWriter:
             if known.msgtype != name:
                 raise BagError(f"topic {topic} already recorded as {known.msgtype}, got {name}")
             return
-        self._connections[topic] = self._writer.add_connection(topic, name, typestore=TYPESTORE)
+        self._connections[topic] = self._live().add_connection(topic, name, typestore=TYPESTORE)
 
     def has_topic(self, topic: str) -> bool:
         return topic in self._connections
 
-    def write_raw(self, topic: str, stamp_ns: int, cdr: bytes) -> None:
+    def write_raw(self, topic: str, stamp_ns: int, cdr: bytes | memoryview) -> None:
         """Store a message exactly as serialised on the wire (CDR with its 4-byte header)."""
         connection = self._connections.get(topic)
         if connection is None:
             raise BagError(f"topic {topic} was not declared with add_topic")
-        self._writer.write(connection, int(stamp_ns), bytes(cdr))
+        self._live().write(connection, int(stamp_ns), bytes(cdr))
         self.message_count += 1
         if self.meta.start_ns == 0:
             self.meta.start_ns = int(stamp_ns)
@@ -159,7 +166,7 @@ class EpisodeBagWriter:
         chunk and has no public flush; this closes that chunk early through its storage object.
         """
         storage = None if self._writer is None else self._writer.storage
-        if storage is None:
+        if not isinstance(storage, McapWriter):  # None: closed (the bags are always MCAP)
             return
         if storage.chunk.bio.tell():
             storage.close_chunk()
@@ -198,10 +205,11 @@ class EpisodeBag:
                 f"{self.path}: no metadata.yaml, the bag was never finalised "
                 "(recorder killed with SIGKILL or crashed before closing it)"
             )
-        self._reader = self._open()
+        reader = self._open()
+        self._reader: Reader | None = reader  # None once closed
         try:
-            self.topics = {c.topic: c.msgtype for c in self._reader.connections}
-            self.message_count = self._reader.message_count
+            self.topics = {c.topic: c.msgtype for c in reader.connections}
+            self.message_count = reader.message_count
             self.meta = self._read_meta()
         except BagError:
             self.close()
@@ -234,7 +242,7 @@ class EpisodeBag:
         if not wanted:  # rosbags reads every connection when given none
             return
         try:
-            for conn, stamp, data in self._reader.messages(connections=wanted):
+            for conn, stamp, data in self._live().messages(connections=wanted):
                 yield BagMessage(conn.topic, conn.msgtype, stamp, bytes(data))
         except BagError:
             raise
@@ -254,13 +262,18 @@ class EpisodeBag:
                 ) from None
             yield BagMessage(raw.topic, raw.msgtype, raw.stamp_ns, msg)
 
+    def _live(self) -> Reader:
+        if self._reader is None:
+            raise BagError(f"{self.path}: the bag is closed")
+        return self._reader
+
     def _connections(self, topics):
         if topics is None:
-            return list(self._reader.connections)
+            return list(self._live().connections)
         missing = sorted(set(topics) - set(self.topics))
         if missing:
             raise BagError(f"{self.path}: no topic(s) {missing}; the bag has {sorted(self.topics)}")
-        return [c for c in self._reader.connections if c.topic in topics]
+        return [c for c in self._live().connections if c.topic in topics]
 
     def close(self) -> None:
         if self._reader is not None:
@@ -350,7 +363,7 @@ def recover_bag(path: str | os.PathLike) -> Recovery:
         for m in sorted(messages, key=lambda m: m.log_time):
             channel = channels.get(m.channel_id)
             schema = None if channel is None else schemas.get(channel.schema_id)
-            if schema is None:
+            if channel is None or schema is None:
                 continue  # its channel record was lost with the crash
             if not bag.has_topic(channel.topic):
                 bag.add_topic(channel.topic, schema.name)

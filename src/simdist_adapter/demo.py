@@ -228,6 +228,7 @@ class Watcher:
             if tick["episode"] != self._current:
                 self._current = tick["episode"]
                 self._steps_done += self.step
+                assert self._episode_start is not None  # set above, at this episode's first tick
                 seconds = now - self._episode_start
                 rate = self.step / seconds if seconds > 0 else math.inf
                 self.tick_rates.append(rate)

@@ -60,7 +60,9 @@ def _values(msg) -> np.ndarray | None:
 def episode_report(path) -> EpisodeReport:
     """The report of one episode bag; BagError if the bag lacks the topics it needs."""
     with EpisodeBag(path) as bag:
-        last, planned, forwarded, names = None, {}, {}, []
+        last, names = None, []
+        planned: dict[int, np.ndarray | None] = {}  # plan stamp -> planned action
+        forwarded: dict[int, np.ndarray | None] = {}  # plan stamp -> the supervisor's answer
         # decoded with rclpy, as they were published (as simdist_adapter.real_data reads them)
         for m in bag.raw_messages([EPISODE, ACTION, SAFE]):
             if m.topic == EPISODE:
@@ -77,10 +79,12 @@ def episode_report(path) -> EpisodeReport:
         meta = bag.meta
     if last is None:
         raise BagError(f"{path}: no {EPISODE} message")
-    changed, replaced, max_change, per_element = 0, 0, 0.0, {}
+    changed, replaced, max_change = 0, 0, 0.0
+    per_element: dict[str, int] = {}  # joint / action element -> commands that changed it
     matched = [s for s in planned if s in forwarded and planned[s] is not None]
     for stamp in matched:
         plan, safe = planned[stamp], forwarded[stamp]
+        assert plan is not None  # matched keeps the plans with values
         if safe is None:
             replaced += 1
             continue

@@ -147,7 +147,9 @@ class EpisodeRunner:
     def agent(self, task: Task, checkpoint: str, planner: bool) -> Agent:
         name = "planner" if planner else "policy"
         agents = build_agents([name], task, self.model(checkpoint), self.device, **self.planner)
-        return agents[name]
+        agent = agents[name]
+        assert isinstance(agent, Agent)  # build_agents' "policy" and "planner" are Agents
+        return agent
 
     def episode(self, job: EpisodeJob) -> Episode:
         task = self.task(job.course)
@@ -186,6 +188,7 @@ def _init_worker(task_name: str, overrides: dict, device: str, planner: dict) ->
 
 
 def _worker_episode(job: EpisodeJob) -> Episode:
+    assert _RUNNER is not None  # the pool's initializer (_init_worker) built it
     return _RUNNER.episode(job)
 
 
@@ -227,7 +230,8 @@ class EpisodeStore:
             arrays["actions"] = np.asarray(ep.actions, dtype=np.float32).reshape(
                 len(ep.actions), -1
             )
-            self._replace(self.root / f"{key}.npz", lambda f: np.savez(f, **arrays))
+            # ignore: mypy matches a **dict against every keyword of np.savez, allow_pickle included
+            self._replace(self.root / f"{key}.npz", lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
         stats = {k: v for k, v in asdict(ep).items() if k not in ("rows", "actions")}
         text = json.dumps({"job": identity, "episode": stats, "recorded": recorded}, default=float)
         self._replace(self.root / f"{key}.json", lambda f: f.write(text.encode()))
@@ -267,6 +271,8 @@ class EpisodePool:
         workers: int,
         store: EpisodeStore | None = None,
     ):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         args = (task_name, overrides, device, planner)
         self._identity = {
             "task": task_name,
@@ -278,7 +284,7 @@ class EpisodePool:
         self._workers = workers
         self._digests: dict[tuple, str] = {}
         self._local = EpisodeRunner(*args) if workers == 1 else None
-        self._pool = None
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         if workers > 1:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 workers,
@@ -333,14 +339,16 @@ class EpisodePool:
             if on_done:
                 on_done(i, ep, False)
 
-        if self._pool is None:
+        if self._local is not None:
             for i in todo:
                 finish(i, self._local.episode(jobs[i]))
-        else:
+        elif self._pool is not None:
             futures = {self._pool.submit(_worker_episode, jobs[i]): i for i in todo}
             for future in concurrent.futures.as_completed(futures):
                 finish(futures[future], future.result())
-        return out
+        done = [ep for ep in out if ep is not None]
+        assert len(done) == len(jobs)  # every job was loaded or run
+        return done
 
     def close(self) -> None:
         if self._pool is not None:

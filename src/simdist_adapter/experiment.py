@@ -22,6 +22,7 @@ import os
 import pathlib
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ from simdist_planner.data.dataset import ShardWriter, StepLayout, episode_record
 from simdist_planner.evaluation.evaluate import task_overrides
 from simdist_planner.model.checkpoint import load_checkpoint
 
-METHODS = {
+METHODS: dict[str, dict[str, Any] | None] = {  # AdaptConfig overrides; None: not adapted
     "simdist": {},
     "unfreeze_encoder": {"train_encoder": True},
     "unfreeze_value": {"train_value": True},

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    frictions = [float(f) for f in args.frictions.split(",") if f] or [None]
+    frictions: list[float | None] = [float(f) for f in args.frictions.split(",") if f] or [None]
     speeds = [float(s) for s in args.speeds.split(",")] if args.speeds else PAPER_SPEEDS[args.task]
     agents = args.agents.split(",")
     if set(agents) - {"policy", "planner"}:

@@ -115,12 +115,11 @@ def segments_from_bag(
         cmd = commands.get(stamp)
         if current is not None and arrays is not None:
             current.observations.append(arrays)  # closes the previous transition
-        driven = (
+        if (  # a driven step
             arrays is not None
             and cmd is not None
             and cmd.kind in (CommandKind.EE_DELTA, CommandKind.JOINT_POSITION)
-        )
-        if driven:
+        ):
             if current is None:
                 current = Segment(str(path), [arrays], [], bool(meta.success), int(meta.seed or -1))
             current.actions.append(np.asarray(cmd.values, np.float32))

@@ -21,6 +21,7 @@ import pathlib
 import signal
 import struct
 import time
+from typing import Any
 
 import rclpy
 from rclpy.clock import Clock, ClockType
@@ -28,6 +29,7 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
+from rclpy.subscription import Subscription
 from rosbags.interfaces import Nodetype
 from std_msgs.msg import Bool
 
@@ -150,11 +152,12 @@ class RecorderNode(Node):
         self.params = NodeParams(self, PARAMS)
         self.diag = Diagnostics(self, hardware_id="recorder")
         self._subscribed: dict[str, str] = {}  # topic -> type ("" = not recordable)
-        self._subscriptions_of: dict[str, object] = {}  # topic -> its raw subscription
+        self._subscriptions_of: dict[str, Subscription] = {}  # topic -> its raw subscription
         self._bags: list[EpisodeBagWriter] = []  # open bags, oldest first; the last is current
         self._starts: dict[int, int] = {}  # id(bag) -> first tick stamp of its episode
         self._closing: dict[int, float] = {}  # id(bag) -> wall time it is finalised at
-        self._held: list[tuple[str, int, bytes, int]] = []  # (topic, receive ns, cdr, header ns)
+        # (topic, receive ns, cdr, header ns; None: unstamped, before any episode)
+        self._held: list[tuple[str, int, bytes, int | None]] = []
         self._episode_id = None
         self._episode_stamp = -1  # newest tick stamp announced on /simdist/episode
         self.finished: list[pathlib.Path] = []
@@ -304,7 +307,8 @@ class RecorderNode(Node):
 
     def _on_episode(self, data: bytes, received: int) -> None:
         """A new episode id opens the next bag, a terminal tick sets success; routes held data."""
-        msg = TYPESTORE.deserialize_cdr(data, "std_msgs/msg/String")
+        # a std_msgs/String: the typestore builds its message classes at run time (typed object)
+        msg: Any = TYPESTORE.deserialize_cdr(data, "std_msgs/msg/String")
         try:
             info = json.loads(msg.data)
             episode, stamp = info["episode"], int(info.get("stamp_ns", received))

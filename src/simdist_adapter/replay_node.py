@@ -125,7 +125,8 @@ class ReplayNode(Node):
         """Publish the bag; returns how many messages went out."""
         self._wait_for_subscribers(should_stop)
         time.sleep(self.params["start_delay_s"])
-        anchor_ns, start_wall, last_clock, previous_ns = None, time.monotonic(), None, None
+        anchor_ns, start_wall, last_clock = None, time.monotonic(), None
+        previous_ns: int | None = None
         for msg in self.bag.raw_messages(self.topics):
             if should_stop():
                 break

@@ -48,13 +48,19 @@ def episode_bags(path: str | pathlib.Path) -> list[pathlib.Path]:
 
 
 def robot_of(bag: EpisodeBag) -> str:
-    """The robot the bag names, else its task's (the registry's), else the robot whose topics it
-    holds."""
+    """The robot the bag names, else its task's (the registry's), else the one robot whose sensor
+    topics (`ros_msgs.SENSOR_TOPICS`) it holds; ValueError when that is not one robot."""
     if bag.meta.robot:
         return bag.meta.robot
     if bag.meta.task in registry.TASKS:
         return registry.robot_of(bag.meta.task)
-    return "ur5e" if "/tcp_pose" in bag.topics else "go2"
+    held = [r for r, topics in ros_msgs.SENSOR_TOPICS.items() if set(topics) & set(bag.topics)]
+    if len(held) != 1:
+        raise ValueError(
+            f"{bag.path}: names no robot and no registered task, and holds the sensor topics of "
+            f"{held or 'no robot'}; record it with the robot in its episode metadata"
+        )
+    return held[0]
 
 
 def log_bags(

@@ -18,6 +18,7 @@ import sys
 import time
 
 import rerun as rr
+from rerun.sinks import LogSinkLike
 
 from robot_drivers import registry
 from simdist_adapter.bags import BagError, EpisodeBag
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         graph = _graph_of(bags[0], args.graph)
         bp = L.blueprint(graph, adaptation=bool(args.results))
         rec = rr.RecordingStream(L.APPLICATION_ID, recording_id=f"bags:{args.path}")
-        sinks = []
+        sinks: list[LogSinkLike] = []
         if args.rrd:
             sinks.append(rr.FileSink(args.rrd))
         uri = ""

@@ -14,11 +14,15 @@ tensor, and points in the world); joint states; the planned chunk (the first act
 chunk over the horizon; Go2 as joint targets, UR5e with the TCP path it implies) beside the
 supervisor's command; predicted reward and value along the plan beside the realised reward;
 the safety state (OK / HOLD / DAMP) and its reason; planner latency and fallbacks; diagnostics
-level changes; the robot's MuJoCo bodies (optional, `RobotScene`).
+level changes; the robot's MuJoCo bodies (optional, `RobotScene`). What the robot's actions mean
+comes from its `RobotSpec` (`robot_drivers.specs`): joint-position actions are shown as joint
+targets (`default_pose + action_scale * action`), end-effector deltas over their per-step caps
+(`action_high`) with the TCP path they imply.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 
@@ -28,17 +32,11 @@ import rerun as rr
 from robot_drivers import ros_msgs
 from robot_drivers.go2.config import Go2Config
 from robot_drivers.go2.observation import HEIGHT_SCAN_OFFSET
-from robot_drivers.safety import GO2_DEFAULT_POSE, SafetyConfig
-from robot_drivers.ur5e.config import ControllerConfig
+from robot_drivers.interface import CommandKind
+from robot_drivers.specs import robot_spec
 from simdist_viewer import layout as L
 from simdist_viewer.robot3d import RobotScene
 
-# joint target = default pose + scale * action, at the safety supervisor's default scale
-GO2_ACTION_SCALE = SafetyConfig(robot="go2").action_scale
-_UR5E = ControllerConfig()  # the arm's controller clips a step to these norms
-UR5E_MAX_STEP_POS = _UR5E.max_step_pos  # m
-# the chunk view's scale per UR5e action element: max step translation (m), rotation (rad), gripper
-UR5E_ACTION_HALF_RANGE = np.array([UR5E_MAX_STEP_POS] * 3 + [_UR5E.max_step_rot] * 3 + [1.0])
 SIM_TIME_LIMIT_NS = 10**15  # stamps below this (11.6 days) are sim time: a duration timeline
 SAFETY_STATES = {"hold": "HOLD", "damp": "DAMP"}  # any other command kind is OK
 LEVEL_NAMES = {0: "OK", 1: "WARN", 2: "ERROR", 3: "STALE"}
@@ -52,7 +50,9 @@ def _level(value) -> int:
     return value[0] if isinstance(value, (bytes, bytearray)) else int(value)
 
 
-def _float(text: str) -> float:
+def _float(text: str | None) -> float:
+    if text is None:
+        return float("nan")
     try:
         return float(text)
     except (TypeError, ValueError):
@@ -71,12 +71,18 @@ class ViewerLogger:
         scene: RobotScene | None = None,
         image_every_n: int = 1,
     ):
-        if robot not in L.ROBOT_CAMERAS:
-            raise ValueError(f"unknown robot {robot!r}; expected one of {sorted(L.ROBOT_CAMERAS)}")
+        self.spec = robot_spec(robot)  # ValueError naming the known robots
         self.rec = rec
         self.robot = robot
-        self.cameras = tuple(L.ROBOT_CAMERAS[robot] if cameras is None else cameras)
-        self.period_ns = int(round(L.CONTROL_PERIOD_S[robot] * 1e9))
+        self.cameras = tuple(self.spec.cameras if cameras is None else cameras)
+        self.period_ns = int(round(L.control_period_s(self.spec) * 1e9))
+        self._joint_targets = self.spec.command_kind == CommandKind.JOINT_POSITION
+        self._ee_deltas = self.spec.command_kind == CommandKind.EE_DELTA
+        # joint targets: target = default pose + action scale * action
+        self._default_pose = np.asarray(self.spec.default_pose, np.float64)
+        # end-effector deltas: the per-step caps, translation (m) x3, rotation (rad) x3, gripper;
+        # the chunk view's scale per element, and the translation cap of the TCP path
+        self._step_caps = np.asarray(self.spec.action_high, np.float64)
         self.scene = scene
         self.image_every_n = max(1, int(image_every_n))
         self.counts: Counter = Counter()  # rows logged per entity (static rows not counted)
@@ -107,13 +113,14 @@ class ViewerLogger:
             "/diagnostics": self._diagnostics,
         }
         for cam in self.cameras:
-            self._handlers[f"/camera/{cam}/image_raw"] = lambda m, c=cam: self._image(m, c, "raw")
-            self._handlers[f"/simdist/observation/image/{cam}"] = lambda m, c=cam: self._image(
-                m, c, "model"
-            )
-            self._handlers[f"/simdist/predicted_video/{cam}"] = lambda m, c=cam: self._image(
-                m, c, "predicted"
-            )
+            for prefix, kind in (
+                ("/camera/{}/image_raw", "raw"),
+                ("/simdist/observation/image/{}", "model"),
+                ("/simdist/predicted_video/{}", "predicted"),
+            ):
+                self._handlers[prefix.format(cam)] = functools.partial(
+                    self._image, camera=cam, kind=kind
+                )
 
     # -- what it shows
     @property
@@ -209,16 +216,19 @@ class ViewerLogger:
         self.rec.log(entity, rr.Tensor(hm, dim_names=("x", "y")))
         out = [entity]
         if kind == "raw" and self._base is not None:  # the scan as points under the robot
-            self.rec.log(L.HEIGHT_MAP_3D, rr.Points3D(self._scan_points(hm), radii=0.01))
+            self.rec.log(
+                L.HEIGHT_MAP_3D, rr.Points3D(self._scan_points(hm, self._base), radii=0.01)
+            )
             out.append(L.HEIGHT_MAP_3D)
         return out
 
-    def _scan_points(self, hm: np.ndarray) -> np.ndarray:
-        """Height scan (nx, ny) of `base_z - hit_z - offset` -> world points (yaw-aligned grid)."""
+    def _scan_points(self, hm: np.ndarray, base: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Height scan (nx, ny) of `base_z - hit_z - offset` -> world points (yaw-aligned grid)
+        under the base pose `base` (position, wxyz quaternion)."""
         scan = Go2Config().scan
         nx, ny = hm.shape
         xy = scan.grid_xy().reshape(ny, nx, 2).transpose(1, 0, 2).reshape(-1, 2)
-        pos, quat = self._base
+        pos, quat = base
         w, x, y, z = quat
         yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
         c, s = np.cos(yaw), np.sin(yaw)
@@ -233,7 +243,8 @@ class ViewerLogger:
             out.append(self._scalars(L.JOINT_VELOCITY, msg.velocity, names))
         if self.scene is not None:
             self.scene.set_joints(names, msg.position)
-            if self.robot == "ur5e" or self._base is not None:
+            # a fixed base stands where its model puts it; a floating one waits for /odom
+            if self.scene.free_qpos is None or self._base is not None:
                 out += self.scene.log_poses(self.rec)
         return out
 
@@ -251,9 +262,9 @@ class ViewerLogger:
         return []
 
     def _targets(self, values: np.ndarray) -> np.ndarray:
-        """Go2 actions -> joint targets (rad); UR5e actions as they are."""
-        if self.robot == "go2" and values.shape[-1] == len(GO2_DEFAULT_POSE):
-            return np.asarray(GO2_DEFAULT_POSE) + GO2_ACTION_SCALE * values
+        """Joint-position actions -> joint targets (rad); other actions as they are."""
+        if self._joint_targets and values.shape[-1] == len(self._default_pose):
+            return self._default_pose + self.spec.action_scale * values
         return values
 
     def _plan(self, msg) -> list[str]:
@@ -269,20 +280,21 @@ class ViewerLogger:
         strips = [np.c_[steps, -shown[:, a]] for a in range(shown.shape[1])]  # 2-D y points down
         self.rec.log(L.PLAN_CHUNK, rr.LineStrips2D(strips, labels=names))
         out.append(L.PLAN_CHUNK)
-        if self.robot == "ur5e" and self._tcp is not None and chunk.shape[1] >= 3:
+        if self._ee_deltas and self._tcp is not None and chunk.shape[1] >= 3:
             steps3 = chunk[:, :3]
             norms = np.linalg.norm(steps3, axis=1, keepdims=True)
-            steps3 = steps3 * np.minimum(1.0, UR5E_MAX_STEP_POS / np.maximum(norms, 1e-12))
+            max_step = self._step_caps[0]  # m: the controller clips a step's translation norm
+            steps3 = steps3 * np.minimum(1.0, max_step / np.maximum(norms, 1e-12))
             path = np.vstack([self._tcp, self._tcp + np.cumsum(steps3, axis=0)])
             self.rec.log(L.TCP_PATH, rr.LineStrips3D([path], colors=[[0, 200, 255]], radii=0.003))
             out.append(L.TCP_PATH)
         return out
 
     def _chunk_display(self, chunk: np.ndarray) -> tuple[np.ndarray, float]:
-        """UR5e: each element over its half action range (translation, rotation, gripper); Go2:
-        joint targets in rad. Returns the values and the x extent of the horizon."""
-        if self.robot == "ur5e" and chunk.shape[1] == len(UR5E_ACTION_HALF_RANGE):
-            return chunk / UR5E_ACTION_HALF_RANGE, 2.0
+        """End-effector deltas: each element over its per-step cap (translation, rotation,
+        gripper); joint targets in rad. Returns the values and the x extent of the horizon."""
+        if self._ee_deltas and chunk.shape[1] == len(self._step_caps):
+            return chunk / self._step_caps, 2.0
         return chunk, 4.0
 
     def _values(self, msg) -> list[str]:

@@ -1,20 +1,21 @@
 """Entity paths of the view and the saved layout (Rerun blueprint) of every graph.
 
 One module names every entity, so the logging core and the blueprint agree. A graph's layout
-depends only on its robot: `peg` and `table_leg` (UR5e: three cameras, the TCP path of the plan)
-and the `go2_*` graphs (Go2: height map, joint targets over the horizon).
+depends only on its robot's `RobotSpec` (`robot_drivers.specs`): a robot with a height map gets
+the world, both height maps and its joints (the `go2_*` graphs); one without gets its cameras
+beside the world (`peg` and `table_leg`: the UR5e's three cameras). Plans of joint-target robots
+are shown as joint targets (rad).
 """
 
 from __future__ import annotations
 
 import rerun.blueprint as rrb
 
-from robot_drivers.ur5e.config import CAMERA_NAMES
+from robot_drivers.interface import CommandKind, RobotSpec
+from robot_drivers.specs import robot_spec
 from simdist_planner.ros.launch_description import GRAPHS
 
 APPLICATION_ID = "simdist"
-ROBOT_CAMERAS = {"ur5e": tuple(CAMERA_NAMES), "go2": ()}
-CONTROL_PERIOD_S = {"ur5e": 0.2, "go2": 0.02}  # the graphs' control ticks (5 Hz, 50 Hz)
 
 # timelines
 ROS_TIME = "ros_time"  # header stamps (sim time in lockstep, wall time on hardware)
@@ -62,8 +63,14 @@ def graph_robot(graph: str) -> str:
     return GRAPHS[graph].robot
 
 
-def _common_plots(robot: str) -> list:
-    plan_name = "joint targets (rad)" if robot == "go2" else "planned action"
+def control_period_s(spec: RobotSpec) -> float:
+    """One control tick of the robot's graphs (s)."""
+    return 1.0 / spec.control_rate_hz
+
+
+def _common_plots(spec: RobotSpec) -> list:
+    joint_targets = spec.command_kind == CommandKind.JOINT_POSITION
+    plan_name = "joint targets (rad)" if joint_targets else "planned action"
     return [
         rrb.TimeSeriesView(
             origin="values",
@@ -98,12 +105,12 @@ def adaptation_view() -> rrb.Horizontal:
 
 
 def blueprint(graph: str, cameras=None, adaptation: bool = False) -> rrb.Blueprint:
-    """The arranged view of one graph (`cameras`: the UR5e cameras shown, default all)."""
-    robot = graph_robot(graph)
-    cameras = ROBOT_CAMERAS[robot] if cameras is None else tuple(cameras)
+    """The arranged view of one graph (`cameras`: the cameras shown, default all of its robot's)."""
+    spec = robot_spec(graph_robot(graph))
+    cameras = spec.cameras if cameras is None else tuple(cameras)
     world = rrb.Spatial3DView(origin=WORLD, name="robot")
-    plots = _common_plots(robot)
-    if robot == "ur5e":
+    plots = _common_plots(spec)
+    if spec.height_map_shape is None:
         camera_views = [
             rrb.Spatial2DView(origin=camera_entity(cam, kind), name=f"{cam}: {label}")
             for cam in cameras

@@ -1,7 +1,8 @@
 """The robot in 3D: the task's MuJoCo model, its visible geoms logged once, body poses per tick.
 
-The model is the one the MuJoCo driver simulates (UR5e: `ur5e.scene.compose`, with its
-render-only mesh detail; Go2: `go2.scene.build_go2_spec` on flat ground). Geoms visible by default
+The model is the one the MuJoCo driver simulates, as its `RobotSpec.bare_scene` builds it (UR5e:
+`ur5e.scene.compose` without cameras; Go2: `go2.scene.build_go2_spec` on flat ground), with the
+simulator's render-only mesh detail (`ur5e/mesh_lod.py`). Geoms visible by default
 in MuJoCo (groups 0-2, planes left out) are logged static under `world/robot/<body>/<geom>`
 (boxes, capsules, spheres, cylinders, ellipsoids; meshes as triangle meshes), and each update
 sets the joints it is given (by name), runs forward kinematics and logs every moving body's world
@@ -10,17 +11,15 @@ pose as a `Transform3D`.
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import mujoco
 import numpy as np
 import rerun as rr
 
-from robot_drivers.go2.config import Go2Config
-from robot_drivers.go2.scene import TerrainConfig, build_go2_spec
-from robot_drivers.ur5e.config import SceneConfig
+from robot_drivers.specs import robot_spec
 from robot_drivers.ur5e.mesh_lod import decimate_visual_meshes
-from robot_drivers.ur5e.scene import compose
 from simdist_viewer.layout import ROBOT_3D
 
 VISIBLE_GROUPS = (0, 1, 2)  # MuJoCo's viewer shows these geom groups by default
@@ -29,13 +28,13 @@ RENDER_MESH_FACES = 1000  # triangles per visual mesh (ur5e/mesh_lod.py), the si
 
 def build_model(robot: str) -> mujoco.MjModel:
     """The robot's MuJoCo model as the simulator composes it (no cameras, no task objects)."""
-    if robot == "ur5e":
-        return compose(SceneConfig(cameras=(), render_mesh_faces=RENDER_MESH_FACES)).compile()
-    if robot == "go2":
-        spec = build_go2_spec(Go2Config(), TerrainConfig())
-        decimate_visual_meshes(spec, RENDER_MESH_FACES)
-        return spec.compile()
-    raise ValueError(f"unknown robot {robot!r}; expected ur5e or go2")
+    scene = robot_spec(robot).bare_scene  # ValueError naming the known robots
+    if not scene:
+        raise ValueError(f"robot {robot!r} has no bare_scene in its RobotSpec to show in 3-D")
+    module, function = scene.split(":")
+    spec = getattr(importlib.import_module(module), function)()
+    decimate_visual_meshes(spec, RENDER_MESH_FACES)
+    return spec.compile()
 
 
 def _entity_part(name: str, index: int, prefix: str) -> str:

@@ -26,6 +26,7 @@ from rclpy.clock import Clock, ClockType
 from rclpy.exceptions import InvalidParameterValueException
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rerun.sinks import LogSinkLike
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
@@ -138,7 +139,8 @@ class ViewerNode(Node):
     def _connect(self, blueprint) -> str:
         """Attach the sinks the parameters ask for; returns where a viewer connects ('' none)."""
         p = self.params.values
-        sinks, uri = [], ""
+        sinks: list[LogSinkLike] = []
+        uri = ""
         if p["recording"]:
             sinks.append(rr.FileSink(p["recording"]))
         if p["mode"] in ("grpc", "web"):

@@ -140,7 +140,7 @@ def load_go2_critic(
 
 def expert_ladder(task: Task) -> list[Policy]:
     """policy_4999 (the expert) then its PPO checkpoints, best to worst (every Go2 task)."""
-    return load_go2_ladder()
+    return list(load_go2_ladder())
 
 
 def expert_value(task: Task):

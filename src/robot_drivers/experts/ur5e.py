@@ -198,6 +198,7 @@ class InsertionExpert:
                 self._next(DESCEND)
             return self._move(p, target, mat, self.COARSE, 0.0)
         if self.phase == DESCEND:
+            assert self.grasp_yaw is not None  # APPROACH, the only way into DESCEND, set it
             mat = rotz(self.grasp_yaw) @ TCP_HOME_MAT
             target = p["obj_grasp"]
             if np.linalg.norm(target - p["tcp_pos"]) >= 0.002:
@@ -382,14 +383,14 @@ def _collect(task: UR5eInsertionTask, cfg: ValueFitConfig):
         expert.reset(seed)
         burst = (rng.integers(0, 10), rng.integers(1, 6)) if ep % 2 else (0, 0)
         scale = rng.uniform(0.005, 0.02)
-        feats, rewards, success = [value_features(obs.privileged, task.cfg)], [], False
+        feats, rewards, success = [value_features(obs.require_privileged(), task.cfg)], [], False
         for t in range(task.max_steps):
             a = expert.act(obs)
             if burst[0] <= t < burst[0] + burst[1]:
                 a[:6] += rng.normal(0.0, scale, 6) * [1, 1, 1, 10, 10, 10]
             res = task.step(a)
             obs = res.obs
-            feats.append(value_features(obs.privileged, task.cfg))
+            feats.append(value_features(obs.require_privileged(), task.cfg))
             rewards.append(res.reward)
             if res.terminated or res.truncated:
                 success = res.success

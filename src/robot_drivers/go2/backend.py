@@ -93,6 +93,10 @@ def go2_spec(config: Go2Config) -> RobotSpec:
         action_high=tuple(float(v) for v in high),
         joint_names=UNITREE_JOINT_NAMES,
         command_kind=CommandKind.JOINT_POSITION,
+        default_pose=tuple(float(v) for v in DEFAULT_POSE_UNITREE),
+        action_scale=scale,
+        damping_mode=True,
+        bare_scene="robot_drivers.go2.scene:bare_scene",
     )
 
 
@@ -164,7 +168,9 @@ class MujocoGo2Backend(RobotBackend):
         clearance = min(
             self.data.geom_xpos[g, 2]
             - self.model.geom_size[g, 0]
-            - ground_z(self.model, self.data, *self.data.geom_xpos[g, :2], 5.0)
+            - ground_z(
+                self.model, self.data, self.data.geom_xpos[g, 0], self.data.geom_xpos[g, 1], 5.0
+            )
             for g in self._foot_geoms
         )
         self.data.qpos[2] -= clearance - 0.002  # 2 mm drop onto the ground

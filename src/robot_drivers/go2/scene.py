@@ -148,11 +148,10 @@ def _add_panels(spec: mujoco.MjSpec, t: TerrainConfig, z0: float) -> None:
         )
         x, z = x1, z1
     if t.panels and t.plateau_length > 0:
-        centre = (x + t.plateau_length / 2, 0.0, z - thick)
         _add_box(
             spec,
             "slope_plateau",
-            centre,
+            (x + t.plateau_length / 2, 0.0, z - thick),
             (t.plateau_length / 2, t.panel_width / 2, thick),
             0.0,
             t.panel_friction,
@@ -215,3 +214,8 @@ def build_go2_spec(config: Go2Config, terrain: TerrainConfig) -> mujoco.MjSpec:
 
 def build_go2_model(config: Go2Config, terrain: TerrainConfig) -> mujoco.MjModel:
     return build_go2_spec(config, terrain).compile()
+
+
+def bare_scene() -> mujoco.MjSpec:
+    """The Go2 on flat ground with the default settings (`RobotSpec.bare_scene`)."""
+    return build_go2_spec(Go2Config(), TerrainConfig())

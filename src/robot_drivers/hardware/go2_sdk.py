@@ -203,8 +203,11 @@ class Go2SdkBackend(RobotBackend):
         self._last_action = np.zeros(12)
         self._step = 0
         act = self.config.go2.actuation
-        self._target, self._kp, self._kd = None, 0.0, act.damp_kd  # start damped until reset()
+        # the joint target (None: damped), start damped until reset()
+        self._target: np.ndarray | None = None
+        self._kp, self._kd = 0.0, act.damp_kd
         self.damped_reason: str | None = "not started: call reset()"
+        self._subscriber: object | None = None  # the rt/lowstate subscriber, kept alive
 
     # --- inputs -----------------------------------------------------------------------------
     def on_lowstate(self, msg) -> None:
@@ -375,7 +378,9 @@ class Go2SdkBackend(RobotBackend):
         self.publish_lowcmd()
 
 
-def connect_go2(network_interface: str, config: Go2SdkConfig | None = None, domain_id: int = 0):
+def connect_go2(
+    network_interface: str, config: Go2SdkConfig | None = None, domain_id: int = 0
+) -> Go2SdkBackend:
     """A `Go2SdkBackend` wired to the robot's DDS topics (needs unitree_sdk2py).
 
     Sport mode must be released first (the Unitree app or MotionSwitcherClient.ReleaseMode), as

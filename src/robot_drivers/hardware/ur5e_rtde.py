@@ -100,6 +100,9 @@ def interpolate(start: tuple[np.ndarray, np.ndarray], end: tuple[np.ndarray, np.
     return p0 + s * (p1 - p0), rotvec_to_mat(s * mat_to_rotvec(r1 @ r0.T)) @ r0
 
 
+Pose = tuple[np.ndarray, np.ndarray]  # (position (3,), rotation matrix (3, 3)), world frame
+
+
 class UR5eRtdeBackend(RobotBackend):
     """`control` / `receive` are ur_rtde's RTDEControlInterface / RTDEReceiveInterface (or stand-ins
     with the same methods); `gripper` has move(0..255) and position() -> 0..255, or is None."""
@@ -117,8 +120,9 @@ class UR5eRtdeBackend(RobotBackend):
         self.control, self.receive, self.gripper, self._clock = control, receive, gripper, clock
         self._io = threading.Lock()  # ur_rtde's control interface is driven from two threads
         self._world = rotz(self.config.world_yaw)
-        self._segment = None  # (start pose, end pose, t0, duration) in the world frame
-        self._setpoint = None
+        # (start pose, end pose, t0, duration) in the world frame; a pose is (position, rotation)
+        self._segment: tuple[Pose, Pose, float, float] | None = None
+        self._setpoint: Pose | None = None
         self._gripper_closed = False
         self._stopped = True  # servo idle until reset()
         self.speed_scaling = 1.0

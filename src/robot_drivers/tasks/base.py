@@ -41,13 +41,15 @@ class Task(abc.ABC):
     # model's auxiliary state loss (docs/world_model.md); () = the task defines none.
     state_terms: tuple[tuple[str, int], ...] = ()
 
-    # True where DAMP is a mode of its own that ends the episode (zero stiffness: a quadruped);
-    # False where the robot treats DAMP as HOLD (an arm stops).
-    damping_mode: bool = False
-
     @property
     def spec(self) -> RobotSpec:
         return self.backend.spec
+
+    @property
+    def damping_mode(self) -> bool:
+        """True where DAMP is a mode of its own that ends the episode (zero stiffness: a
+        quadruped); False where the robot treats DAMP as HOLD (an arm stops). Its spec says."""
+        return self.spec.damping_mode
 
     def privileged_state(self, obs: Observation) -> np.ndarray:
         """The task state of `obs` as a float32 vector laid out by `state_terms`."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ class Go2Gap:
     pad_solimp: tuple[float, ...] | None = None
 
     def apply(self, terrain: TerrainConfig) -> TerrainConfig:
-        changes = {}
+        changes: dict[str, Any] = {}
         if self.panel_friction is not None:
             changes["panel_friction"] = self.panel_friction
         if self.pad_solref is not None:
@@ -172,7 +173,7 @@ def _wrap(a: float) -> float:
 class Go2Task(Task):
     """Velocity tracking with privileged reward, a fall test and a distance / survival success."""
 
-    damping_mode = True  # DAMP: the backend's zero-stiffness mode; the episode ends
+    backend: MujocoGo2Backend
 
     def __init__(self, name: str, variant: str, config: Go2TaskConfig):
         self.name, self.variant, self.config = name, variant, config
@@ -194,10 +195,11 @@ class Go2Task(Task):
         if cfg.friction_range is not None:
             self.backend.set_ground_friction(rng.uniform(*cfg.friction_range))
         obs = self.backend.reset(seed)
-        self._start = obs.privileged["base_pos"][:2].copy()
-        self._heading0 = self._heading_ref = float(obs.privileged["yaw"][0])
+        priv = obs.require_privileged()
+        self._start = priv["base_pos"][:2].copy()
+        self._heading0 = self._heading_ref = float(priv["yaw"][0])
         self._steps, self._prev_action = 0, np.zeros(12)
-        self._vel_err_sq = []
+        self._vel_err_sq: list[float] = []
         self._distances = [0.0]  # distance() after each step, from the start
         self.backend.set_command(self._command(self.backend.yaw()))
         self._obs = self.backend.observe()
@@ -227,7 +229,7 @@ class Go2Task(Task):
 
     def reward(self, obs: Observation, command: np.ndarray, action: np.ndarray) -> float:
         """Privileged reward of the transition that ended in `obs` under `command`."""
-        w, p = self.config.reward, obs.privileged
+        w, p = self.config.reward, obs.require_privileged()
         cmd, v, om, g = command, p["base_lin_vel"], p["base_ang_vel"], p["projected_gravity"]
         q_rel = obs.proprio[PROPRIO_SLICES["joint_pos"]]
         terms = (
@@ -247,6 +249,7 @@ class Go2Task(Task):
             raise RuntimeError(f"{self.name}: call reset() before step()")
         action = np.asarray(action, dtype=np.float64)
         self.backend.act(Command(CommandKind.JOINT_POSITION, action))
+        assert self._obs.command is not None  # the Go2 backend always reports its command
         command = self._obs.command.astype(np.float64)
         self.backend.simulate()
         self._steps += 1
@@ -255,7 +258,7 @@ class Go2Task(Task):
         obs = self.backend.observe()
         reward = self.reward(obs, command, action)
         self._prev_action = action
-        v_err = command[:2] - obs.privileged["base_lin_vel"][:2]
+        v_err = command[:2] - obs.require_privileged()["base_lin_vel"][:2]
         self._vel_err_sq.append(float(v_err @ v_err))
         fallen = self.backend.fallen()
         distance = self.distance()
@@ -303,7 +306,7 @@ def rollout(
     for k in range(max_steps or task.max_steps):
         r = task.step(policy.act(obs))
         obs = r.obs
-        vel.append(obs.privileged["base_lin_vel"][:2])
+        vel.append(obs.require_privileged()["base_lin_vel"][:2])
         if value is not None:
             values.append(float(value(obs)))
         if r.terminated or r.truncated:
@@ -347,7 +350,7 @@ def make_go2_task(
             f"{name} has no 'real' variant; the Go2 hardware stand-ins are "
             "'slippery_slope' and 'foam' (variant='real')"
         )
-    base = {
+    courses: dict[str, dict[str, Any]] = {
         "go2_flat": dict(walk_tolerance=0.2),
         "go2_slope": dict(terrain=SLOPE_COURSE, success_distance=1.82),
         "slippery_slope": dict(
@@ -358,7 +361,8 @@ def make_go2_task(
         "foam": dict(
             terrain=FOAM_COURSE, success_distance=3.0, gap=FOAM_GAP if variant == "real" else None
         ),
-    }[name]
+    }
+    base = courses[name]
     known = {f.name for f in dataclasses.fields(Go2TaskConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:

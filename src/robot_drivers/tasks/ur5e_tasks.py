@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import mujoco
 import numpy as np
@@ -223,7 +224,7 @@ class UR5eInsertionTask(Task):
 
     def hold_action(self, obs: Observation) -> np.ndarray:
         """A zero pose delta that keeps the gripper's state."""
-        return np.r_[np.zeros(6), obs.privileged["gripper_cmd"][0]]
+        return np.r_[np.zeros(6), obs.require_privileged()["gripper_cmd"][0]]
 
     def reset(self, seed: int | None = None) -> Observation:
         self._t = 0
@@ -238,10 +239,11 @@ class UR5eInsertionTask(Task):
         obs = self.backend.step()
         self._t += 1
         self._obs = obs
-        success = self.is_success(obs.privileged)
-        fell = bool(obs.privileged["obj_pos"][2] < -0.05)
+        priv = obs.require_privileged()
+        success = self.is_success(priv)
+        fell = bool(priv["obj_pos"][2] < -0.05)
         diverged = any(f.code == "sim_diverged" for f in self.backend.faults())
-        reward = 1.0 if success else self.dense_reward(obs.privileged)
+        reward = 1.0 if success else self.dense_reward(priv)
         return StepResult(
             obs,
             reward,
@@ -250,11 +252,11 @@ class UR5eInsertionTask(Task):
             success=success,
             info={
                 "step": self._t,
-                "depth": float(obs.privileged["depth"][0]),
-                "twist": float(obs.privileged["twist"][0]),
-                "xy_err": float(obs.privileged["xy_err"][0]),
-                "tilt": float(obs.privileged["tilt"][0]),
-                "held": self.grasped(obs.privileged),
+                "depth": float(priv["depth"][0]),
+                "twist": float(priv["twist"][0]),
+                "xy_err": float(priv["xy_err"][0]),
+                "tilt": float(priv["tilt"][0]),
+                "held": self.grasped(priv),
             },
         )
 
@@ -355,8 +357,10 @@ def make_ur5e_task(name: str, variant: str = "sim", **overrides) -> UR5eInsertio
     if variant == "real":
         gap = gap or real_gap(name)
         cfg = _real(cfg, gap)
-    scene_kw = {k: overrides[k] for k in ("image_size", "cameras") if k in overrides}
-    ctrl_kw = {"ik_hz": overrides["ik_hz"]} if "ik_hz" in overrides else {}
+    scene_kw: dict[str, Any] = {
+        k: overrides[k] for k in ("image_size", "cameras") if k in overrides
+    }
+    ctrl_kw: dict[str, Any] = {"ik_hz": overrides["ik_hz"]} if "ik_hz" in overrides else {}
     if gap is not None:
         scene_kw.update(
             pad_friction=gap.pad_friction,

@@ -56,11 +56,12 @@ def make_spec(scene: SceneConfig, controller: ControllerConfig) -> RobotSpec:
         control_rate_hz=c.control_hz,
         proprio_terms=PROPRIO_TERMS,
         cameras=tuple(scene.cameras),
-        image_shape=tuple(scene.image_size),
+        image_shape=(scene.image_size[0], scene.image_size[1]),
         action_low=(-c.max_step_pos,) * 3 + (-c.max_step_rot,) * 3 + (0.0,),
         action_high=(c.max_step_pos,) * 3 + (c.max_step_rot,) * 3 + (1.0,),
         joint_names=ARM_JOINTS,
         command_kind=CommandKind.EE_DELTA,
+        bare_scene="robot_drivers.ur5e.scene:bare_scene",
     )
 
 
@@ -193,9 +194,10 @@ class MujocoUR5eBackend(RobotBackend):
     # -- extras --------------------------------------------------------------------------
     def render_robot_mask(self, camera: str) -> np.ndarray:
         """(H, W) bool mask of the arm and gripper as seen by `camera` (current state)."""
-        if self.rig is None and self._mask_rig is None:  # a state-only backend: render anyway
-            self._mask_rig = CameraRig(self.model, (), self.scene_cfg.image_size)
-        return (self.rig or self._mask_rig).robot_mask(self.data, camera)
+        rig = self.rig or self._mask_rig
+        if rig is None:  # a state-only backend: render anyway
+            rig = self._mask_rig = CameraRig(self.model, (), self.scene_cfg.image_size)
+        return rig.robot_mask(self.data, camera)
 
     def tracking_error(self) -> tuple[float, float]:
         """(m, rad) between the TCP and the active target."""

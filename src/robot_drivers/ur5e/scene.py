@@ -135,6 +135,12 @@ def compose(
     return arm
 
 
+def bare_scene() -> mujoco.MjSpec:
+    """The arm with its gripper on the table as `compose` builds it, without cameras, task objects
+    or render-only mesh detail (`RobotSpec.bare_scene`)."""
+    return compose(SceneConfig(cameras=(), render_mesh_faces=0))
+
+
 def robot_body_ids(model: mujoco.MjModel) -> np.ndarray:
     """Bodies of the arm and gripper (the robot mask), i.e. the subtree of the arm's base."""
     base = model.body("base").id

@@ -55,6 +55,8 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
 class ActionEncoder(nn.Module):
     """The action branch: one token per transition, a small bidirectional transformer over them."""
 
+    pos: torch.Tensor  # (max_actions, hidden) sinusoid positions, a buffer
+
     def __init__(
         self, action_dim: int, hidden: int, out_dim: int, layers: int, heads: int, max_actions: int
     ):
@@ -99,16 +101,19 @@ class SimConditioning(nn.Module):
         self, num_blocks: int, latent_channels: int, hidden: int, patch_size: tuple[int, int, int]
     ):
         super().__init__()
-        self.projections = nn.ModuleList(
+        convs = [
             nn.Conv3d(latent_channels, hidden, kernel_size=patch_size, stride=patch_size)
             for _ in range(num_blocks)
-        )
-        for conv in self.projections:
+        ]
+        for conv in convs:
             nn.init.zeros_(conv.weight)
-            nn.init.zeros_(conv.bias)
+            if conv.bias is not None:  # always: Conv3d's bias=True
+                nn.init.zeros_(conv.bias)
+        self.projections = nn.ModuleList(convs)
 
     def tokens(self, index: int, sim_latent: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         conv = self.projections[index]
+        assert isinstance(conv, nn.Conv3d)
         feat = conv(sim_latent.detach().to(conv.weight.dtype))  # (B, D, f, h, w)
         tokens = feat.flatten(2).transpose(1, 2)  # (B, f*h*w, D): same order as patch embedding
         return tokens * gate.to(tokens.dtype).view(-1, 1, 1)

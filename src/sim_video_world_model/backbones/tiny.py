@@ -25,6 +25,9 @@ from sim_video_world_model.config import TinyBackboneConfig
 
 
 class TinyVideoAutoencoder(VideoAutoencoder):
+    latent_mean: torch.Tensor  # (latent_channels,) buffers, fitted by fit_normalization
+    latent_std: torch.Tensor
+
     def __init__(self, cfg: TinyBackboneConfig):
         super().__init__()
         c, z = cfg.ae_channels, cfg.latent_channels

@@ -87,7 +87,7 @@ class WanVideoDenoiser(VideoDenoiser):
         )
         self.sim_conditioning = None
         self._sim_state: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._hooks = []
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
 
     def add_sim_conditioning(self) -> None:
         if self.sim_conditioning is not None:
@@ -154,7 +154,10 @@ def build_wan(cfg: BackboneConfig) -> tuple[WanVideoAutoencoder, WanVideoDenoise
         vae = AutoencoderKLWan.from_pretrained(
             _require_dir(wcfg.model_dir, "vae"), torch_dtype=dtype
         )
-    vae.requires_grad_(False).eval()
+    # the ignores below: diffusers' top-level names resolve, for a type checker, to the torch-less
+    # placeholder classes its __init__ imports under TYPE_CHECKING (utils.dummy_pt_objects), which
+    # lack every nn.Module attribute; the runtime classes are nn.Modules
+    vae.requires_grad_(False).eval()  # type: ignore[attr-defined]
     denoiser = WanVideoDenoiser(
         transformer,
         cfg.action_dim,
@@ -162,5 +165,5 @@ def build_wan(cfg: BackboneConfig) -> tuple[WanVideoAutoencoder, WanVideoDenoise
         wcfg.action_hidden,
         wcfg.action_layers,
         wcfg.action_heads,
-    ).to(transformer.dtype)
+    ).to(transformer.dtype)  # type: ignore[attr-defined]
     return WanVideoAutoencoder(vae), denoiser

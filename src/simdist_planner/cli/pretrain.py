@@ -68,7 +68,8 @@ _JSON_OR_OWN = (
 
 def _flag_type(name: str) -> str:
     group, leaf = FLAT_FIELDS[name]
-    return str(_GROUPS[group].__dataclass_fields__[leaf].type)
+    (field,) = (f for f in dataclasses.fields(_GROUPS[group]) if f.name == leaf)
+    return str(field.type)
 
 
 def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
@@ -148,7 +149,7 @@ def parse_args(argv=None) -> tuple[PretrainConfig, argparse.Namespace]:
                 if given is None
                 else (
                     dataclasses.replace(base, **given)
-                    if base is not None
+                    if isinstance(base, CheckpointSelection)  # a preset's (else None)
                     else CheckpointSelection(**given)
                 )
             )

@@ -292,6 +292,7 @@ class _Learner:
     expert's), as the dataset windows it was trained on are."""
 
     def __init__(self, cfg: LearnerConfig, spec):
+        self.cfg = cfg
         self._policy_chunk = policy_chunk
         self.device = cfg.device
         self.model = load_checkpoint(cfg.checkpoint, device=cfg.device).eval()
@@ -344,9 +345,9 @@ class EpisodeGenerator:
         cfg, nz = self.cfg, self.cfg.robot.noise
         rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, episode_id]))
         seed = int(rng.integers(2**31 - 1))
-        takeovers = None
-        if self.learner is not None:  # the expert (index 0) labels by acting in its stretches
-            takeovers = _Takeovers(cfg.learner, rng)
+        learner, takeovers = self.learner, None
+        if learner is not None:  # the expert (index 0) labels by acting in its stretches
+            takeovers = _Takeovers(learner.cfg, rng)
             policy_idx = 0
         elif cfg.expert_only or len(self.ladder) == 1 or rng.random() < cfg.expert_prob:
             policy_idx = 0
@@ -357,8 +358,8 @@ class EpisodeGenerator:
         policy = self.ladder[policy_idx]
         policy.reset(seed)
         obs = self.task.reset(seed)
-        if takeovers is not None:
-            self.learner.reset(obs)
+        if learner is not None:
+            learner.reset(obs)
         rows: dict[str, list] = {
             k: [] for k in self.layout.step_shapes() if k not in ("episode", "t")
         }
@@ -372,16 +373,16 @@ class EpisodeGenerator:
                 )
             action = clean
             learner_drives = takeovers is not None and takeovers.learner_drives
-            if learner_drives:
-                action = self.learner.act(obs)
+            if learner is not None and learner_drives:
+                action = learner.act(obs)
             elif bursts.noised:
                 action = clean + sigma * rng.standard_normal(clean.shape).astype(np.float32)
             if self.low is not None:
                 action = np.clip(action, self.low, self.high)
             expert = policy_idx == 0 and not bursts.noised and not learner_drives
             self._record(rows, obs, action, expert, bursts.noised)
-            if takeovers is not None:
-                self.learner.push(obs, action)
+            if learner is not None and takeovers is not None:
+                learner.push(obs, action)
                 takeovers.advance()
             result = self.task.step(action)
             rows["reward"].append(float(result.reward))
@@ -392,7 +393,9 @@ class EpisodeGenerator:
         self._record(rows, obs, np.zeros(self.spec.action_dim, np.float32), False, False)
         rows["reward"].append(0.0)
         shapes = self.layout.step_shapes()
-        steps = {k: np.asarray(v, dtype=shapes[k][1]) for k, v in rows.items()}
+        steps: dict[str, np.ndarray] = {
+            k: np.asarray(v, dtype=shapes[k][1]) for k, v in rows.items()
+        }
         return EpisodeRecord(
             id=episode_id,
             steps=steps,
@@ -449,7 +452,7 @@ def run_shard(
         registry.TASKS.setdefault(cfg.task, task_entry)
     gen = EpisodeGenerator(cfg)
     path = pathlib.Path(out) / shard_name(shard)
-    attrs = {
+    attrs: dict[str, str | int | float] = {
         "task": cfg.task,
         "variant": cfg.variant,
         "robot": gen.spec.name,
@@ -528,6 +531,8 @@ def generate(
     if world_size is not None and world_size > 1:
         if workers != 1:
             raise ValueError("under torchrun each rank is one worker: use --workers 1")
+        if rank is None:
+            raise ValueError(f"world_size {world_size} needs this process's rank")
         shards, num_shards = [rank], world_size
     else:
         shards, num_shards = list(range(workers)), workers

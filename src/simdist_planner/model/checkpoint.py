@@ -40,13 +40,6 @@ class CheckpointError(ValueError):
     """A checkpoint directory is missing, corrupt or does not match what the caller expects."""
 
 
-def _unwrap(model) -> WorldModel:
-    model = unwrap(model)
-    if not isinstance(model, WorldModel):
-        raise TypeError(f"save_checkpoint needs a WorldModel, got {type(model).__name__}")
-    return model
-
-
 def weight_tensors(model: WorldModel) -> dict[str, torch.Tensor]:
     """The tensors stored in model.safetensors (the scaler lives in scaler.json)."""
     return {
@@ -198,7 +191,7 @@ def recover_dir(final, remove_leftovers: bool = False) -> pathlib.Path | None:
 
 def save_checkpoint(model, path, metrics: dict | None = None) -> pathlib.Path:
     """Write `model` to directory `path` atomically (replacing an existing checkpoint there)."""
-    model = _unwrap(model)
+    model = unwrap(model)  # TypeError for anything but a (wrapped) WorldModel
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -247,8 +240,11 @@ def read_config(path) -> WorldModelConfig:
             f"{file}: checkpoint format_version {got!r}, "
             f"this code reads {CHECKPOINT_FORMAT_VERSION}"
         )
+    config = data.get("config")
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file}: invalid world-model config: no 'config' object")
     try:
-        return WorldModelConfig.from_dict(data.get("config"))
+        return WorldModelConfig.from_dict(config)
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{file}: invalid world-model config: {err}") from err
 

@@ -133,6 +133,9 @@ def resnet18_backbone(weights_path: str) -> nn.Module:
 class ImageEncoder(nn.Module):
     """One backbone shared by all cameras; per-camera features are concatenated."""
 
+    pixel_mean: torch.Tensor  # (3, 1, 1) ImageNet normalisation buffers
+    pixel_std: torch.Tensor
+
     def __init__(self, cfg: ImageEncoderConfig):
         super().__init__()
         self.size = (cfg.height, cfg.width)

@@ -109,6 +109,7 @@ class PolicyHead(nn.Module):
         super().__init__()
         d = cfg.latent_dim
         self.horizon = cfg.horizon
+        self.query: SequenceEmbedding | nn.Parameter
         if cfg.command_dim:
             self.query = SequenceEmbedding(cfg.command_dim, d, cfg.horizon)
         else:
@@ -135,9 +136,13 @@ class PolicyHead(nn.Module):
             raise ValueError(
                 f"policy chunk of {steps} steps is longer than the horizon {self.horizon}"
             )
-        if commands is not None:
+        if isinstance(self.query, SequenceEmbedding):  # the robot has a command
+            if commands is None:
+                raise ValueError("this policy reads commands (B, >= steps, C); got None")
             queries = self.query(commands[:, :steps])
         else:
+            if commands is not None:
+                raise ValueError("this policy has no command input; got commands")
             queries = self.query[:steps].expand(context.shape[0], steps, -1)
         actions = self.out(self.decoder(queries, context))
         if self.proprio_skip is None:

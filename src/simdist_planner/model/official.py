@@ -184,11 +184,20 @@ def official_config(cfg: Mapping) -> WorldModelConfig:
 
 
 # ------------------------------------------------------------------------------------ mapping
+def _height_map(c: WorldModelConfig) -> HeightMapEncoderConfig:
+    """The height-map encoder settings of `c`; the official model always reads a height map."""
+    if c.height_map is None:
+        raise OfficialImportError(f"{c.robot} world model has no height map; the official has one")
+    return c.height_map
+
+
 class _Mapper:
     """Takes each official array once (checked) and puts each model tensor once."""
 
     def __init__(self, arrays: Mapping[str, np.ndarray]):
-        self.arrays, self.used, self.state = arrays, set(), {}
+        self.arrays = arrays
+        self.used: set[str] = set()  # official array names taken
+        self.state: dict[str, torch.Tensor] = {}  # model tensor name -> value
 
     def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in self.arrays:
@@ -262,7 +271,7 @@ class _Mapper:
 
 
 def _map_height_map(mp: _Mapper, c: WorldModelConfig) -> None:
-    hm, d = c.height_map, c.latent_dim
+    hm, d = _height_map(c), c.latent_dim
     h, w = hm.shape
     prev, k = 1, hm.kernel_size
     names = [f"layers/{i}" for i in range(len(hm.channels) - 1)] + ["output_layer"]
@@ -315,7 +324,7 @@ def _map_weights(mp: _Mapper, c: WorldModelConfig) -> None:
 
 
 def _map_scaler(mp: _Mapper, c: WorldModelConfig) -> dict:
-    nx, ny = c.height_map.shape
+    nx, ny = _height_map(c).shape
     spec = {  # project quantity: (official quantity, official shape, to the project's layout)
         "proprio": ("proprio_obs", (c.proprio_dim,), None),
         "actions": ("actions", (c.action_dim,), None),
@@ -503,7 +512,7 @@ def check_reference_layout(
 ) -> int:
     """The batch size of a reference file; raises ValueError naming a missing or wrong array.
     `with_outputs=False` checks the inputs (`in/*`) only."""
-    batch = None
+    batch: int | None = None
     for name, tail in REFERENCE_INPUTS.items():
         if name not in ref:
             raise ValueError(f"reference has no {name!r}")
@@ -516,6 +525,7 @@ def check_reference_layout(
             raise ValueError(f"reference has no {name!r}")
         if np.shape(ref[name])[:1] != (batch,):
             raise ValueError(f"reference {name!r} has shape {np.shape(ref[name])}, batch {batch}")
+    assert batch is not None  # REFERENCE_INPUTS names at least one array
     return batch
 
 
@@ -531,7 +541,7 @@ def reference_outputs(model: WorldModel, ref: Mapping[str, np.ndarray]) -> dict[
 
     proprio, actions_hist = t("in/proprio_obs_hist"), t("in/acts_hist")
     actions, commands = t("in/fut_acts"), t("in/fut_cmds")
-    nx, ny = cfg.height_map.shape
+    nx, ny = _height_map(cfg).shape
     scans = np.asarray(ref["in/extero_obs"], dtype=np.float32)
     height_map = torch.from_numpy(np.stack([scan_to_grid(s, nx, ny) for s in scans]))
     z = model.encode({"proprio": proprio[:, -1], "height_map": height_map})

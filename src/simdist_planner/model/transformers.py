@@ -193,9 +193,11 @@ class TransformerDecoder(nn.Module):
 
     def cache(self, context: torch.Tensor) -> ContextCache:
         """Every layer's cross-attention keys / values of `context` (B, n, D), for reuse."""
-        return ContextCache(
-            context, tuple(layer.cross_attn.keys_values(context) for layer in self.layers)
-        )
+        keys_values = []
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)  # nn.ModuleList items are typed nn.Module
+            keys_values.append(layer.cross_attn.keys_values(context))
+        return ContextCache(context, tuple(keys_values))
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | ContextCache) -> torch.Tensor:
         """x (B, m, D) attends to `context`: tokens (B, n, D) or their `cache` (batch B or 1)."""

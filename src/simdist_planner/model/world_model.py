@@ -15,6 +15,8 @@ work on normalised tensors and are what the losses and the planner's batched pat
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,9 +47,13 @@ PARTS = {
 
 
 def unwrap(model: nn.Module) -> "WorldModel":
-    """The WorldModel inside a DistributedDataParallel and/or torch.compile wrapper."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
+    """The WorldModel inside a DistributedDataParallel and/or torch.compile wrapper (or the model
+    itself); TypeError for anything else."""
+    inner = getattr(model, "module", model)
+    inner = getattr(inner, "_orig_mod", inner)
+    if not isinstance(inner, WorldModel):
+        raise TypeError(f"expected a WorldModel (or one wrapped), got {type(inner).__name__}")
+    return inner
 
 
 def _need(ok: bool, msg: str) -> None:
@@ -284,10 +290,8 @@ class WorldModel(nn.Module):
     def state(self, z: torch.Tensor) -> torch.Tensor:
         """z (B, D) -> the privileged task state the state head reads from it (B, S), raw units:
         how much of the task state the latent holds (diagnostics; planning never uses it)."""
-        _need(
-            self.state_head is not None,
-            f"{self.config.robot} world model has no state head (state_dim 0)",
-        )
+        if self.state_head is None:
+            raise ValueError(f"{self.config.robot} world model has no state head (state_dim 0)")
         self._check_tail("z", z, (self.config.latent_dim,), 2)
         return self.scaler.denormalize("state", self.state_head(z))
 
@@ -301,11 +305,11 @@ class WorldModel(nn.Module):
         )
 
     # ------------------------------------------------------------------ training window
-    def forward(self, window: dict) -> dict[str, torch.Tensor]:
+    def forward(self, window: dict) -> dict[str, Any]:
         """Training forward = `predict_window`, so DistributedDataParallel can wrap the model."""
         return self.predict_window(window)
 
-    def predict_window(self, window: dict) -> dict[str, torch.Tensor]:
+    def predict_window(self, window: dict) -> dict[str, Any]:
         """Normalised predictions and targets for one training window (docs/architecture.md).
 
         Target latents E(o_{t+1..t+T}) come from a second encoder pass without autograd (the
@@ -341,7 +345,9 @@ class WorldModel(nn.Module):
             commands = self._commands_n(obs["command"][:, h:], t + 1, b)
         pred = self.dynamics_n(z, actions_n[:, h:], history)
         latents = torch.cat((z.unsqueeze(1), pred), dim=1)
-        out = {
+        # tensors by name, and with a decoder the name -> tensor dicts "reconstruction" and
+        # "reconstruction_targets"
+        out: dict[str, Any] = {
             "latents": pred,
             "target_latents": target,
             "rewards": self.reward_n(latents, actions_n[:, h:], commands),
@@ -364,6 +370,7 @@ class WorldModel(nn.Module):
             targets["height_map"] = hm.reshape(*lead, -1)
         if images is not None:
             r = self.config.reconstruction_image_size
+            assert self.encoder.images is not None  # images are read only by a model with cameras
             x = self.encoder.images.preprocess(images.reshape(-1, *images.shape[len(lead) :]))
             x = F.adaptive_avg_pool2d(x, r)
             targets["images"] = x.reshape(*lead, -1)

@@ -62,7 +62,8 @@ def _onednn(x: torch.Tensor) -> bool:
     return (
         x.device.type == "cpu"
         and x.dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.enabled
+        # a bool at run time; typed as the ContextProp that makes the module attribute settable
+        and bool(torch.backends.mkldnn.enabled)
     )
 
 
@@ -217,7 +218,7 @@ class SharedCrossAttention:
 
 def _decode(decoder: TransformerDecoder, x, cross: tuple[SharedCrossAttention, ...], mask):
     for layer, cross_attention in zip(decoder.layers, cross, strict=True):
-        layer: DecoderLayer
+        assert isinstance(layer, DecoderLayer)  # nn.ModuleList items are typed nn.Module
         x = layer.norm1(x + self_attention(layer.self_attn, x, mask))
         x = layer.norm2(x + cross_attention(x))
         x = layer.norm3(x + mlp(layer.mlp, x))
@@ -226,7 +227,7 @@ def _decode(decoder: TransformerDecoder, x, cross: tuple[SharedCrossAttention, .
 
 def _encode(layers, x: torch.Tensor) -> torch.Tensor:
     for layer in layers:
-        layer: EncoderLayer
+        assert isinstance(layer, EncoderLayer)  # nn.ModuleList items are typed nn.Module
         x = layer.norm1(x + self_attention(layer.attn, x, None))
         x = layer.norm2(x + mlp(layer.mlp, x))
     return x
@@ -235,7 +236,8 @@ def _encode(layers, x: torch.Tensor) -> torch.Tensor:
 def _head_last(head: TransformerHead, x: torch.Tensor) -> torch.Tensor:
     """A seq2seq head's features for the last token only, before `out`: (B, n, in) -> (B, D)."""
     x = _encode(head.encoder.layers[:-1], head.embed(x))
-    last: EncoderLayer = head.encoder.layers[-1]
+    last = head.encoder.layers[-1]
+    assert isinstance(last, EncoderLayer)
     y = last.norm1(x[:, -1:] + last_token_attention(last.attn, x))
     return last.norm2(y + mlp(last.mlp, y))[:, 0]
 
@@ -278,11 +280,13 @@ class FastObjective:
             self._sources if dtype == torch.float32 else copy.deepcopy(self._sources).to(dtype)
         )
 
-    def _refresh(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+    def _refresh(self) -> tuple[ChunkedDynamics | AutoregressiveDynamics, nn.Module, nn.Module]:
         if self._heads is not self._sources:
             for s, p in zip(self._heads.parameters(), self._sources.parameters(), strict=True):
                 s.copy_(p)
-        return tuple(self._heads)
+        f, reward_head, value_head = self._heads
+        assert isinstance(f, (ChunkedDynamics, AutoregressiveDynamics))  # supports() checked it
+        return f, reward_head, value_head
 
     @staticmethod
     def supports(model) -> TypeGuard[WorldModel]:
@@ -306,19 +310,19 @@ class FastObjective:
         first = z.unsqueeze(1)
         if model.config.reward_reads_latent_token:
             first = model.history_encoder.latent_token(first)
-        cast = lambda x: None if x is None else x.to(dtype)  # noqa: E731
+        cross = []
+        for layer, (k, v) in zip(f.decoder.layers, context.keys_values, strict=True):
+            assert isinstance(layer, DecoderLayer)  # nn.ModuleList items are typed nn.Module
+            cross.append(SharedCrossAttention.of(layer.cross_attn, k, v, dtype))
         return PreparedObjective(
             self,
             f=f,
             reward_head=reward_head,
             value_head=value_head,
-            context_latent=cast(context.tokens[:, -1]),
-            cross=tuple(
-                SharedCrossAttention.of(layer.cross_attn, k, v, dtype)
-                for layer, (k, v) in zip(f.decoder.layers, context.keys_values, strict=True)
-            ),
-            commands_n=cast(commands_n),
-            first_reward_token=cast(first),
+            context_latent=context.tokens[:, -1].to(dtype),
+            cross=tuple(cross),
+            commands_n=None if commands_n is None else commands_n.to(dtype),
+            first_reward_token=first.to(dtype),
             mask=_causal_mask(t, z).to(dtype),
         )
 
@@ -376,18 +380,18 @@ class PreparedObjective:
         first = self.first_reward_token.expand(n, -1, -1)
         latents = torch.cat((first, predicted[:, :-1]), dim=1)
         x = torch.cat([latents, actions_n, *self._commands(n, slice(0, -1))], dim=-1)
-        head = self.reward_head
+        head, source = self.reward_head, self.objective.model.reward_head
         if isinstance(head, TransformerHead):
-            return _out(
-                self.objective.model.reward_head.out, _encode(head.encoder.layers, head.embed(x))
-            )
+            assert isinstance(source, TransformerHead)  # head is source or its copy
+            return _out(source.out, _encode(head.encoder.layers, head.embed(x)))
         return head(x)
 
     def last_value_n(self, predicted: torch.Tensor) -> torch.Tensor:
         """Normalised v^_{t+T} (N,): the value head's last output."""
         n = predicted.shape[0]
         x = torch.cat([predicted, *self._commands(n, slice(1, None))], dim=-1)
-        head = self.value_head
+        head, source = self.value_head, self.objective.model.value_head
         if isinstance(head, TransformerHead):
-            return _out(self.objective.model.value_head.out, _head_last(head, x))
+            assert isinstance(source, TransformerHead)  # head is source or its copy
+            return _out(source.out, _head_last(head, x))
         return head(x[:, -1:])[:, 0]

@@ -33,7 +33,10 @@ class StateReader(nn.Module):
 
     def __init__(self, model: WorldModel, out_dim: int, hidden: int = 256):
         super().__init__()
-        self.images = model.encoder.images
+        images = model.encoder.images
+        if images is None:
+            raise ValueError(f"the {model.config.robot} world model has no image encoder")
+        self.images = images
         self.head = MLP(self.images.out_features + model.config.proprio_dim, [hidden], out_dim)
 
     def forward(self, images: torch.Tensor, proprio_n: torch.Tensor) -> torch.Tensor:

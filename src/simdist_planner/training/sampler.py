@@ -79,6 +79,8 @@ class WindowSource(torch.utils.data.Dataset):
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """n window indices, uniform or by the phase weights."""
+        if self.windows is None:
+            raise ValueError("no data windows to draw from: this source makes synthetic batches")
         if self.cum_weights is None:
             return rng.integers(0, len(self.windows), n)
         return np.searchsorted(self.cum_weights, rng.random(n) * self.cum_weights[-1], side="right")

@@ -53,7 +53,7 @@ def save_train_state(
     tmp = _atomic_dir(final)
     try:
         save_checkpoint(model, tmp / "model", metrics={"step": step, **metrics})
-        index = {p: i for i, p in enumerate(model.parameters())}
+        index: dict[torch.Tensor, int] = {p: i for i, p in enumerate(model.parameters())}
         tensors = {}
         for p, state in optimizer.state.items():
             for key, value in state.items():
@@ -98,13 +98,13 @@ def load_train_state(
     params = list(model.parameters())
     per_param: dict[int, dict] = {}
     for name, value in tensors.items():
-        i, key = name.split(".", 1)
-        if not 0 <= int(i) < len(params):
+        number, key = name.split(".", 1)
+        if not 0 <= int(number) < len(params):
             raise ValueError(
-                f"{root / 'optimizer.safetensors'}: state for parameter {i}, "
+                f"{root / 'optimizer.safetensors'}: state for parameter {number}, "
                 f"model has {len(params)}"
             )
-        per_param.setdefault(int(i), {})[key] = value
+        per_param.setdefault(int(number), {})[key] = value
     for i, st in per_param.items():
         for key in ("exp_avg", "exp_avg_sq"):
             if key in st and st[key].shape != params[i].shape:
