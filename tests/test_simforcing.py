@@ -17,6 +17,7 @@ from sim_video_world_model import metrics
 from sim_video_world_model.backbones import build_backbone
 from sim_video_world_model.checkpoint import load_bundle
 from sim_video_world_model.config import (
+    LADDER,
     BackboneConfig,
     ObjectiveConfig,
     TinyBackboneConfig,
@@ -154,6 +155,15 @@ def test_student_objective_shares_noise_and_time_across_domains():
     assert m_sft["fm_sim"] == 0.0 and m_sft["motion_real"] == 0.0
     with pytest.raises(ValueError, match="teacher"):
         obj(student, None, z, z, a)
+    # the off-ladder row: the full student without motion distillation needs no teacher, keeps
+    # joint FM and the gated conditioning
+    no_motion = make_student(teacher, Variant.NO_MOTION)
+    loss_nm, m_nm = StudentObjective(ObjectiveConfig(variant=Variant.NO_MOTION))(
+        no_motion, None, z, z.clone(), a, torch.Generator().manual_seed(0)
+    )
+    assert m_nm["motion_real"] == 0.0 and m_nm["motion_sim"] == 0.0 and m_nm["fm_sim"] > 0
+    assert 0.0 <= m_nm["frac_cond_on"] <= 1.0 and no_motion.sim_conditioning is not None
+    assert [v.value for v in LADDER] == ["sft", "joint_fm", "motion", "full"]
 
 
 def test_corruption_probability_and_range():

@@ -28,10 +28,13 @@ class Variant(str, enum.Enum):
     JOINT_FM = "joint_fm"  # + flow matching on the paired sim videos
     MOTION = "motion"  # + latent-motion distillation from the frozen sim teacher
     FULL = "full"  # + multi-block dropout sim conditioning (SimForcing)
+    # Off the ladder: the full student without motion distillation (joint FM + sim conditioning),
+    # the row that tells what the motion term alone does to the full student.
+    NO_MOTION = "no_motion"
 
     @property
     def joint_fm(self) -> bool:
-        return self in (Variant.JOINT_FM, Variant.MOTION, Variant.FULL)
+        return self is not Variant.SFT
 
     @property
     def motion(self) -> bool:
@@ -39,7 +42,10 @@ class Variant(str, enum.Enum):
 
     @property
     def sim_conditioning(self) -> bool:
-        return self is Variant.FULL
+        return self in (Variant.FULL, Variant.NO_MOTION)
+
+
+LADDER = (Variant.SFT, Variant.JOINT_FM, Variant.MOTION, Variant.FULL)  # the paper's Tab. 2 rungs
 
 
 @dataclass

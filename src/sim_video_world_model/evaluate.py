@@ -28,7 +28,13 @@ import torch
 
 from sim_video_world_model import metrics
 from sim_video_world_model.checkpoint import ModelBundle, load_bundle
-from sim_video_world_model.config import BackboneConfig, TinyBackboneConfig, TrainConfig, Variant
+from sim_video_world_model.config import (
+    LADDER,
+    BackboneConfig,
+    TinyBackboneConfig,
+    TrainConfig,
+    Variant,
+)
 from sim_video_world_model.paired_data import (
     MujocoPairsConfig,
     PairedVideoDataset,
@@ -47,6 +53,7 @@ ROW_NAMES = {
     Variant.JOINT_FM: "+ joint FM",
     Variant.MOTION: "+ motion distillation",
     Variant.FULL: "+ sim conditioning (full)",
+    Variant.NO_MOTION: "full without motion distillation",
 }
 
 
@@ -570,7 +577,7 @@ def protocol_run(
         os.path.join(out, "train.h5"),
         out,
         ["autoencoder", "teacher", "student"],
-        list(Variant),
+        list(LADDER),
         resume=True,
         sft_inits=protocol.sft_inits,
     )
