@@ -34,12 +34,12 @@ TINY = TinyBackboneConfig(
 )
 
 
-@pytest.fixture
-def graph(tmp_path):
+def tiny_student(path) -> str:
+    """An untrained tiny student (sim conditioning on, 5 frames of 16 x 16, UR5e actions)."""
     cfg = BackboneConfig(tiny=TINY)
     ae, den = build_backbone(cfg)
     den.add_sim_conditioning()
-    ckpt = str(tmp_path / "student")
+    ckpt = str(path)
     save_bundle(
         ckpt,
         ModelBundle(
@@ -55,6 +55,12 @@ def graph(tmp_path):
             },
         ),
     )
+    return ckpt
+
+
+@pytest.fixture
+def graph(tmp_path):
+    ckpt = tiny_student(tmp_path / "student")
     rclpy.init()
     node = VideoPredictionNode(
         parameter_overrides=[
@@ -169,5 +175,39 @@ def test_missing_checkpoint_is_a_clear_error():
     try:
         with pytest.raises(ValueError, match="checkpoint"):
             VideoPredictionNode()
+    finally:
+        rclpy.try_shutdown()
+
+
+def test_a_job_cut_short_by_shutdown_ends_the_worker_quietly(tmp_path, monkeypatch):
+    """Ctrl-C shuts the context down while the worker predicts (on a loaded machine a job outlasts
+    the node's 5 s join): its publish then fails, and the worker ends without a traceback, as the
+    planner's planning thread does."""
+    crashes = []
+    monkeypatch.setattr(threading, "excepthook", crashes.append)
+    rclpy.init()
+    node = VideoPredictionNode(
+        parameter_overrides=[
+            Parameter("checkpoint", value=tiny_student(tmp_path / "student")),
+            Parameter("mask_task", value=""),
+            Parameter("guidance", value=0.0),
+        ]
+    )
+    started = threading.Event()
+
+    def slow_predict(image, plan, settings, joint_pos=None):
+        started.set()
+        assert wait_for(lambda: not node.context.ok(), 30.0)
+        return np.zeros((len(plan), *image.shape), np.uint8)
+
+    node.predictor.predict = slow_predict
+    worker = node._worker
+    try:
+        image = np.zeros((16, 16, 3), np.uint8)
+        node._jobs.put_nowait((1, (image, 1), (np.zeros((2, 7), np.float32), 1), {}))
+        assert wait_for(started.is_set)
+        rclpy.shutdown()  # destroys the node: its worker is mid-job
+        worker.join(timeout=60)
+        assert not worker.is_alive() and not crashes, [c.exc_value for c in crashes]
     finally:
         rclpy.try_shutdown()

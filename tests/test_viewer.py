@@ -9,16 +9,18 @@ Chromium (slow).
 
 from __future__ import annotations
 
+import base64
 import datetime
-import http.server
+import fcntl
 import json
 import os
 import pathlib
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -33,6 +35,7 @@ from rclpy.exceptions import InvalidParameterValueException
 from rclpy.parameter import Parameter
 from rclpy.serialization import serialize_message
 from rerun.chunk import RrdReader
+from sensor_msgs.msg import Image
 from std_msgs.msg import String
 
 from robot_drivers import ros_msgs
@@ -481,36 +484,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class _DelayedPage(http.server.BaseHTTPRequestHandler):
-    """A page showing the viewer in a frame whose load event waits `delay_s` (a hidden image
-    that answers late): Chromium's --screenshot fires on load, and the viewer's WebAssembly
-    needs real seconds to start and draw."""
-
-    viewer_url = ""
-    delay_s = 0.0
-
-    def do_GET(self):
-        if self.path.startswith("/late"):
-            time.sleep(self.delay_s)
-            body, kind = b"GIF89a\x01\x00\x01\x00\x00\x00\x00;", "image/gif"
-        else:
-            body = (
-                '<html><body style="margin:0;overflow:hidden">'
-                f'<iframe src="{self.viewer_url}" style="display:block;border:0;'
-                'width:1280px;height:800px"></iframe>'
-                '<img src="/late" style="display:none"></body></html>'
-            ).encode()
-            kind = "text/html"
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def screenshot_web_viewer(bag_root, graph, out_png, tmp_path, delay_s=25.0) -> None:
     """`simdist-view bag --web` served locally, opened in headless Chromium, saved as a PNG."""
     web, grpc = _free_port(), _free_port()
@@ -520,33 +493,120 @@ def screenshot_web_viewer(bag_root, graph, out_png, tmp_path, delay_s=25.0) -> N
          "--serve-s", "300"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    page = None
     try:
         lines = []
         while not any(line.startswith("web viewer:") for line in lines):
             line = view.stdout.readline()
             assert line, "simdist-view ended early:\n" + "".join(lines)
             lines.append(line)
-        proxy = urllib.parse.quote(f"rerun+http://127.0.0.1:{grpc}/proxy", safe="")
-        handler = type("Page", (_DelayedPage,), {
-            "viewer_url": f"http://127.0.0.1:{web}/?url={proxy}", "delay_s": delay_s,
-        })  # fmt: skip
-        page = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=page.serve_forever, daemon=True).start()
-        shot = subprocess.run(
+        screenshot_url(web_viewer_url(web, grpc), out_png, tmp_path, delay_s)
+    finally:
+        view.terminate()
+        view.wait(timeout=30)
+
+
+def web_viewer_url(web_port: int, grpc_port: int) -> str:
+    """The web viewer on `web_port` showing the view of the gRPC server on `grpc_port`."""
+    proxy = urllib.parse.quote(f"rerun+http://127.0.0.1:{grpc_port}/proxy", safe="")
+    return f"http://127.0.0.1:{web_port}/?url={proxy}"
+
+
+class HeadlessChromium:
+    """Headless Chromium driven over the DevTools protocol on a pipe (`--remote-debugging-pipe`:
+    NUL-terminated JSON, commands on its fd 3, replies on its fd 4), so the test picks the moment
+    of a screenshot: the viewer's WebAssembly needs real seconds to start and draw, and a live
+    view never stops loading (Chromium's `--screenshot` waits for a load event)."""
+
+    def __init__(self, tmp_path, size=(1280, 800)):
+        to_r, self._to = os.pipe()
+        self._from, from_w = os.pipe()
+        # high copies: the child's dup2 onto 3 and 4 cannot overwrite one with the other
+        ends = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (to_r, from_w)]
+        for fd in (to_r, from_w):
+            os.close(fd)
+        self._log = (tmp_path / "chromium.log").open("w")
+        self.proc = subprocess.Popen(
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
              "--no-first-run", "--disable-background-networking", "--disable-component-update",
              "--disable-sync", "--enable-unsafe-swiftshader", "--use-angle=swiftshader",
-             f"--user-data-dir={tmp_path / 'chromium'}", f"--screenshot={out_png}",
-             "--window-size=1280,800", f"http://127.0.0.1:{page.server_address[1]}/"],
-            capture_output=True, text=True, timeout=delay_s + 90,
+             f"--user-data-dir={tmp_path / 'chromium'}", "--remote-debugging-pipe",
+             f"--window-size={size[0]},{size[1]}", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+            close_fds=False,  # Python's own descriptors are not inherited (PEP 446); 3 and 4 are
+            preexec_fn=lambda: [os.dup2(fd, n) for n, fd in zip((3, 4), ends)],
         )  # fmt: skip
-        assert shot.returncode == 0 and out_png.is_file(), shot.stderr[-2000:]
+        for fd in ends:
+            os.close(fd)
+        self._id, self._buf, self._session, self.size = 0, b"", None, size
+
+    def call(self, method: str, params: dict | None = None, timeout_s: float = 120.0) -> dict:
+        """Send one command (to the attached page, if any) and return its result."""
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if self._session and not method.startswith(("Target.", "Browser.")):
+            msg["sessionId"] = self._session
+        os.write(self._to, json.dumps(msg).encode() + b"\0")
+        end = time.monotonic() + timeout_s
+        while True:
+            while b"\0" in self._buf:
+                raw, self._buf = self._buf.split(b"\0", 1)
+                reply = json.loads(raw)
+                if reply.get("id") == self._id:
+                    assert "error" not in reply, f"{method}: {reply['error']}"
+                    return reply["result"]
+            left = end - time.monotonic()
+            assert left > 0, f"Chromium did not answer {method} in {timeout_s} s"
+            if select.select([self._from], [], [], left)[0]:
+                chunk = os.read(self._from, 1 << 20)
+                assert chunk, f"Chromium closed its pipe (exit {self.proc.poll()})"
+                self._buf += chunk
+
+    def open(self, url: str) -> None:
+        target = self.call("Target.createTarget", {"url": url})["targetId"]
+        self._session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
+        width, height = self.size  # the page's viewport, whatever the window's decorations
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
+
+    def screenshot(self, out_png: pathlib.Path) -> pathlib.Path:
+        data = self.call("Page.captureScreenshot", {"format": "png"})["data"]
+        out_png.write_bytes(base64.b64decode(data))
+        return out_png
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.call("Browser.close", timeout_s=30.0)
+                self.proc.wait(timeout=30)
+            except (AssertionError, OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        for fd in (self._to, self._from):
+            os.close(fd)
+        self._log.close()
+
+
+def screenshot_url(
+    viewer_url: str, out_png, tmp_path, delay_s=25.0, until=None, timeout_s=0.0, every_s=10.0
+) -> None:
+    """`viewer_url` in headless Chromium (1280 x 800), saved as a PNG after `delay_s`; with
+    `until` (PNG path -> bool), taken again every `every_s` until it holds or `timeout_s` more
+    seconds have passed (the last one is kept either way)."""
+    chromium = HeadlessChromium(tmp_path)
+    try:
+        chromium.open(viewer_url)
+        time.sleep(delay_s)
+        chromium.screenshot(out_png)
+        end = time.monotonic() + timeout_s
+        while until is not None and not until(out_png) and time.monotonic() < end:
+            time.sleep(every_s)
+            chromium.screenshot(out_png)
     finally:
-        if page is not None:
-            page.shutdown()
-        view.terminate()
-        view.wait(timeout=30)
+        chromium.close()
 
 
 def blank_panels(png: pathlib.Path, rows: int, cols: int) -> list[tuple[int, int, float]]:
@@ -658,3 +718,176 @@ def test_predicted_frames_and_adapter_progress_sit_beside_the_real_ones(tmp_path
     assert rows["adaptation/status"] == 2
     assert rows["adaptation/heldout_latent_loss"] == 1  # only the round that has both losses
     assert timeline_values(rrd, L.camera_entity("wrist", "predicted"), L.TICK) == [0, 1, 2]
+
+
+# -- the live peg graph with the video-prediction node, in the web viewer ----------------------
+def _tiny_student(root: pathlib.Path) -> str:
+    """A SimForcing student (sim conditioning on) trained for a few steps on synthetic 64 x 64
+    UR5e windows by `simforcing-train`'s own `run`: the checkpoint layout the node loads."""
+    from sim_video_world_model.config import (  # noqa: PLC0415 - only this test trains one
+        BackboneConfig,
+        TinyBackboneConfig,
+        TrainConfig,
+        Variant,
+    )
+    from sim_video_world_model.paired_data import (  # noqa: PLC0415
+        SyntheticWorldConfig,
+        synthetic_pairs,
+    )
+    from sim_video_world_model.train import RunConfig, run  # noqa: PLC0415
+
+    root.mkdir(parents=True, exist_ok=True)
+    data = str(root / "pairs.h5")
+    synthetic_pairs(2, num_frames=5, steps=4, stride=4, cfg=SyntheticWorldConfig(size=64)).save(
+        data
+    )
+    tiny = TinyBackboneConfig(
+        latent_channels=4, ae_channels=8, hidden=32, heads=2, layers=2, ffn=64,
+        action_hidden=16, action_layers=1, action_heads=2,
+    )  # fmt: skip
+    steps = dict(batch_size=2, log_every=1, save_every=10)
+    cfg = RunConfig(
+        backbone=BackboneConfig(tiny=tiny),
+        autoencoder_train=TrainConfig(steps=2, lr=1e-3, **steps),
+        teacher_train=TrainConfig(steps=2, **steps),
+        student_train=TrainConfig(steps=2, **steps),
+    )
+    run(cfg, data, str(root / "run"), ["autoencoder", "teacher", "student"], [Variant.FULL],
+        resume=False)  # fmt: skip
+    return str(root / "run" / "student_full")
+
+
+def _video_graph_params(tmp_path, info: dict, guidance: float, web: int, grpc: int):
+    """config/peg.yaml with a CPU-sized MPPI, the cameras at the student's image size (the node
+    then predicts at its own size), the student's guidance w, and the viewer serving the web
+    viewer on free ports with the `side` camera only (its three panels large enough to see)."""
+    import yaml  # noqa: PLC0415 - only the graph tests edit a parameter file
+
+    from simdist_planner.ros import launch_description as desc  # noqa: PLC0415
+
+    h, w = (int(v) for v in info["image_size"])
+    data = yaml.safe_load(desc.config_path("peg").read_text())
+    data["planner"]["ros__parameters"].update(num_samples=64, num_elites=8, iterations=2)
+    data["mujoco_driver"]["ros__parameters"].update(image_height=h, image_width=w)
+    data["ingestion"]["ros__parameters"].update(camera_height=h, camera_width=w)
+    data["video_prediction"]["ros__parameters"].update(
+        camera="side", sim_steps=1, real_steps=10, guidance=guidance
+    )
+    data["viewer"]["ros__parameters"].update(
+        mode="web", grpc_port=grpc, web_port=web, cameras=["side"]
+    )
+    path = tmp_path / "peg_video.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# the `side` camera's panels of the UR5e layout with cameras [side] at 1280 x 800 (left, top,
+# right, bottom; fractions of the page): the camera, then the prediction, two columns to its right
+SIDE_CAMERA_BOX = (0.01, 0.11, 0.19, 0.42)
+SIDE_PREDICTED_BOX = (0.41, 0.11, 0.59, 0.42)
+
+
+def panel_content(png: pathlib.Path, box: tuple[float, float, float, float]) -> float:
+    """Share of a box's pixels that differ from the page's background (its commonest grey): an
+    image fills the box, an empty panel's 'No data available.' is about 1 %."""
+    gray = np.asarray(PILImage.open(png).convert("L"), np.int16)
+    background = np.bincount(gray.ravel()).argmax()
+    h, w = gray.shape
+    left, top, right, bottom = box
+    cell = gray[int(top * h) : int(bottom * h), int(left * w) : int(right * w)]
+    return float((np.abs(cell - background) > 12).mean())
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (make chromium)"
+)
+def test_live_peg_graph_predicts_the_side_camera_and_the_web_viewer_shows_it_beside_the_real(
+    tmp_path, ros_domain
+):
+    """`simdist launch peg video:=true view:=true` (MuJoCo robot in lockstep, a tiny random
+    planner): the video-prediction node serves a SimForcing student at the table's settings
+    (N_s 1, N_r 10), publishes predicted frames of the side camera at the student's image size
+    that are not flat, and the viewer's web viewer, opened in headless Chromium, shows the
+    camera, the model input and the prediction side by side.
+
+    The student: `SIMFORCING_CHECKPOINT` (e.g. a `simforcing-eval` run's `winner`) at
+    `SIMFORCING_GUIDANCE` (default 0.6, the node's, or 0 for a student without sim
+    conditioning), else one trained here for a few steps on synthetic windows.
+    `SIMDIST_VIEWER_SCREENSHOTS=docs/viewer` keeps the screenshot as `peg_video.png`."""
+    from test_planner_node import make_checkpoint  # noqa: PLC0415 - the tiny UR5e world model
+
+    student = os.environ.get("SIMFORCING_CHECKPOINT") or _tiny_student(tmp_path / "sf")
+    info = json.loads((pathlib.Path(student) / "config.json").read_text())["info"]
+    conditioned = bool(info.get("sim_conditioning"))
+    guidance = float(os.environ.get("SIMFORCING_GUIDANCE", 0.6 if conditioned else 0.0))
+    web, grpc = _free_port(), _free_port()
+    params = _video_graph_params(tmp_path, info, guidance, web, grpc)
+    log = (tmp_path / "launch.log").open("w")
+    launcher = subprocess.Popen(
+        [str(pathlib.Path(sys.executable).parent / "simdist"), "launch", "peg", "robot:=sim",
+         f"checkpoint:={make_checkpoint(tmp_path / 'ck')}", "video:=true",
+         f"video_checkpoint:={student}", "view:=true", f"params_file:={params}",
+         f"domain:={ros_domain}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+    def launch_log() -> str:
+        if not log.closed:
+            log.flush()
+        return (tmp_path / "launch.log").read_text()[-4000:]
+
+    ros = RosHarness(ros_domain)
+    try:
+        topic = "/simdist/predicted_video/side"
+        statuses = ros.collect(String, f"{topic}/status", depth=100)
+        frames = ros.collect(Image, topic, depth=100)
+
+        def done() -> list[dict]:
+            return [s for s in (json.loads(m.data) for m in statuses) if s.get("ok")]
+
+        assert ros.spin_until(lambda: len(done()) >= 2 or launcher.poll() is not None, 400.0), (
+            f"no predictions; statuses {[m.data for m in statuses][-5:]}\n{launch_log()}"
+        )
+        assert launcher.poll() is None, launch_log()
+        errors = [
+            s["error"]
+            for s in (json.loads(m.data) for m in statuses)
+            if not s.get("ok") and "no image received yet" not in s["error"]
+        ]
+        assert not errors, errors
+        job = done()[-1]
+        assert (job["sim_steps"], job["real_steps"], job["guidance"]) == (1, 10, guidance)
+        assert 1 <= job["frames"] <= int(info["num_frames"]) - 1 and job["latency_s"] > 0
+        assert ros.spin_until(lambda: len(frames) >= job["frames"], 10.0)
+        for msg in frames[-job["frames"] :]:
+            image = ros_msgs.image_from_msg(msg)
+            assert image.shape == (*info["image_size"], 3) and msg.encoding == "rgb8"
+            assert image.std() > 2.0, "a flat predicted frame"
+        print(f"video node latency_s per job: {[s['latency_s'] for s in done()]}")
+
+        png = tmp_path / "peg_video.png"
+        # the web viewer replays the view from the start: on a loaded machine it reaches the
+        # first prediction after a while, so the page is taken again until the panel shows it
+        screenshot_url(
+            web_viewer_url(web, grpc), png, tmp_path, delay_s=30.0, every_s=15.0,
+            until=lambda shot: panel_content(shot, SIDE_PREDICTED_BOX) > 0.5, timeout_s=300.0,
+        )  # fmt: skip
+        assert launcher.poll() is None, launch_log()
+    finally:
+        ros.close()
+        if launcher.poll() is None:
+            launcher.send_signal(signal.SIGINT)
+        try:
+            launcher.wait(timeout=60)
+        finally:
+            log.close()
+    assert launcher.returncode == 0, launch_log()
+    assert PILImage.open(png).size == (1280, 800)
+    shown = {box: panel_content(png, box) for box in (SIDE_CAMERA_BOX, SIDE_PREDICTED_BOX)}
+    assert min(shown.values()) > 0.5, f"the camera or the prediction is not shown: {shown}, {png}"
+    if SCREENSHOTS:
+        target = pathlib.Path(SCREENSHOTS) / "peg_video.png"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        PILImage.open(png).convert("RGB").quantize(colors=96).save(target, optimize=True)

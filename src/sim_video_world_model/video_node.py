@@ -204,53 +204,60 @@ class VideoPredictionNode(Node):
     def _work(self) -> None:
         while not self._stop.is_set():
             try:
-                job_id, (image, stamp), (plan, _), joints = self._jobs.get(timeout=0.1)
+                job = self._jobs.get(timeout=0.1)
             except queue.Empty:
                 continue
-            changed = self.params.apply()
-            p = self.params
-            t0 = time.perf_counter()
             try:
-                if "device" in changed:
-                    self.predictor.to(p["device"])
-                joint_pos = None
-                if self.predictor.segmenter is not None and p["guidance"] > 0:
-                    names = self.predictor.segmenter.backend.spec.joint_names
-                    missing = [n for n in names if n not in joints]
-                    if missing:
-                        raise RequestError(
-                            f"no /joint_states for {missing}: "
-                            "the robot mask needs the measured joints"
-                        )
-                    joint_pos = np.array([joints[n] for n in names])
-                frames = self.predictor.predict(
-                    image,
-                    plan,
-                    PredictSettings(p["sim_steps"], p["real_steps"], p["guidance"]),
-                    joint_pos,
-                )
-            except (RequestError, ValueError, RuntimeError) as err:
-                self._status({"job": job_id, "ok": False, "error": str(err)})
-                continue
-            period_ns = int(p["control_period_s"] * 1e9)
-            frame_id = f"{self.camera}_camera"
-            for k, frame in enumerate(frames, start=1):
-                self._pub_frames.publish(
-                    ros_msgs.image_to_msg(frame, stamp + k * period_ns, frame_id)
-                )
-            strip = np.concatenate([image, *frames], axis=1)
-            self._pub_preview.publish(
-                ros_msgs.image_to_msg(np.ascontiguousarray(strip), stamp, frame_id)
+                self._run_job(*job)
+            except Exception:
+                if not self.context.ok():
+                    return  # Ctrl-C shut the context down mid-job: nothing can be sent any more
+                raise
+
+    def _run_job(self, job_id, image_stamp, plan_stamp, joints) -> None:
+        (image, stamp), (plan, _) = image_stamp, plan_stamp
+        changed = self.params.apply()
+        p = self.params
+        t0 = time.perf_counter()
+        try:
+            if "device" in changed:
+                self.predictor.to(p["device"])
+            joint_pos = None
+            if self.predictor.segmenter is not None and p["guidance"] > 0:
+                names = self.predictor.segmenter.backend.spec.joint_names
+                missing = [n for n in names if n not in joints]
+                if missing:
+                    raise RequestError(
+                        f"no /joint_states for {missing}: the robot mask needs the measured joints"
+                    )
+                joint_pos = np.array([joints[n] for n in names])
+            frames = self.predictor.predict(
+                image,
+                plan,
+                PredictSettings(p["sim_steps"], p["real_steps"], p["guidance"]),
+                joint_pos,
             )
-            self._status(
-                {
-                    "job": job_id,
-                    "ok": True,
-                    "frames": len(frames),
-                    "latency_s": round(time.perf_counter() - t0, 4),
-                    **{k: p[k] for k in ("sim_steps", "real_steps", "guidance", "device")},
-                }
-            )
+        except (RequestError, ValueError, RuntimeError) as err:
+            self._status({"job": job_id, "ok": False, "error": str(err)})
+            return
+        latency_s = time.perf_counter() - t0
+        period_ns = int(p["control_period_s"] * 1e9)
+        frame_id = f"{self.camera}_camera"
+        for k, frame in enumerate(frames, start=1):
+            self._pub_frames.publish(ros_msgs.image_to_msg(frame, stamp + k * period_ns, frame_id))
+        strip = np.concatenate([image, *frames], axis=1)
+        self._pub_preview.publish(
+            ros_msgs.image_to_msg(np.ascontiguousarray(strip), stamp, frame_id)
+        )
+        self._status(
+            {
+                "job": job_id,
+                "ok": True,
+                "frames": len(frames),
+                "latency_s": round(latency_s, 4),
+                **{k: p[k] for k in ("sim_steps", "real_steps", "guidance", "device")},
+            }
+        )
 
     def _status(self, payload: dict) -> None:
         self._pub_status.publish(String(data=json.dumps(payload)))
