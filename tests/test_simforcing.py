@@ -20,8 +20,6 @@ from sim_video_world_model.config import (
     LADDER,
     BackboneConfig,
     ObjectiveConfig,
-    TinyBackboneConfig,
-    TrainConfig,
     Variant,
 )
 from sim_video_world_model.evaluate import (
@@ -52,18 +50,7 @@ from sim_video_world_model.train import (
     make_student,
     run,
 )
-
-TINY = TinyBackboneConfig(
-    latent_channels=4,
-    ae_channels=8,
-    hidden=32,
-    heads=2,
-    layers=2,
-    ffn=64,
-    action_hidden=16,
-    action_layers=1,
-    action_heads=2,
-)
+from simforcing_helpers import TINY, tiny_run_config
 
 
 def tiny_backbone(seed=0):
@@ -362,14 +349,7 @@ def test_scarce_real_protocol_trains_the_teacher_on_all_sim_and_students_on_the_
         4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0
     )
     w.save(data)
-    steps = dict(batch_size=4, log_every=1, save_every=10)
-    cfg = RunConfig(
-        backbone=BackboneConfig(tiny=TINY),
-        autoencoder_train=TrainConfig(steps=2, lr=1e-3, **steps),
-        teacher_train=TrainConfig(steps=2, **steps),
-        student_train=TrainConfig(steps=2, **steps),
-        real_windows=4,
-    )
+    cfg = tiny_run_config(steps=2, batch_size=4, real_windows=4)
     out = str(tmp_path / "run")
     run(
         cfg,
@@ -403,13 +383,7 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     synthetic_pairs(
         4, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=0
     ).save(data)
-    steps = dict(batch_size=4, log_every=1, save_every=2)
-    cfg = RunConfig(
-        backbone=BackboneConfig(tiny=TINY),
-        autoencoder_train=TrainConfig(steps=3, lr=1e-3, **steps),
-        teacher_train=TrainConfig(steps=3, **steps),
-        student_train=TrainConfig(steps=3, **steps),
-    )
+    cfg = tiny_run_config(steps=3, batch_size=4, save_every=2)
     out = str(tmp_path / "run")
     run(cfg, data, out, ["autoencoder", "teacher", "student"], [Variant.FULL], resume=False)
     teacher = load_bundle(os.path.join(out, "teacher"))

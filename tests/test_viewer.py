@@ -724,34 +724,20 @@ def test_predicted_frames_and_adapter_progress_sit_beside_the_real_ones(tmp_path
 def _tiny_student(root: pathlib.Path) -> str:
     """A SimForcing student (sim conditioning on) trained for a few steps on synthetic 64 x 64
     UR5e windows by `simforcing-train`'s own `run`: the checkpoint layout the node loads."""
-    from sim_video_world_model.config import (  # noqa: PLC0415 - only this test trains one
-        BackboneConfig,
-        TinyBackboneConfig,
-        TrainConfig,
-        Variant,
-    )
+    from sim_video_world_model.config import Variant  # noqa: PLC0415 - only this test trains one
     from sim_video_world_model.paired_data import (  # noqa: PLC0415
         SyntheticWorldConfig,
         synthetic_pairs,
     )
-    from sim_video_world_model.train import RunConfig, run  # noqa: PLC0415
+    from sim_video_world_model.train import run  # noqa: PLC0415
+    from simforcing_helpers import tiny_run_config  # noqa: PLC0415
 
     root.mkdir(parents=True, exist_ok=True)
     data = str(root / "pairs.h5")
     synthetic_pairs(2, num_frames=5, steps=4, stride=4, cfg=SyntheticWorldConfig(size=64)).save(
         data
     )
-    tiny = TinyBackboneConfig(
-        latent_channels=4, ae_channels=8, hidden=32, heads=2, layers=2, ffn=64,
-        action_hidden=16, action_layers=1, action_heads=2,
-    )  # fmt: skip
-    steps = dict(batch_size=2, log_every=1, save_every=10)
-    cfg = RunConfig(
-        backbone=BackboneConfig(tiny=tiny),
-        autoencoder_train=TrainConfig(steps=2, lr=1e-3, **steps),
-        teacher_train=TrainConfig(steps=2, **steps),
-        student_train=TrainConfig(steps=2, **steps),
-    )
+    cfg = tiny_run_config(steps=2, batch_size=2)
     run(cfg, data, str(root / "run"), ["autoencoder", "teacher", "student"], [Variant.FULL],
         resume=False)  # fmt: skip
     return str(root / "run" / "student_full")
