@@ -73,6 +73,7 @@ def test_best_of_ranks_success_then_return_then_the_later_step():
         best_of([rows[2]])
 
 
+@pytest.mark.slow  # scores several checkpoints on episodes; the selection rule's unit tests stay
 def test_selection_scores_each_checkpoint_and_makes_the_best_the_model(tmp_path):
     run = tmp_path / "run"
     for step, seed in ((100, 1), (200, 2), (300, 3), (400, 4)):

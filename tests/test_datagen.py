@@ -152,6 +152,7 @@ def test_same_seed_same_files_other_seed_differs(tmp_path):
     )
 
 
+@pytest.mark.slow  # two worker processes generate episodes
 def test_workers_write_one_shard_each_with_worker_independent_episodes(tmp_path):
     datagen.generate(config(7, seed=4), tmp_path / "one", workers=1, progress=False)
     paths = datagen.generate(config(7, seed=4), tmp_path / "two", workers=2, progress=False)
@@ -318,6 +319,7 @@ def _running(pid: int, start: int) -> bool:
     return info is not None and info[2] == start and info[1] not in "ZX"
 
 
+@pytest.mark.slow  # kills a generator with live workers and waits for them
 def test_workers_stop_when_the_generator_is_killed(tmp_path):
     out = tmp_path / "d"
     proc = subprocess.Popen(

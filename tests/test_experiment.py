@@ -202,6 +202,7 @@ def test_a_run_killed_in_the_middle_of_a_round_resumes_where_it_stopped(uninterr
     assert len(history) == 1 + sum(rd["deployed"] for rd in resumed["methods"]["simdist"]["rounds"])
 
 
+@pytest.mark.slow  # 40 s; the kill in the middle of a round stays in make test
 def test_a_round_killed_after_deploying_is_rolled_back_and_run_again(uninterrupted, monkeypatch):
     """The window between the registry's deploy and the round's record: the resumed run rolls
     the unrecorded version back, runs the round again, and reports the uninterrupted figures."""

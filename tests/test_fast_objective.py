@@ -283,6 +283,7 @@ print(default, tuned, cpu_memory._applied)
 """
 
 
+@pytest.mark.slow  # a memory-behaviour run of many plans
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning")
 def test_cpu_planning_reuses_freed_memory_instead_of_faulting_in_new_pages():
     """An official-size Go2 plan in a fresh process: with glibc's defaults each step faults in

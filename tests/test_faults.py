@@ -512,7 +512,9 @@ def _go2_graph(tmp_path: pathlib.Path, domain: int) -> desc.ResolvedGraph:
     return graph
 
 
-@pytest.mark.parametrize("victim", ["planner", "mujoco_driver"])
+@pytest.mark.parametrize(
+    "victim", ["planner", pytest.param("mujoco_driver", marks=pytest.mark.slow)]
+)
 def test_a_killed_planner_or_driver_leaves_the_robot_holding_and_is_named(
     tmp_path, ros_domain, victim
 ):
@@ -727,6 +729,7 @@ def _jumping_bag(path: pathlib.Path, stamps: list[int]) -> None:
     task.close()
 
 
+@pytest.mark.slow  # a replayed graph with clock jumps (20 s)
 def test_clock_jumps_in_replay_neither_stall_the_planner_nor_pass_a_command_of_another_time(
     tmp_path, ros_domain
 ):

@@ -103,6 +103,7 @@ def test_the_store_gives_back_a_recorded_episode_exactly(tmp_path):
     assert store.key({"seed": 1}) != store.key({"seed": 2})
 
 
+@pytest.mark.slow  # runs the ladder command twice
 @pytest.mark.timeout(300)
 def test_the_ladder_command_resumes_and_keeps_every_cell(tmp_path, capsys):
     ck = save_checkpoint(small_model(), tmp_path / "ck")

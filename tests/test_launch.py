@@ -355,6 +355,7 @@ def test_a_checkpoint_that_cannot_be_loaded_ends_the_graph_with_one_line(tmp_pat
     assert "node planner died with exit code 1" in log and "[planner] Traceback" not in log
 
 
+@pytest.mark.slow  # launches a graph and kills its recorder
 def test_a_killed_recorder_is_respawned_and_control_goes_on(tmp_path, ros_domain):
     _replay_bag(tmp_path / "ep", seconds=120)
     checkpoint = make_checkpoint(tmp_path / "ck")

@@ -389,6 +389,7 @@ def test_phase_weights_draw_the_named_phase_that_much_more_often(tmp_path):
         WindowSource(weighted.replace(data=(str(tmp_path / "open"),)), 0, 1)
 
 
+@pytest.mark.slow  # two gloo ranks; the kill-and-resume run stays in make test
 def test_two_cpu_ranks_end_with_identical_weights(tmp_path):
     cfg = synthetic_cfg(steps=4, checkpoint_every=2, log_every=2)
     cmd = [

@@ -202,6 +202,7 @@ def tiny_ur5e_model(spec):
     ).eval()
 
 
+@pytest.mark.slow  # replays a whole episode in the twin
 def test_the_twin_replays_the_episode_to_look_ahead_in_a_task_that_cannot_be_copied():
     """UR5e peg: the truth of the expert's chunk is its real continuation, the driven episode
     is the unprobed one, and noised pi chunks are in half action ranges (the planner's unit)."""

@@ -591,6 +591,7 @@ def joint_batch_autoencoder(cfg: RunConfig, data: str, world: int = 2):
     return autoencoder, untrained
 
 
+@pytest.mark.slow  # torchrun with two gloo ranks
 @pytest.mark.e2e
 def test_torchrun_ddp_ranks_agree_and_equal_one_process_with_their_joint_batch(tmp_path):
     """Two gloo ranks, every stage: both ranks end each stage with identical weights, rank 0 saves
@@ -720,6 +721,7 @@ def test_frechet_distance_matches_the_covariance_formula():
         assert frechet_distance(a, b) == pytest.approx(reference(a, b), rel=1e-6)
 
 
+@pytest.mark.slow  # MuJoCo episodes of the peg task in two parts
 def test_protocol_data_concatenates_its_parts_and_keeps_finished_files(tmp_path):
     proto = Protocol("t", train_parts=((1, 0), (1, 1)), heldout=(1, 2), episode_steps=8)
     out = tmp_path / "new"  # made by protocol_data

@@ -646,6 +646,7 @@ def test_web_viewer_shows_every_panel_of_the_layout_in_headless_chromium(tmp_pat
         PILImage.open(png).convert("RGB").quantize(colors=96).save(target, optimize=True)
 
 
+@pytest.mark.slow  # launches a graph; the viewer node's own tests stay in make test
 def test_view_true_in_a_launched_graph_records_the_robot_the_plan_and_the_safety_state(
     tmp_path, ros_domain
 ):
