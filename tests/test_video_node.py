@@ -18,20 +18,9 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from robot_drivers import ros_msgs
 from sim_video_world_model.backbones import build_backbone
 from sim_video_world_model.checkpoint import ModelBundle, save_bundle
-from sim_video_world_model.config import BackboneConfig, TinyBackboneConfig
+from sim_video_world_model.config import BackboneConfig
 from sim_video_world_model.video_node import VideoPredictionNode
-
-TINY = TinyBackboneConfig(
-    latent_channels=4,
-    ae_channels=8,
-    hidden=32,
-    heads=2,
-    layers=2,
-    ffn=64,
-    action_hidden=16,
-    action_layers=1,
-    action_heads=2,
-)
+from simforcing_helpers import TINY
 
 
 def tiny_student(path) -> str:
