@@ -531,7 +531,8 @@ def _generate_part(task: str, episodes: int, seed: int, steps: int, path: str) -
 
 def protocol_data(protocol: Protocol, out: str, source: str = "peg", workers: int = 1) -> None:
     """`out`/train.h5 and heldout.h5 for `protocol` (kept when they exist): MuJoCo episodes of the
-    sim task replayed in its "real" variant, or the synthetic arm world (`source="synthetic"`)."""
+    sim task replayed in its "real" variant, in the protocol's parts; `source="synthetic"` writes
+    one fixed small synthetic-arm set whatever the protocol (machines without the UR5e models)."""
     os.makedirs(out, exist_ok=True)
     train_file, heldout_file = os.path.join(out, "train.h5"), os.path.join(out, "heldout.h5")
     if os.path.isfile(train_file) and os.path.isfile(heldout_file):
