@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from sim_video_world_model import metrics
 from sim_video_world_model.backbones import build_backbone
-from sim_video_world_model.checkpoint import load_bundle
+from sim_video_world_model.checkpoint import ModelBundle, load_bundle, save_bundle
 from sim_video_world_model.config import (
     LADDER,
     BackboneConfig,
@@ -28,6 +28,7 @@ from sim_video_world_model.evaluate import (
     Scorer,
     baseline_predictions,
     evaluate_run,
+    motion_gap,
     protocol_data,
     verdict,
 )
@@ -111,6 +112,64 @@ def test_motion_is_adjacent_differences_with_first_frame_excluded():
     changed = x0_hat.clone()
     changed[:, :, 0] = 123.0  # the model's frame-0 estimate never enters the target
     assert torch.equal(latent_motion(changed, clean), m)
+
+
+def test_a_static_scene_has_zero_latent_motion_whatever_it_looks_like():
+    # Frame 0 goes through the group encoder too: a static video has one latent in every latent
+    # frame, so latent motion (the distillation target) is zero for a black sim background and a
+    # textured real table alike, not an encoder offset that depends on the content.
+    ae, _ = tiny_backbone()
+    ae.requires_grad_(False)
+    torch.manual_seed(3)
+    scenes = [torch.full((1, 3, 1, 16, 16), -1.0), torch.rand(1, 3, 1, 16, 16) * 2 - 1]
+    for scene in scenes:
+        z = ae.encode(scene.expand(-1, -1, 9, -1, -1))
+        assert z.shape[2] == 3
+        torch.testing.assert_close(latent_motion(z, z), torch.zeros_like(z[:, :, 1:]))
+    moving = scenes[1].expand(-1, -1, 9, -1, -1).clone()
+    moving[:, :, 5:, :4, :4] = 1.0  # something moves in the second group: motion there only
+    m = latent_motion(ae.encode(moving), ae.encode(moving))
+    assert float(m[:, :, 0].abs().max()) < 1e-5 and float(m[:, :, 1].abs().max()) > 1e-3
+
+
+def test_motion_gap_is_zero_on_static_cells_and_measures_the_moving_ones():
+    ae, _ = tiny_backbone()
+    ae.requires_grad_(False)
+    torch.manual_seed(4)
+    sim = torch.full((2, 3, 9, 32, 32), -1.0)  # the robot over black
+    real = (torch.rand(2, 3, 1, 32, 32) * 2 - 1).expand(-1, -1, 9, -1, -1).clone()  # a table
+    for t in range(9):  # the same square moves right in both; the real one lags a pixel behind
+        sim[:, :, t, :4, t : t + 4] = 1.0
+        real[:, :, t, :4, max(t - 1, 0) : max(t - 1, 0) + 4] = 1.0
+    rows = motion_gap(ae, sim, real)
+    assert [(r["step"], r["cells"]) for r in rows] == [
+        (1, "moving"),
+        (1, "static"),
+        (2, "moving"),
+        (2, "static"),
+    ]
+    for moving, static in (rows[:2], rows[2:]):
+        # latent rows 0..3 and columns 0..5 are within 3 cells of the square's path (8 x 8 cells)
+        assert static["gap"] < 1e-14 and static["fraction"] == pytest.approx(1 - 24 / 64)
+        # the lag and the backgrounds under the square differ: a gap where both streams move
+        assert moving["gap"] > 1e-8 and moving["real"] > 1e-8 and moving["sim"] > 1e-8
+    same = motion_gap(ae, real, real)
+    assert all(r["gap"] == 0.0 for r in same)
+
+
+def test_a_checkpoint_of_another_format_is_refused_with_what_to_do(tmp_path):
+    ae, den = tiny_backbone()
+    path = str(tmp_path / "ck")
+    save_bundle(path, ModelBundle(ae, den, BackboneConfig(kind="tiny", tiny=TINY), {}))
+    assert load_bundle(path).backbone.tiny == TINY
+    cfg_file = os.path.join(path, "config.json")
+    with open(cfg_file) as f:
+        config = json.load(f)
+    config["format_version"] = 1  # the tiny autoencoder had a separate first-frame encoder
+    with open(cfg_file, "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match="format 1, expected 2; train it again"):
+        load_bundle(path)
 
 
 def test_student_objective_shares_noise_and_time_across_domains():
@@ -460,7 +519,13 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     assert [r["method"] for r in result["table"][:3]] == list(
         baseline_predictions(torch.zeros(1, 3, 5, 2, 2), 2)
     )
-    assert "baseline: copy first frame" in (tmp_path / "eval" / "results.md").read_text()
+    md = (tmp_path / "eval" / "results.md").read_text()
+    assert "baseline: copy first frame" in md and "Latent motion, sim vs real" in md
+    # 5 frames: one latent step; 16 x 16 frames: 4 x 4 latent cells, all within reach of the arm
+    assert [(r["step"], r["cells"], r["fraction"]) for r in result["motion_gap"]] == [
+        (1, "moving", 1.0)
+    ]
+    assert result["motion_gap"][0]["gap"] > 0
     assert result["table"][0]["robot_found"] == 1.0  # a copy keeps the first frame's robot
     assert len(result["latency"]) == 4 and all(r["seconds"] > 0 for r in result["latency"])
     # the verdict: the full student (headline w) against every baseline and every SFT row

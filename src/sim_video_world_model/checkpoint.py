@@ -67,7 +67,8 @@ def load_bundle(path: str, device: str | torch.device = "cpu") -> ModelBundle:
         config = json.load(f)
     if config.get("format_version") != FORMAT_VERSION:
         raise ValueError(
-            f"{path}: checkpoint format {config.get('format_version')}, expected {FORMAT_VERSION}"
+            f"{path}: checkpoint format {config.get('format_version')}, expected {FORMAT_VERSION}; "
+            "train it again with this version (simforcing-train)"
         )
     backbone = from_dict(BackboneConfig, config["backbone"])
     autoencoder, denoiser = build_backbone(backbone)

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-FORMAT_VERSION = 1
+# 2: the tiny autoencoder encodes frame 0 with the group encoder (backbones/tiny.py)
+FORMAT_VERSION = 2
 
 
 def _pair(value: Sequence[float]) -> tuple[float, float]:

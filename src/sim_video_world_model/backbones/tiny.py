@@ -1,7 +1,12 @@
 """The built-in backbone: a small causal video autoencoder and a small latent video DiT.
 
 Autoencoder: a per-frame 2D conv encoder (spatial factor 2/4/8), then Wan's causal temporal
-layout: latent frame 0 encodes frame 0 alone, latent frame k the 4 frames 4k-3..4k.
+layout: latent frame 0 encodes frame 0 alone, latent frame k the 4 frames 4k-3..4k. Frame 0 goes
+through the same temporal encoder as the groups, repeated 4 times (a causal layout's replicate
+padding), so a static scene has the same latent in every latent frame: latent motion (adjacent
+latent differences, SimForcing's distillation target) is zero where nothing moves, whatever the
+scene looks like. With a separate first-frame encoder, the offset between the two encoders depends
+on the content, and a static sim background over black would ask a static real table to move.
 DiT blocks: adaLN self-attention -> cross-attention to the action tokens -> [sim conditioning
 add] -> adaLN FFN, on (1, 2, 2) patches of the latent video.
 """
@@ -66,8 +71,7 @@ class TinyVideoAutoencoder(VideoAutoencoder):
         self.frame_encoder = nn.Sequential(*enc)
         self.frame_decoder = nn.Sequential(*dec)
         tf = cfg.temporal_factor
-        self.first_in, self.group_in = nn.Conv2d(c, z, 1), nn.Conv2d(tf * c, z, 1)
-        self.first_out, self.group_out = nn.Conv2d(z, c, 1), nn.Conv2d(z, tf * c, 1)
+        self.group_in, self.group_out = nn.Conv2d(tf * c, z, 1), nn.Conv2d(z, tf * c, 1)
         # Per-channel latent statistics, fitted once after autoencoder training (fit_normalization).
         self.register_buffer("latent_mean", torch.zeros(z))
         self.register_buffer("latent_std", torch.ones(z))
@@ -76,9 +80,8 @@ class TinyVideoAutoencoder(VideoAutoencoder):
         b, _, t, h, w = video.shape
         feats = self.frame_encoder(video.transpose(1, 2).reshape(b * t, 3, h, w))
         feats = feats.view(b, t, *feats.shape[1:])
-        first = self.first_in(feats[:, 0])
-        out = [first]
         tf = self.temporal_factor
+        out = [self.group_in(feats[:, :1].expand(-1, tf, -1, -1, -1).flatten(1, 2))]
         for k in range(1, 1 + (t - 1) // tf):
             group = feats[:, 1 + (k - 1) * tf : 1 + k * tf]  # (B, tf, c, h, w)
             out.append(self.group_in(group.flatten(1, 2)))
@@ -86,8 +89,9 @@ class TinyVideoAutoencoder(VideoAutoencoder):
 
     def _raw_decode(self, latents: torch.Tensor) -> torch.Tensor:
         b, _, num_latent, h, w = latents.shape
-        frames = [self.first_out(latents[:, :, 0])]
         tf = self.temporal_factor
+        # latent frame 0 decodes to its group's last frame (frame 0 itself, after the padding)
+        frames = [self.group_out(latents[:, :, 0]).view(b, tf, -1, h, w)[:, -1]]
         for k in range(1, num_latent):
             g = self.group_out(latents[:, :, k])
             frames.extend(g.view(b, tf, -1, h, w).unbind(1))
