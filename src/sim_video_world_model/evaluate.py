@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from sim_video_world_model import metrics
+from sim_video_world_model.backbones.base import VideoAutoencoder
 from sim_video_world_model.checkpoint import ModelBundle, load_bundle
 from sim_video_world_model.config import (
     LADDER,
@@ -323,7 +324,7 @@ def verdict(table: list[dict], headline: float) -> dict:
 
 @torch.no_grad()
 def motion_gap(
-    autoencoder,
+    autoencoder: VideoAutoencoder,
     sim: torch.Tensor,
     real: torch.Tensor,
     threshold: float = metrics.MOTION_THRESHOLD,
