@@ -1,11 +1,11 @@
-"""spin_until_shutdown: a callback a shutdown cuts short ends the spin quietly; a fault does not."""
+"""spin_until_shutdown, spin_quietly: a spin cut short by a shutdown ends quietly, a fault not."""
 
 import pytest
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from std_msgs.msg import String
 
-from robot_drivers.node_spin import spin_until_shutdown
+from robot_drivers.node_spin import spin_quietly, spin_until_shutdown
 
 
 def _spinning(callback):
@@ -51,3 +51,28 @@ def test_a_fault_while_the_context_is_valid_propagates(ros_domain):
             spin_until_shutdown(node, executor.spin, on_exit=executor.shutdown)
     finally:
         rclpy.try_shutdown(context=context)
+
+
+def test_a_wait_set_the_shutdown_cut_short_ends_a_thread_spin_quietly(ros_domain):
+    """The race in a node's own executor thread (the planner's model loader): the context passes
+    the executor's check, the signal shuts it down, and building the wait set raises."""
+    context = rclpy.Context()
+    rclpy.init(context=context)
+
+    def cut_short():
+        rclpy.shutdown(context=context)
+        raise RuntimeError("failed to initialize wait set: the given context is not valid")
+
+    spin_quietly(cut_short, context)  # returns: the error came after the shutdown
+    assert not context.ok()
+    live = rclpy.Context()
+    rclpy.init(context=live)
+    try:
+
+        def fault():
+            raise RuntimeError("a real fault")
+
+        with pytest.raises(RuntimeError, match="a real fault"):
+            spin_quietly(fault, live)
+    finally:
+        rclpy.try_shutdown(context=live)

@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 import rclpy
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Image, JointState
@@ -53,7 +53,7 @@ from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind, Observation
 from robot_drivers.node_params import NodeParams, Param
-from robot_drivers.node_spin import spin_until_shutdown
+from robot_drivers.node_spin import spin_quietly, spin_until_shutdown
 from robot_drivers.specs import robot_spec
 from simdist_planner.planning.observation import ObservationError
 from simdist_planner.planning.planner import (
@@ -450,10 +450,7 @@ class PlannerNode(Node):
 
     def _serve_loads(self) -> None:
         """The loader thread: serves ~/load_model until the context shuts down (Ctrl-C)."""
-        try:
-            self._loader_executor.spin()
-        except (KeyboardInterrupt, ExternalShutdownException):
-            pass
+        spin_quietly(self._loader_executor.spin, self.context)
 
     def stop_planning(self, timeout_s: float = 5.0) -> None:
         """Stop the planning thread (after its current tick); before destroying the node."""
