@@ -37,6 +37,7 @@ from sim_video_world_model.config import (
     TrainConfig,
     Variant,
 )
+from sim_video_world_model.objective import latent_motion
 from sim_video_world_model.paired_data import (
     MujocoPairsConfig,
     PairedVideoDataset,
@@ -341,7 +342,7 @@ def motion_gap(
     motion, whatever it looks like in either domain.
     """
     z_real, z_sim = autoencoder.encode(real), autoencoder.encode(sim)
-    m_real, m_sim = z_real[:, :, 1:] - z_real[:, :, :-1], z_sim[:, :, 1:] - z_sim[:, :, :-1]
+    m_real, m_sim = latent_motion(z_real, z_real), latent_motion(z_sim, z_sim)
     pixels = (metrics.motion_mask(real, threshold) | metrics.motion_mask(sim, threshold)).any(1)
     factor = pixels.shape[-1] // z_real.shape[-1]
     moving = torch.nn.functional.max_pool2d(pixels[:, None].float(), factor)
@@ -382,8 +383,11 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         table.append(dict(row, **scorer(pred, gt, first_mask, start)))
         log.info("%s", table[-1])
     torch.manual_seed(cfg.seed)
+    autoencoder = None  # the run's (every student shares it): the latent motion gap
     for dirname, variant in available:
         bundle = load_bundle(os.path.join(run_dir, dirname), cfg.device)
+        if autoencoder is None:
+            autoencoder = bundle.autoencoder
         # the held-out actions in the model's own normalisation (its training file's statistics)
         scaled = PairedVideoDataset(
             windows, (bundle.info["action_low"], bundle.info["action_high"])
@@ -418,7 +422,7 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         )
     qualitative_grid(gt, preds, os.path.join(out_dir, "qualitative.png"))
     sim_videos = torch.stack([data[i]["sim"] for i in range(len(data))])
-    autoencoder = load_bundle(os.path.join(run_dir, available[0][0]), cfg.device).autoencoder
+    assert autoencoder is not None  # `available` is not empty (checked above)
     gap = motion_gap(autoencoder, sim_videos.to(cfg.device), gt.to(cfg.device))
     result = {
         "heldout_windows": len(data),
