@@ -826,10 +826,17 @@ def test_a_killed_recorder_loses_at_most_its_last_flush_and_control_goes_on(
     (bag,) = unfinalised_bags(bags)
     recover_bag(bag)
     with EpisodeBag(bag) as episode_bag:
-        steps = [
-            json.loads(m.data.data)["step"] for m in episode_bag.messages(["/simdist/episode"])
+        ticks = [
+            (info["step"], info["stamp_ns"])
+            for info in (
+                json.loads(m.data.data) for m in episode_bag.messages(["/simdist/episode"])
+            )
         ]
-    assert steps == list(range(steps[0], steps[0] + len(steps)))
+    # Nothing missing in between. A tick can be there twice: a driver whose waiting tick goes
+    # unanswered for lockstep_republish_s (a loaded machine) publishes it again, and the recorder
+    # keeps what was on the wire; the repeat is the same tick (same stamp).
+    assert all(b[0] - a[0] == 1 or b == a for a, b in zip(ticks, ticks[1:])), ticks
+    steps = [step for step, _ in ticks]
     # Lost: at most the ticks of the last flush period (0.1 s, plus 0.2 s for delivery).
     assert steps[-1] >= flushed_by, (steps[-1], flushed_by, killed_at)
     assert_loss_bounded(published, _read_back(bags), kill_time)
