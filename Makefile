@@ -20,6 +20,9 @@ PYTEST_ARGS ?=
 
 .PHONY: venv lint test test-all demo bench clean chromium
 
+# pip byte-compiles every installed module: with PYTHONDONTWRITEBYTECODE=1 (set on these machines)
+# a module left uncompiled is compiled again by every process that imports it (each node, each
+# test worker), which costs the suite more than --no-compile saves at install.
 $(STAMP): requirements.txt setup.py
 	@test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q -r requirements.txt
