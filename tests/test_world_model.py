@@ -1,6 +1,8 @@
 """World model: official sizes, API shapes and units, causality of f, one-pass chunking, configs."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -288,6 +290,22 @@ def test_resnet_weights_load_from_local_file(tmp_path):
                 image=ImageEncoderConfig(("wrist",), 32, 32, weights_path=str(tmp_path / "no"))
             )
         )
+
+
+def test_torchvision_is_imported_only_by_a_model_with_a_resnet():
+    """torchvision's import loads torch._dynamo; the planner and adapter nodes of a model without
+    a ResNet (the Go2's, a small-CNN UR5e) start without it."""
+    code = (
+        "import sys; from simdist_planner.model.world_model import WorldModel;"
+        "from simdist_planner.model.config import ImageEncoderConfig, go2_config, ur5e_config;"
+        "import simdist_planner.ros.planner_node, simdist_adapter.adapter_node;"
+        "WorldModel(go2_config(latent_dim=16));"
+        "WorldModel(ur5e_config(image=ImageEncoderConfig(('wrist',), 32, 32, 'small_cnn')));"
+        "assert 'torchvision' not in sys.modules, 'torchvision imported without a ResNet';"
+        "WorldModel(ur5e_config(image=ImageEncoderConfig(('wrist',), 32, 32)));"
+        "assert 'torchvision' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def count_kv_rows(model: WorldModel) -> dict[str, int]:

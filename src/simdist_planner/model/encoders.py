@@ -12,7 +12,6 @@ import pathlib
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from safetensors.torch import load_file
 from torch import nn
 
@@ -110,7 +109,11 @@ def resnet18_backbone(weights_path: str) -> nn.Module:
     weights_only=True (no arbitrary unpickling). Nothing is ever downloaded.
     """
 
-    net = torchvision.models.resnet18(weights=None)
+    # torchvision is imported here, not at the top: importing it loads torch._dynamo (about as
+    # long again as torch's own import), which every process without a ResNet would pay
+    from torchvision.models import resnet18  # noqa: PLC0415
+
+    net = resnet18(weights=None)
     net.fc = nn.Identity()
     if weights_path:
         path = pathlib.Path(weights_path)
