@@ -201,6 +201,49 @@ def test_warm_start_shifts_previous_mean_by_delay():
     torch.testing.assert_close(first_candidates.mean(0), expected, atol=1e-5, rtol=0)
 
 
+def test_replan_period_executes_the_plan_between_plans_and_shifts_the_warm_start_by_it():
+    """replan_period k: f is called on every k-th step only; the steps between execute the plan's
+    next actions in order; the next plan's warm start is the plan shifted by the k steps run."""
+    model = QuadraticToyModel([0.0, 0.0])
+    planner = make(model, horizon=6, mixture_coef=0.0, init_std=1e-6, min_std=1e-6, replan_period=3)
+    planner._mean.copy_(torch.linspace(-0.6, 0.6, 12).view(6, 2))
+    model.recorded = []
+    first = planner.plan(*inputs())
+    calls = len(model.recorded)
+    assert calls > 0
+    steps = [planner.plan(*inputs()) for _ in range(2)]
+    assert len(model.recorded) == calls  # no model call between plans
+    for k, step in enumerate(steps, start=1):
+        np.testing.assert_array_equal(step.action, first.mean[k])
+        np.testing.assert_array_equal(step.mean, first.mean)
+        assert step.timings.total_s == 0
+    planned_mean = planner._mean.clone()
+    expected = torch.zeros(6, 2)
+    expected[:3] = planned_mean[3:]  # shift by delay + replan_period - 1 = 3
+    model.recorded = []
+    again = planner.plan(*inputs())  # the 4th step plans again
+    assert again.timings.total_s > 0
+    torch.testing.assert_close(model.recorded[0].mean(0), expected, atol=1e-5, rtol=0)
+    planner.reset()
+    model.recorded = []
+    planner.plan(*inputs())  # an episode start always plans
+    assert len(model.recorded) > 0
+
+
+def test_replan_period_one_is_the_plan_of_every_step():
+    a = make(QuadraticToyModel([0.3, -0.5]))
+    b = make(QuadraticToyModel([0.3, -0.5]), replan_period=1)
+    for _ in range(3):
+        np.testing.assert_array_equal(a.plan(*inputs()).mean, b.plan(*inputs()).mean)
+
+
+def test_replan_period_is_validated_against_the_horizon():
+    with pytest.raises(ValueError, match="replan_period must be in"):
+        make(QuadraticToyModel([0.0, 0.0]), horizon=5, replan_period=6)
+    with pytest.raises(ValueError, match="delay \\+ replan_period - 1"):
+        make(QuadraticToyModel([0.0, 0.0]), horizon=5, replan_period=4, delay=3)
+
+
 def test_roll_warm_start_keeps_the_last_rows_first_and_zeros_the_rest():
     """The official controller: jnp.roll(prev, delay) then zero from `delay` on."""
     model = QuadraticToyModel([0.0, 0.0])

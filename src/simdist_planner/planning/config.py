@@ -134,6 +134,20 @@ class PlannerConfig:
         default=0.99, metadata=_meta("discount gamma of the planned return", low=0.5, high=1.0)
     )
     delay: int = 1  # warm start: shift of the previous mean, in control steps
+    # Plan every `replan_period` control steps and execute the plan's next actions in between
+    # (open loop within the chunk). 1 = the paper's (a new plan every step). A period k divides
+    # the planning cost by k; the next plan's warm start shifts by the k steps executed
+    # (delay + k - 1). Sized for CPU experiments in docs/adaptation.md.
+    replan_period: int = field(
+        default=1,
+        metadata=_meta(
+            "plan every this many control steps, executing the plan's next actions between "
+            "plans; 1 = the paper's",
+            low=1,
+            high=256,
+            flag="replan_period",
+        ),
+    )
     # Where each step's Gaussian mean starts. "roll" (official MppiController): the previous mean
     # rolled forward by `delay` (its last `delay` rows come first) and zero after them. "shift"
     # (TD-MPC): the previous mean advanced by `delay`, zero tail. "policy": pi's chunk, so that a
@@ -247,6 +261,15 @@ class PlannerConfig:
             problems.append(f"discount must be in (0, 1], got {self.discount}")
         if not 1 <= self.delay <= self.horizon:
             problems.append(f"delay must be in [1, horizon={self.horizon}], got {self.delay}")
+        if not 1 <= self.replan_period <= self.horizon:
+            problems.append(
+                f"replan_period must be in [1, horizon={self.horizon}], got {self.replan_period}"
+            )
+        elif self.delay + self.replan_period - 1 > self.horizon:
+            problems.append(
+                f"delay + replan_period - 1 must be <= horizon={self.horizon} (the warm start's "
+                f"shift), got {self.delay} + {self.replan_period} - 1"
+            )
         if not 0 <= self.value_discount_offset <= 1:
             problems.append(
                 f"value_discount_offset must be 0 or 1, got {self.value_discount_offset}"
@@ -276,6 +299,12 @@ class PlannerConfig:
     @property
     def action_dim(self) -> int:
         return len(self.action_low)
+
+    @property
+    def warm_start_shift(self) -> int:
+        """Control steps the warm start shifts the previous mean by: the delay plus the plan's
+        actions executed after its first (replan_period - 1)."""
+        return self.delay + self.replan_period - 1
 
     @property
     def num_policy_samples(self) -> int:

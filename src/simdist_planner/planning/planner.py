@@ -199,6 +199,9 @@ class MPPIPlanner:
         self._prev_mean = torch.empty(T, A, device=dev)
         self._std = torch.empty(T, A, device=dev)
         self._latents: torch.Tensor | None = None  # (S + P, T + 1, D), sized on first plan()
+        # replan_period > 1: the latest plan and how many of its actions were executed
+        self._last_plan: PlanResult | None = None
+        self._executed = 0
         check_precision(config, model, self.device)
         self._fast = (
             FastObjective(model, self._discounts, self._tail_discount, getattr(torch, c.precision))
@@ -216,6 +219,7 @@ class MPPIPlanner:
     def reset(self, seed: int | None = None) -> None:
         """Forget the warm start and reseed; the next plan starts from a zero mean."""
         self._generator.manual_seed(self.config.seed if seed is None else seed)
+        self._last_plan, self._executed = None, 0
         with torch.no_grad():
             self._mean.zero_()
             self._clamp(self._mean)
@@ -226,18 +230,32 @@ class MPPIPlanner:
         proprio_history: torch.Tensor,
         action_history: torch.Tensor,
     ) -> PlanResult:
-        """One control step. obs: model-input dict with batch 1; histories (1, H, P) / (1, H, A)."""
+        """One control step. obs: model-input dict with batch 1; histories (1, H, P) / (1, H, A).
+
+        With `replan_period` k > 1, a new plan is made every k-th call; the calls between return
+        the latest plan's next action (its `mean`, `rewards` and `values` are that plan's, its
+        timings zero)."""
         if getattr(self.model, "training", False):
             raise PlannerError(
                 "the world model is in training mode (dropout on); call model.eval() first"
             )
+        last = self._last_plan
+        if last is not None and self._executed < self.config.replan_period:
+            self._executed += 1
+            return replace(
+                last, action=last.mean[self._executed - 1].copy(), timings=PlanTimings(0, 0, 0)
+            )
         with torch.no_grad():
             try:
-                return self._plan(obs, proprio_history, action_history)
+                result = self._plan(obs, proprio_history, action_history)
             except PlannerError:
                 self._mean.zero_()  # a poisoned warm start must not carry into the next step
                 self._clamp(self._mean)
+                self._last_plan = None
                 raise
+        if self.config.replan_period > 1:
+            self._last_plan, self._executed = result, 1
+        return result
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -289,7 +307,7 @@ class MPPIPlanner:
     def _warm_start(self, policy_chunk: torch.Tensor) -> None:
         """Where this step's mean starts (PlannerConfig.warm_start); the std restarts wide."""
         c = self.config
-        T, A, d = c.horizon, c.action_dim, c.delay
+        T, A, d = c.horizon, c.action_dim, c.warm_start_shift
         if c.warm_start == "roll":
             self._prev_mean.copy_(self._mean)
             self._mean[:d].copy_(self._prev_mean[T - d :])
