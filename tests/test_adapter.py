@@ -12,9 +12,10 @@ from robot_drivers.interface import Command, CommandKind, ProprioTerm, RobotSpec
 from robot_drivers.ros_msgs import command_to_msg, height_map_to_msg, pack_proprio, proprio_names
 from simdist_adapter.adapter import adapt_round, gate
 from simdist_adapter.bags import EpisodeBagWriter, EpisodeMeta
+from simdist_adapter.episodes import checkpoint_digest
 from simdist_adapter.finetune import AdaptConfig, finetune_dynamics, latent_loss, real_windows
 from simdist_adapter.real_data import build_real_dataset, segments_from_bag
-from simdist_adapter.registry import ModelRegistry, RegistryError
+from simdist_adapter.registry import ModelRegistry, RegistryError, load_delta, save_delta
 from simdist_planner.data.dataset import (
     EpisodeRecord,
     ShardedDataset,
@@ -302,3 +303,35 @@ def test_round_deploys_gates_and_rolls_back_exactly(bags, tmp_path):
     restored = weight_tensors(registry.load_deployed())
     assert all(torch.equal(restored[k], v0[k]) for k in v0)
     assert (tmp_path / "registry" / "versions" / "v0001").is_dir()  # every version is kept
+
+
+def test_a_version_kept_as_a_delta_is_rebuilt_bit_for_bit_and_only_on_its_base(tmp_path):
+    """registry.save_delta keeps only the tensors that changed (as XOR of their bits); load_delta
+    rebuilds the exact weights on the same pretrained model and refuses another."""
+    base_model = small_model()
+    base = save_checkpoint(base_model, tmp_path / "base")
+    adapted = small_model()
+    with torch.no_grad():
+        for p in adapted.f.parameters():
+            p.add_(torch.randn_like(p) * 1e-3)
+    adapted_path = save_checkpoint(adapted, tmp_path / "adapted")
+    changed = save_delta(adapted_path, base, tmp_path / "v0001.safetensors")
+    assert changed == len(list(adapted.f.parameters()))  # f only: E, C, R, V and pi unchanged
+    rebuilt = save_checkpoint(load_delta(base, tmp_path / "v0001.safetensors"), tmp_path / "re")
+    assert checkpoint_digest(rebuilt) == checkpoint_digest(adapted_path)
+    other = save_checkpoint(small_model(seed=1), tmp_path / "other")
+    with pytest.raises(RegistryError, match="other pretrained weights"):
+        load_delta(other, tmp_path / "v0001.safetensors")
+
+
+def test_a_registry_moved_elsewhere_still_deploys_and_rolls_back(tmp_path):
+    registry = ModelRegistry(tmp_path / "a")
+    registry.init_from(save_checkpoint(small_model(), tmp_path / "pretrained"))
+    registry.deploy(small_model(seed=1), {})
+    (tmp_path / "a").rename(tmp_path / "b")
+    moved = ModelRegistry(tmp_path / "b")
+    assert moved.deployed_path().resolve() == (tmp_path / "b" / "versions" / "v0001").resolve()
+    assert moved.rollback() == "v0000"
+    assert moved.deployed_path().resolve() == (tmp_path / "b" / "versions" / "v0000").resolve()
+    with pytest.raises(RegistryError, match="deployed already"):
+        moved.deploy(small_model(), {}, version="v0000")

@@ -19,7 +19,8 @@ import time
 import pytest
 
 from simdist_adapter.experiment import Experiment, ExperimentConfig, format_table, parse_args
-from simdist_adapter.finetune import AdaptConfig
+from simdist_adapter.finetune import AdaptConfig, real_windows
+from simdist_planner.data.dataset import ShardedDataset
 from simdist_planner.model.checkpoint import save_checkpoint
 from test_adapter import small_model
 
@@ -236,3 +237,87 @@ def test_a_round_killed_after_deploying_is_rolled_back_and_run_again(uninterrupt
     assert one["methods"]["simdist"]["config"]["rounds"] == 2
     assert len(one["methods"]["unfreeze_value"]["curve"]) == 2
     assert one["methods"]["simdist"]["curve"] == resumed["methods"]["simdist"]["curve"]
+
+
+def test_seed_ranges_that_would_overlap_are_refused_with_the_ranges_named(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"evaluation seeds 0\.\.100000, which run into the collection"
+    ):
+        ExperimentConfig(checkpoint="ckpt", eval_episodes=100_001)
+    with pytest.raises(ValueError, match=r"--rounds x --episodes-per-round needs collection seeds"):
+        ExperimentConfig(checkpoint="ckpt", rounds=10_001, episodes_per_round=10)
+    with pytest.raises(ValueError, match="other-eval-episodes"):
+        ExperimentConfig(checkpoint="ckpt", other_speeds=(0.5,), other_eval_episodes=100_001)
+    ExperimentConfig(checkpoint="ckpt", eval_episodes=100_000, rounds=10_000, episodes_per_round=10)
+
+
+def test_the_gate_set_needs_training_episodes_beside_it():
+    with pytest.raises(ValueError, match="gate_episodes"):
+        ExperimentConfig(checkpoint="ckpt", episodes_per_round=2, gate_episodes=2)
+    with pytest.raises(ValueError, match="gate_episodes"):
+        ExperimentConfig(checkpoint="ckpt", gate_episodes=0)
+
+
+def test_every_round_gates_on_the_same_episodes_and_never_trains_on_them(uninterrupted):
+    """Three rounds (the fixture's two, then one more into the same folder): the gate reads the
+    first two collected episodes each round; D_real's training windows never hold them."""
+    tmp, checkpoint, _ = uninterrupted
+    cfg = config(tmp, checkpoint, 1, "gate", rounds=3)
+    cfg = dataclasses.replace(cfg, methods=("simdist",))
+    Experiment(cfg).run()
+    rounds = json.loads((pathlib.Path(cfg.out) / "simdist" / "rounds.json").read_text())
+    assert len(rounds) == 3
+    assert all(r["gate_seeds"] == [100_000, 100_001] for r in rounds)
+    d_real = pathlib.Path(cfg.out) / "simdist" / "d_real"
+    train, held = real_windows(d_real, 3, 3, 0.5, 0, cfg.gate_seeds)
+    data = ShardedDataset(d_real)
+    seed_of = lambda subset: {  # noqa: E731
+        int(data.episode_info(int(subset.dataset.episode_index[i]))["seed"]) for i in subset.indices
+    }
+    assert seed_of(held) == {100_000, 100_001}
+    assert not seed_of(train) & {100_000, 100_001} and len(seed_of(train)) == 7  # 3 x 3 - 2
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_run_committed_to_git_continues_from_a_fresh_clone(uninterrupted, monkeypatch):
+    """The run folder is committed (its .gitignore leaves the registries and D_real out), cloned
+    elsewhere and continued with the same config: the registry is rebuilt from the recorded
+    deltas, nothing stored runs again, and the figures are the uninterrupted run's."""
+    tmp, checkpoint, reference = uninterrupted
+    repo = tmp / "repo"
+    cfg = config(repo, checkpoint, 1, "run", rounds=2)
+    adapt = Experiment._adapt_round
+
+    def killed_in_round_2(self, name, root, registry, adapt_cfg, rounds):
+        if rounds:
+            raise KeyboardInterrupt("killed at the start of round 2")
+        return adapt(self, name, root, registry, adapt_cfg, rounds)
+
+    monkeypatch.setattr(Experiment, "_adapt_round", killed_in_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        Experiment(cfg).run()
+    monkeypatch.setattr(Experiment, "_adapt_round", adapt)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-qm", "round 1"], check=True)
+    tracked = subprocess.run(
+        ["git", "-C", str(repo), "ls-files"], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert not [f for f in tracked if "/registry/" in f or "/d_real/" in f or "/." in f[4:]]
+    rounds = json.loads((repo / "run" / "simdist" / "rounds.json").read_text())
+    assert len(rounds) == 1
+    assert rounds[0]["report"]["deployed"]  # so the clone must rebuild v0001 from its delta
+    assert f"run/simdist/versions/{rounds[0]['report']['version']}.safetensors" in tracked
+    size = sum((repo / f).stat().st_size for f in tracked)
+    clone = tmp / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    before = _stored(clone / "run")
+    resumed = Experiment(dataclasses.replace(cfg, out=str(clone / "run"))).run()
+    assert figures(resumed) == figures(reference)
+    after = _stored(clone / "run")
+    assert all(after[name] == stat for name, stat in before.items())  # nothing re-ran
+    assert size < 5e6  # the small run's folder: episodes, rounds, deltas, config
+    with pytest.raises(ValueError, match="another pretrained checkpoint"):
+        other = save_checkpoint(small_model(seed=1), tmp / "other")
+        Experiment(dataclasses.replace(cfg, out=str(clone / "run"), checkpoint=str(other)))

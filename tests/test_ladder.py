@@ -22,6 +22,7 @@ from simdist_adapter.episodes import (
     Episode,
     EpisodePool,
     EpisodeStore,
+    check_seeds,
     weights_digest,
 )
 from simdist_adapter.ladder import cell_key, format_table, main, select_friction
@@ -182,3 +183,34 @@ def test_an_episode_key_names_the_weights_not_the_file(tmp_path):
     with torch.no_grad():
         next(model.f.parameters()).view(-1)[0] += 1e-6
     assert weights_digest(save_checkpoint(model, tmp_path / "other")) != weights_digest(pretrained)
+
+
+@pytest.mark.timeout(300)
+def test_a_cell_measured_with_another_setting_is_refused_not_mixed(tmp_path, capsys):
+    """Ladder cells are keyed by label, friction and speed: a rerun with another planner setting
+    (here the precision and the replan period) under the same label is refused with the reason;
+    under its own label it gets its own cells."""
+    ck = save_checkpoint(small_model(), tmp_path / "ck")
+    out = tmp_path / "ladder"
+    argv = ["--checkpoint", str(ck), "--out", str(out), "--episodes", "1", "--samples", "8"]
+    argv += ["--iterations", "1", "--elites", "2", "--frictions", "0.12", "--speeds", "0.5"]
+    argv += ["--agents", "planner"]
+    main(argv)
+    first = json.loads((out / "ladder.json").read_text())
+    with pytest.raises(SystemExit, match="measured with another setting"):
+        main([*argv, "--replan-period", "2"])
+    assert json.loads((out / "ladder.json").read_text()) == first
+    main([*argv, "--replan-period", "2", "--label", "replan2"])
+    cells = json.loads((out / "ladder.json").read_text())
+    assert set(cells) == {cell_key("planner", 0.12, 0.5), cell_key("replan2", 0.12, 0.5)}
+    assert (
+        cells[cell_key("planner", 0.12, 0.5)]["setting"]
+        != cells[cell_key("replan2", 0.12, 0.5)]["setting"]
+    )
+    assert (out / ".gitignore").read_text() == ".*\n!.gitignore\n"
+
+
+def test_selection_seeds_that_would_run_into_another_range_are_refused(tmp_path):
+    check_seeds("selection", 10**6, "--episodes")  # the last range: nothing above it
+    with pytest.raises(ValueError, match="run into the collection seeds"):
+        check_seeds("evaluation", 100_001, "--eval-episodes")

@@ -69,7 +69,7 @@ def test_slip_reads_every_model_on_the_same_held_out_steps(tmp_path, capsys):
     d_real = tmp_path / "exp" / "simdist" / "d_real"
     adapted = tmp_path / "exp" / "simdist" / "registry" / "deployed"
     out = tmp_path / "slip.json"
-    argv = ["--d-real", str(d_real), "--holdout", "0.34", "--out", str(out)]
+    argv = ["--d-real", str(d_real), "--out", str(out)]  # the experiment's gate set
     argv += ["--checkpoint", f"pretrained={checkpoint}", "--checkpoint", f"again={checkpoint}"]
     main([*argv, "--checkpoint", f"adapted={adapted}", "--plot", str(tmp_path / "slip.png")])
     rows = {r["model"]: r for r in json.loads(out.read_text())["rows"]}

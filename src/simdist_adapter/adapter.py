@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import pathlib
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 from robot_drivers.interface import RobotSpec
@@ -79,11 +80,20 @@ def adapt_on_dataset(
     episodes: int = 0,
     transitions: int = 0,
     bags_skipped: dict | None = None,
+    heldout_seeds: Collection[int] | None = None,
 ) -> RoundReport:
-    """Fine-tune f of the deployed model on the D_real shards in `d_real`, gate, deploy."""
+    """Fine-tune f of the deployed model on the D_real shards in `d_real`, gate, deploy.
+
+    The gate's held-out episodes are a `config.holdout` share drawn from D_real, or with
+    `heldout_seeds` the episodes of those seeds (never trained on)."""
     model = registry.load_deployed(config.device)
     train, heldout = real_windows(
-        d_real, model.config.history, model.config.horizon, config.holdout, config.seed
+        d_real,
+        model.config.history,
+        model.config.horizon,
+        config.holdout,
+        config.seed,
+        heldout_seeds,
     )
     result = finetune_dynamics(model, train, heldout, config, progress)
     ok, reason = gate(

@@ -1,11 +1,13 @@
 """Seeded episodes on a "real" stand-in: run in this process or in spawned workers, kept on disk.
 
-An episode depends only on its job (the checkpoint's weights, MPPI or pi, the seed, the task and
-its options) and on the torch thread count it runs with (float32 sums are split differently, and
-a contact-rich episode can amplify the last bits), never on which worker ran it. Workers run one
-thread each. `EpisodeStore` keeps every finished episode under the job's key and thread count, so
-a long experiment that is killed resumes without running them again: the stats as JSON, a
-recorded episode's observation rows and actions beside them as `.npz`.
+An episode depends only on its job and on the code that runs it, never on which worker ran it:
+the checkpoint (weights, observation scaler, model config), MPPI with its resolved settings or
+pi, the seed, the task and its options, the device, and the torch thread count (float32 sums are
+split differently, and a contact-rich episode can amplify the last bits; workers run one thread
+each). `EpisodeStore` keeps every finished episode under a key of all of these and of
+`EPISODE_PROTOCOL`, so a long experiment that is killed resumes without running them again, and
+a run with anything changed runs its episodes anew: the stats as JSON, a recorded episode's
+observation rows and actions beside them as `.npz`.
 """
 
 from __future__ import annotations
@@ -29,15 +31,47 @@ import torch
 from safetensors import safe_open
 
 from robot_drivers.registry import make_task
+from robot_drivers.specs import robot_spec
 from robot_drivers.tasks.base import Task
 from simdist_planner.evaluation.agents import Agent, build_agents
-from simdist_planner.model.checkpoint import load_checkpoint
+from simdist_planner.model.checkpoint import (
+    CONFIG,
+    SCALER,
+    WEIGHTS,
+    load_checkpoint,
+    read_config,
+)
+from simdist_planner.planning.config import default_preset, planner_config_for
 from simdist_planner.planning.observation import ObservationError, observation_arrays
 from simdist_planner.planning.planner import PlannerError
 
+# The version of the episode path (task stepping, agents, planner, what an episode records): part
+# of every stored episode's key. Bump it with a change that makes the same job give another
+# episode, so that a resumed run re-runs what older code measured instead of mixing the two.
+EPISODE_PROTOCOL = 2
+
 # Seed ranges that never overlap: evaluation episodes, on-policy collection (D_real) and the
-# selection of a stand-in (simdist-ladder), so no figure is measured on the seeds it was chosen on.
+# selection of a stand-in (simdist-ladder), so no figure is measured on the seeds it was chosen on
+# or trained on. `check_seeds` refuses options that would run one range into the next.
 EVAL_SEED, COLLECT_SEED, SELECTION_SEED = 0, 100_000, 200_000
+SEED_RANGES = {"evaluation": EVAL_SEED, "collection": COLLECT_SEED, "selection": SELECTION_SEED}
+# An adaptation experiment's gate set: its first this many collected episodes (seeds COLLECT_SEED,
+# ...), held out by every round's gate and never trained on.
+GATE_EPISODES = 2
+
+
+def check_seeds(purpose: str, count: int, why: str) -> None:
+    """Raise ValueError if `count` seeds of `purpose` (from its SEED_RANGES start) reach into
+    another purpose's range; `why` names the options that ask for them."""
+    first = SEED_RANGES[purpose]
+    last = first + count - 1
+    for other, start in SEED_RANGES.items():
+        if other != purpose and first <= start <= last:
+            raise ValueError(
+                f"{why} needs {purpose} seeds {first}..{last}, which run into the {other} seeds "
+                f"(from {start}): a figure would be measured on seeds used for {other}; "
+                f"ask for at most {start - first} {purpose} seeds"
+            )
 
 
 @dataclass(frozen=True)
@@ -231,7 +265,7 @@ class EpisodeStore:
                 len(ep.actions), -1
             )
             # ignore: mypy matches a **dict against every keyword of np.savez, allow_pickle included
-            self._replace(self.root / f"{key}.npz", lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
+            self._replace(self.root / f"{key}.npz", lambda f: np.savez_compressed(f, **arrays))  # type: ignore[arg-type]
         stats = {k: v for k, v in asdict(ep).items() if k not in ("rows", "actions")}
         text = json.dumps({"job": identity, "episode": stats, "recorded": recorded}, default=float)
         self._replace(self.root / f"{key}.json", lambda f: f.write(text.encode()))
@@ -246,12 +280,35 @@ class EpisodeStore:
         os.replace(tmp, path)
 
 
+def checkpoint_digest(checkpoint: str | os.PathLike) -> str:
+    """SHA-256 of everything a checkpoint's model computes with: its tensors (`weights_digest`),
+    its observation scaler and its model config (as values, not file bytes)."""
+    path = pathlib.Path(checkpoint)
+    scaler = json.loads((path / SCALER).read_text())
+    model = read_config(path).to_dict()
+    text = json.dumps({"scaler": scaler, "config": model}, sort_keys=True, default=str)
+    return hashlib.sha256(f"{weights_digest(path)}|{text}".encode()).hexdigest()
+
+
+def resolved_planner(checkpoint: str | os.PathLike, overrides: dict) -> dict:
+    """The PlannerConfig an agent over `checkpoint` plans with (evaluation.agents.build_agents):
+    the preset `overrides["preset"]` names, else the model's default preset, with the other
+    overrides, as a JSON-able dict. What an episode's key holds, so that a preset whose defaults
+    change, or a flag left at its default, keys the episode by the settings that ran."""
+    config = read_config(checkpoint)
+    spec = robot_spec(config.robot)
+    settings = dict(overrides)
+    preset = settings.pop("preset", "") or default_preset(spec.name, config)
+    resolved = planner_config_for(spec, preset, horizon=config.horizon, **settings)
+    return json.loads(json.dumps(asdict(resolved)))
+
+
 def weights_digest(checkpoint: str | os.PathLike) -> str:
     """SHA-256 over a checkpoint's tensors (name, dtype, shape, values, in name order): the
     model's identity in an episode's key. The file's bytes would not do: the same weights saved
     twice (a registry's v0000 is the pretrained model saved again) may lay out differently."""
     digest = hashlib.sha256()
-    with safe_open(str(pathlib.Path(checkpoint) / "model.safetensors"), "pt") as f:
+    with safe_open(str(pathlib.Path(checkpoint) / WEIGHTS), "pt") as f:
         for name in sorted(f.keys()):
             tensor = f.get_tensor(name).contiguous()
             digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
@@ -274,15 +331,11 @@ class EpisodePool:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         args = (task_name, overrides, device, planner)
-        self._identity = {
-            "task": task_name,
-            "overrides": overrides,
-            "device": device,
-            "planner": planner,
-        }
+        self._identity = {"task": task_name, "overrides": overrides, "device": device}
+        self._planner = planner  # the overrides; an episode's key holds the resolved settings
         self.store = store
         self._workers = workers
-        self._digests: dict[tuple, str] = {}
+        self._digests: dict[tuple, tuple[str, dict]] = {}  # checkpoint -> (digest, planner)
         self._local = EpisodeRunner(*args) if workers == 1 else None
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         if workers > 1:
@@ -294,17 +347,24 @@ class EpisodePool:
             )
 
     def identity(self, job: EpisodeJob) -> dict:
-        """What an episode depends on; a registry link counts by the weights it points to."""
+        """What an episode depends on (its store key): the episode protocol, the task, its
+        options and the device, the agent with its resolved planner settings, the checkpoint by
+        content (a registry link counts by what it points to), the seed and the thread count."""
         path = pathlib.Path(job.checkpoint).resolve()
-        stat = (path / "model.safetensors").stat()
-        cache = (str(path), stat.st_mtime_ns, stat.st_size)
+        cache = tuple(
+            (str(path / name), (path / name).stat().st_mtime_ns, (path / name).stat().st_size)
+            for name in (WEIGHTS, SCALER, CONFIG)
+        )
         if cache not in self._digests:
-            self._digests[cache] = weights_digest(path)
+            planner = resolved_planner(path, self._planner)
+            self._digests[cache] = (checkpoint_digest(path), planner)
+        digest, planner = self._digests[cache]
         return {
             **self._identity,
-            "planner": self._identity["planner"] if job.planner else None,
+            "protocol": EPISODE_PROTOCOL,
+            "planner": planner if job.planner else None,
             "agent": "planner" if job.planner else "policy",
-            "weights": self._digests[cache],
+            "checkpoint": digest,
             "seed": job.seed,
             "record": job.record,
             "course": dict(job.course),

@@ -20,6 +20,8 @@ import json
 import math
 import os
 import pathlib
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,14 +34,18 @@ from simdist_adapter.adapter import adapt_on_dataset
 from simdist_adapter.episodes import (
     COLLECT_SEED,
     EVAL_SEED,
+    GATE_EPISODES,
     Episode,
     EpisodeJob,
     EpisodePool,
     EpisodeStore,
+    check_seeds,
+    checkpoint_digest,
     course,
+    resolved_planner,
 )
 from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
-from simdist_adapter.registry import ModelRegistry
+from simdist_adapter.registry import ModelRegistry, load_delta, save_delta
 from simdist_planner.cli.common import (
     add_course_arguments,
     add_planner_arguments,
@@ -85,6 +91,9 @@ class ExperimentConfig:
     rounds: int = 3  # J
     episodes_per_round: int = 10  # M
     eval_episodes: int = 20
+    # The gate's held-out episodes: the first `gate_episodes` collected in round 1 (seeds
+    # COLLECT_SEED, ...), held out in every round and never trained on.
+    gate_episodes: int = GATE_EPISODES
     max_steps: int | None = None  # episode length override (None: the task's)
     # Go2 task options (robot_drivers.tasks.go2_tasks): the commanded speed of collection and of
     # the headline evaluation, and the Slippery Slope stand-in's panel friction (None: the task's)
@@ -105,22 +114,51 @@ class ExperimentConfig:
             raise ValueError("rounds, episodes_per_round, eval_episodes and workers must be >= 1")
         if self.other_speeds and self.other_eval_episodes < 1:
             raise ValueError("other_eval_episodes must be >= 1 when other_speeds are given")
+        if not 1 <= self.gate_episodes < self.episodes_per_round:
+            raise ValueError(
+                f"gate_episodes must be in [1, episodes_per_round - 1] (round 1 trains on the "
+                f"rest), got {self.gate_episodes} of {self.episodes_per_round}"
+            )
+        evaluated = max(self.eval_episodes, self.other_eval_episodes if self.other_speeds else 0)
+        check_seeds("evaluation", evaluated, "--eval-episodes / --other-eval-episodes")
+        check_seeds(
+            "collection",
+            self.rounds * self.episodes_per_round,
+            "--rounds x --episodes-per-round",
+        )
+
+    @property
+    def gate_seeds(self) -> list[int]:
+        return list(range(COLLECT_SEED, COLLECT_SEED + self.gate_episodes))
+
+
+# What a run folder keeps out of git: the registries' checkpoints (rebuilt from the pretrained
+# model and `<method>/versions/`), D_real (rebuilt from the stored episodes every round) and the
+# temporary files of atomic writes.
+RUN_GITIGNORE = "*/registry/\n*/d_real/\n.*\n!.gitignore\n"
 
 
 class Experiment:
-    """Algorithm 1 measured; everything it finishes is kept in `out`, so a killed run resumes.
+    """Algorithm 1 measured; everything it finishes is kept in `out`, so a killed run resumes,
+    also from a fresh clone of a repository that holds `out` (the same command continues it).
 
-    Kept: every episode (`out/episodes/`, by its job), each method's registry and its rounds
-    (`out/<method>/rounds.json`, written when a round's adaptation ends and again when its
-    evaluation ends). A round whose adaptation was not recorded is re-run from its start (its
-    episodes come from the store); a version it deployed before the kill is rolled back first.
+    Kept, all of it small enough for git: `config.json` (the command, the resolved planner and
+    the pretrained checkpoint's digest; a run refuses another checkpoint), every episode
+    (`episodes/`, by everything it depends on), each method's rounds (`<method>/rounds.json`,
+    written when a round's adaptation ends and again when its evaluation ends) and its deployed
+    versions as deltas against the pretrained weights (`<method>/versions/`, registry.save_delta).
+    The registries (`<method>/registry/`) are rebuilt from those. A round whose adaptation was not
+    recorded is re-run from its start (its episodes come from the store); a version it deployed
+    before the kill is rolled back first.
     """
 
-    def __init__(self, config: ExperimentConfig):
+    def __init__(self, config: ExperimentConfig, command: str = ""):
         self.cfg = config
         self.out = pathlib.Path(config.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / ".gitignore").write_text(RUN_GITIGNORE)
         self.pretrained = load_checkpoint(config.checkpoint, device=config.device)
+        self._record_config(command)
         overrides = task_overrides(config.task, config.region, config.max_steps, self.pretrained)
         self.course = course(speed=config.speed, panel_friction=config.panel_friction)
         probe = make_task(config.task, "real", **overrides, **dict(self.course))
@@ -136,6 +174,30 @@ class Experiment:
             EpisodeStore(self.out / "episodes"),
         )
         self._t0 = time.perf_counter()
+
+    def _record_config(self, command: str) -> None:
+        """config.json: what this run is (its last invocation). A folder started on another
+        pretrained model is refused: its episodes and versions belong to that model."""
+        digest = checkpoint_digest(self.cfg.checkpoint)
+        file = self.out / "config.json"
+        if file.is_file():
+            earlier = json.loads(file.read_text())
+            if earlier["checkpoint_digest"] != digest:
+                raise ValueError(
+                    f"{self.out} was run on another pretrained checkpoint (digest "
+                    f"{earlier['checkpoint_digest'][:12]}, given {self.cfg.checkpoint}: "
+                    f"{digest[:12]}); pass the checkpoint it ran on, or another --out"
+                )
+        record = {
+            "command": command
+            or (json.loads(file.read_text())["command"] if file.is_file() else ""),
+            "checkpoint_digest": digest,
+            "planner": resolved_planner(self.cfg.checkpoint, self.cfg.planner),
+            "config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)),
+        }
+        tmp = self.out / f".config.json.{os.getpid()}"
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, file)
 
     def _course(self, speed: float | None) -> tuple:
         return course(**{**dict(self.course), "speed": speed}) if speed else self.course
@@ -172,19 +234,13 @@ class Experiment:
             score, eps = self.evaluate(cfg.checkpoint, planner=False)
             return {"curve": [{"real_episodes": 0, **score}], "rounds": [], "eval_episodes": eps}
         root = self.out / name
-        registry = ModelRegistry(root / "registry")
-        if not registry.history():
-            registry.init_from(cfg.checkpoint)
         rounds = self._read_rounds(root)
         if len(rounds) > cfg.rounds:
             raise ValueError(
                 f"{root} holds {len(rounds)} rounds, more than the {cfg.rounds} asked for: "
                 "resume with at least as many rounds, or use another --out"
             )
-        deployed = 1 + sum(r["report"]["deployed"] for r in rounds)
-        while len(registry.history()) > deployed:  # deployed by a round killed before its record
-            self._say(name, f"rolling back {registry.deployed_version}: its round is re-run")
-            registry.rollback()
+        registry = self._registry(name, root, rounds)
         self.evaluate(cfg.checkpoint)  # the zero-shot figures: shared by all methods
         adapt_cfg = dataclasses.replace(cfg.adapt, device=cfg.device, **overrides)
         for j in range(cfg.rounds):
@@ -208,24 +264,47 @@ class Experiment:
             + [{"real_episodes": r["collected"], **r["score"]} for r in rounds],
             "rounds": [r["report"] for r in rounds],
             "eval_episodes": eps,
-            "registry": str(registry.root),
-            "d_real": str(root / "d_real"),
+            "registry": str(registry.root.relative_to(self.out)),
+            "d_real": str((root / "d_real").relative_to(self.out)),
         }
+
+    def _registry(self, name: str, root: pathlib.Path, rounds: list[dict]) -> ModelRegistry:
+        """The method's registry as its recorded rounds left it: the pretrained model as v0000,
+        then every recorded deployment, rebuilt from its delta when the registry lacks it (a
+        fresh clone); a version deployed by a round killed before its record is rolled back."""
+        registry = ModelRegistry(root / "registry")
+        if not registry.history():
+            registry.init_from(self.cfg.checkpoint)
+        recorded = [r["report"] for r in rounds if r["report"]["deployed"]]
+        history = [h["version"] for h in registry.history()]
+        if history[1 : 1 + len(recorded)] != [r["version"] for r in recorded]:
+            while len(registry.history()) > 1:  # rebuild from the records
+                registry.rollback()
+            for report in recorded:
+                self._say(name, f"rebuilding {report['version']} from its recorded delta")
+                model = load_delta(
+                    self.cfg.checkpoint, root / "versions" / f"{report['version']}.safetensors"
+                )
+                registry.deploy(model, {"rebuilt_from": "delta"}, version=report["version"])
+        while len(registry.history()) > 1 + len(recorded):  # deployed by an unrecorded round
+            self._say(name, f"rolling back {registry.deployed_version}: its round is re-run")
+            registry.rollback()
+        return registry
 
     def _adapt_round(
         self, name: str, root: pathlib.Path, registry: ModelRegistry, adapt_cfg, rounds: list
     ) -> dict:
         """Collect a round's on-policy episodes, rebuild D_real from every round's, adapt f."""
         cfg, j = self.cfg, len(rounds)
-        collect_with = str(registry.deployed_path().resolve())
+        collect_with = registry.deployed_version
         first = COLLECT_SEED + j * cfg.episodes_per_round
         seeds = list(range(first, first + cfg.episodes_per_round))
         self._say(name, f"round {j + 1}: collecting {len(seeds)} planner episodes")
-        collections = [(r["collect_checkpoint"], r["seeds"]) for r in rounds]
+        collections = [(r["collect_version"], r["seeds"]) for r in rounds]
         collections.append((collect_with, seeds))
         jobs = [
-            EpisodeJob(ck, True, seed, record=True, course=self.course)
-            for ck, round_seeds in collections
+            EpisodeJob(str(registry.version_path(v)), True, seed, record=True, course=self.course)
+            for v, round_seeds in collections
             for seed in round_seeds
         ]
         episodes = self.pool.run(jobs)
@@ -251,8 +330,19 @@ class Experiment:
         self._say(name, f"round {j + 1}: {collected} real episodes, adapting f")
         try:
             report = adapt_on_dataset(
-                registry, root / "d_real", adapt_cfg, episodes=collected, transitions=transitions
+                registry,
+                root / "d_real",
+                adapt_cfg,
+                episodes=collected,
+                transitions=transitions,
+                heldout_seeds=cfg.gate_seeds,
             ).to_dict()
+            if report["deployed"]:  # recorded before the round is: a fresh clone rebuilds it
+                save_delta(
+                    registry.deployed_path(),
+                    cfg.checkpoint,
+                    root / "versions" / f"{report['version']}.safetensors",
+                )
         except ValueError as exc:  # e.g. too few windows yet: the deployed model stays
             report = {
                 "deployed": False,
@@ -267,8 +357,9 @@ class Experiment:
             "report": report,
             "collected": collected,
             "transitions": transitions,
-            "collect_checkpoint": collect_with,
+            "collect_version": collect_with,
             "seeds": seeds,
+            "gate_seeds": cfg.gate_seeds,
             "score": None,
         }
 
@@ -404,10 +495,17 @@ class Experiment:
     def probe_trajectory(self, method: dict) -> dict:
         """Predicted vs real joint trajectory of a held-out window, decoded from the predicted
         latents by a ridge probe fitted on E's latents: the pretrained and the deployed f."""
-        adapted = ModelRegistry(method["registry"]).load_deployed(self.cfg.device)
+        adapted = ModelRegistry(self.out / method["registry"]).load_deployed(self.cfg.device)
         pre = self.pretrained
         h, t = pre.config.history, pre.config.horizon
-        _, held = real_windows(method["d_real"], h, t, self.cfg.adapt.holdout, self.cfg.adapt.seed)
+        _, held = real_windows(
+            self.out / method["d_real"],
+            h,
+            t,
+            self.cfg.adapt.holdout,
+            self.cfg.adapt.seed,
+            self.cfg.gate_seeds,
+        )
         batch = window_batch([held[i] for i in range(min(len(held), 64))])
         on_device = {k: v.to(self.cfg.device) for k, v in batch.items()}
         offset = 0
@@ -457,13 +555,13 @@ class Experiment:
         return self._save(fig, "predicted_vs_real_trajectory.png")
 
     def _save(self, fig, name: str) -> str:
-        path = self.out / name
+        """Save a plot into `out`; returns its name there."""
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        fig.savefig(self.out / name, dpi=100)
         import matplotlib.pyplot as plt  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
         plt.close(fig)
-        return str(path)
+        return name
 
 
 def _fraction(score: dict | None) -> str:
@@ -527,6 +625,13 @@ def parse_args(argv=None) -> ExperimentConfig:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--episodes-per-round", type=int, default=10)
     p.add_argument("--eval-episodes", type=int, default=20)
+    p.add_argument(
+        "--gate-episodes",
+        type=int,
+        default=ExperimentConfig.gate_episodes,
+        help="the gate's held-out episodes: the first this many collected in round 1, held out "
+        "in every round and never trained on",
+    )
     p.add_argument("--max-steps", type=int, default=None)
     add_course_arguments(p)
     p.add_argument(
@@ -572,6 +677,7 @@ def parse_args(argv=None) -> ExperimentConfig:
         rounds=a.rounds,
         episodes_per_round=a.episodes_per_round,
         eval_episodes=a.eval_episodes,
+        gate_episodes=a.gate_episodes,
         max_steps=a.max_steps,
         speed=a.speed,
         panel_friction=a.friction,
@@ -584,7 +690,6 @@ def parse_args(argv=None) -> ExperimentConfig:
             max_steps=a.adapt_steps,
             lr=a.adapt_lr,
             warmup_steps=a.adapt_warmup,
-            holdout=0.1,
             sim_data=a.sim_data,
             sim_replay=a.sim_replay,
             max_sim_loss_increase=a.max_sim_loss_increase,
@@ -595,9 +700,10 @@ def parse_args(argv=None) -> ExperimentConfig:
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    results = Experiment(cfg).run()
+    command = shlex.join(["simdist-adapt-experiment", *(sys.argv[1:] if argv is None else argv)])
+    results = Experiment(cfg, command).run()
     print(format_table(results))
-    print(f"results: {cfg.out}/results.json; plots: {', '.join(results['plots'])}")
+    print(f"results: {cfg.out}/results.json; plots in {cfg.out}: {', '.join(results['plots'])}")
     return 0
 
 

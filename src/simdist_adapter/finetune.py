@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -74,9 +75,19 @@ def _to(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def real_windows(dataset_dir, history: int, horizon: int, holdout: float, seed: int):
-    """(train, held-out) window datasets of D_real, split by episode."""
-    windows = WindowDataset(ShardedDataset(dataset_dir), history, horizon)
+def real_windows(
+    dataset_dir,
+    history: int,
+    horizon: int,
+    holdout: float,
+    seed: int,
+    heldout_seeds: Collection[int] | None = None,
+):
+    """(train, held-out) window datasets of D_real, split by episode: a seeded `holdout` share of
+    the episodes, or with `heldout_seeds` exactly the episodes of those seeds (a gate set fixed
+    for a whole experiment; none of them is ever trained on)."""
+    data = ShardedDataset(dataset_dir)
+    windows = WindowDataset(data, history, horizon)
     usable = np.unique(windows.episode_index)  # episodes long enough for at least one window
     n = len(usable)
     if n < 2:
@@ -84,8 +95,16 @@ def real_windows(dataset_dir, history: int, horizon: int, holdout: float, seed: 
             f"D_real in {dataset_dir} has {n} episode(s) long enough for a window "
             f"(H={history}, T={horizon}); need at least 2 to hold one out"
         )
-    order = np.random.default_rng(seed).permutation(usable)
-    held = order[: min(n - 1, max(1, int(round(holdout * n))))]
+    if heldout_seeds is not None:
+        gate = set(heldout_seeds)
+        held = np.array([i for i in usable if int(data.episode_info(int(i))["seed"]) in gate])
+        if len(held) == 0:
+            raise ValueError(
+                f"D_real in {dataset_dir} holds no usable episode of the gate seeds {sorted(gate)}"
+            )
+    else:
+        order = np.random.default_rng(seed).permutation(usable)
+        held = order[: min(n - 1, max(1, int(round(holdout * n))))]
     is_held = np.isin(windows.episode_index, held)
     train, heldout = np.nonzero(~is_held)[0], np.nonzero(is_held)[0]
     if len(train) == 0 or len(heldout) == 0:

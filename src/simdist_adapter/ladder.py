@@ -11,10 +11,14 @@ selection seeds is at most 40 %.
         --precision bfloat16 --workers 2
 
 Every run adds its cells to `<out>/ladder.json`, keeps each finished episode under
-`<out>/episodes/` (a killed run resumes where it stopped) and prints the table of every cell
-measured so far, with the selection. `--label` names a planner setting other than the default
-(e.g. a cheaper one measured beside it); the rule reads the `planner` rows. Foam has no friction
-rungs: `--task foam --frictions ''` runs its speeds alone.
+`<out>/episodes/` (a killed run resumes where it stopped, also from a fresh clone of a repository
+that holds `<out>`) and prints the table of every cell measured so far, with the selection. A
+cell holds the setting it was measured with (the digest of everything its episodes depend on but
+the seed: checkpoint, resolved planner, task options, threads, episode protocol): a run that
+would add episodes of another setting to a cell is refused; `--label` names a planner setting
+other than the default (e.g. a cheaper one measured beside it); the rule reads the `planner`
+rows, or `--rule-label`'s. Foam has no friction rungs: `--task foam --frictions ''` runs its
+speeds alone.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from simdist_adapter.episodes import (
     EpisodeJob,
     EpisodePool,
     EpisodeStore,
+    check_seeds,
     course,
 )
 from simdist_planner.cli.common import add_planner_arguments, planner_overrides
@@ -105,6 +110,13 @@ def format_table(cells: dict) -> str:
     return "\n".join(lines)
 
 
+def setting(pool: EpisodePool, job: EpisodeJob) -> str:
+    """The digest of everything `job`'s episode depends on but its seed (EpisodePool.identity):
+    the cells of one setting share it."""
+    identity = pool.identity(job)
+    return EpisodeStore.key({k: v for k, v in identity.items() if k != "seed"})
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="simdist-ladder",
@@ -123,6 +135,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--agents", default="policy,planner", help="policy and/or planner")
     p.add_argument("--label", default="planner", help="the planner rows' name in the table")
     p.add_argument("--episodes", type=int, default=SELECTION_EPISODES, help="seeds per cell")
+    p.add_argument(
+        "--rule-label", default="planner", help="the rows the selection rule reads (a --label)"
+    )
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_planner_arguments(p)
@@ -139,6 +154,8 @@ def main(argv=None) -> int:
     if set(agents) - {"policy", "planner"}:
         raise SystemExit(f"simdist-ladder: --agents takes policy and planner, got {args.agents}")
     load_checkpoint(args.checkpoint)  # a bad checkpoint fails here, before any worker starts
+    check_seeds("selection", args.episodes, "--episodes")
+    (out / ".gitignore").write_text(".*\n!.gitignore\n")  # temporary files of atomic writes
     ladder_file = out / "ladder.json"
     cells = json.loads(ladder_file.read_text()) if ladder_file.is_file() else {}
     planner = planner_overrides(args)
@@ -163,6 +180,16 @@ def main(argv=None) -> int:
     # the planner's rungs first, highest friction first: the rule reads them in that order
     order = sorted(range(len(jobs)), key=lambda i: (not jobs[i].planner, -(where[i][1] or 0)))
     jobs, where = [jobs[i] for i in order], [where[i] for i in order]
+    settings = [setting(pool, job) for job in jobs]
+    for (label, f, s), digest in zip(where, settings):
+        cell = cells.get(cell_key(label, f, s))
+        if cell is not None and cell.get("setting") != digest:
+            pool.close()
+            raise SystemExit(
+                f"simdist-ladder: cell {cell_key(label, f, s)} in {ladder_file} was measured "
+                "with another setting (checkpoint, planner, task options, threads or episode "
+                "protocol); name this one with --label, or use another --out"
+            )
     start, finished = time.perf_counter(), [0]
 
     def done(i: int, ep: Episode, stored: bool) -> None:
@@ -195,6 +222,7 @@ def main(argv=None) -> int:
                 "steps": [],
                 "errors": 0,
                 "planner": planner if label != "policy" else {},
+                "setting": settings[i],
             },
         )
         if jobs[i].seed in cell["seeds"]:
@@ -207,7 +235,7 @@ def main(argv=None) -> int:
     ladder_file.write_text(json.dumps(cells, indent=1, default=float))
     print(format_table(cells))
     if args.task == "slippery_slope":
-        friction, why = select_friction(cells)
+        friction, why = select_friction(cells, label=args.rule_label)
         print(f"selected stand-in: {'undecided' if friction is None else friction} ({why})")
     return 0
 

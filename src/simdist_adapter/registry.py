@@ -6,18 +6,29 @@ Layout:
     <root>/history.json      the deployment stack, newest last, with each version's metrics
 
 Deploy = write the checkpoint (atomic), then swap the symlink; rollback = pop the stack and swap
-back. A planner that reloads `<root>/deployed` therefore never sees a half-written model.
+back. A planner that reloads `<root>/deployed` therefore never sees a half-written model. Paths
+in history.json and the link are relative to the root, so a registry can be moved or copied.
+
+`save_delta` / `load_delta` keep a version as the bits in which its tensors differ from the
+pretrained checkpoint's (XOR of the raw bits, exact): a record of an adapted model that a
+repository can hold without a copy of the pretrained weights, and from which the version is
+rebuilt bit for bit beside those weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
 import time
 import uuid
 
-from simdist_planner.model.checkpoint import load_checkpoint, save_checkpoint
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from simdist_planner.model.checkpoint import load_checkpoint, save_checkpoint, weight_tensors
 from simdist_planner.model.world_model import WorldModel
 
 
@@ -44,6 +55,10 @@ class ModelRegistry:
         h = self.history()
         return h[-1]["version"] if h else None
 
+    def version_path(self, version: str) -> pathlib.Path:
+        """The checkpoint directory of `version` (whether deployed or not)."""
+        return self.versions / version
+
     def deployed_path(self) -> pathlib.Path:
         if not self.link.exists():
             raise RegistryError(f"{self.root}: nothing deployed yet (call init_from / deploy)")
@@ -61,13 +76,19 @@ class ModelRegistry:
             load_checkpoint(checkpoint), {"source": str(checkpoint), **(metrics or {})}
         )
 
-    def deploy(self, model: WorldModel, metrics: dict) -> pathlib.Path:
-        """Store `model` as the next version and make it the deployed one."""
+    def deploy(self, model: WorldModel, metrics: dict, version: str | None = None) -> pathlib.Path:
+        """Store `model` as the next version (or as `version`, a name not deployed yet: a
+        version rebuilt from its record) and make it the deployed one."""
         history = self.history()
-        version = f"v{len(list(self.versions.glob('v*'))) if self.versions.exists() else 0:04d}"
-        path = save_checkpoint(model, self.versions / version, metrics=metrics)
+        if version is None:
+            count = len(list(self.versions.glob("v*"))) if self.versions.exists() else 0
+            version = f"v{count:04d}"
+        elif any(h["version"] == version for h in history):
+            raise RegistryError(f"{self.root}: {version} is deployed already")
+        path = save_checkpoint(model, self.version_path(version), metrics=metrics)
+        relative = str(path.relative_to(self.root))
         history.append(
-            {"version": version, "path": str(path), "metrics": metrics, "time": time.time()}
+            {"version": version, "path": relative, "metrics": metrics, "time": time.time()}
         )
         self._point_to(path)
         self._write_history(history)
@@ -79,16 +100,81 @@ class ModelRegistry:
         if len(history) < 2:
             raise RegistryError("nothing to roll back to: only the first version was ever deployed")
         history.pop()
-        self._point_to(pathlib.Path(history[-1]["path"]))
+        self._point_to(self.root / history[-1]["path"])  # relative, or absolute (older files)
         self._write_history(history)
         return history[-1]["version"]
 
     def _point_to(self, target: pathlib.Path) -> None:
         tmp = self.root / f".deployed-{uuid.uuid4().hex[:8]}"
-        os.symlink(target.resolve(), tmp)
+        os.symlink(os.path.relpath(target.resolve(), self.root.resolve()), tmp)
         os.replace(tmp, self.link)
 
     def _write_history(self, history: list[dict]) -> None:
         tmp = self._history_file.with_suffix(f".tmp-{uuid.uuid4().hex[:8]}")
         tmp.write_text(json.dumps(history, indent=1))
         os.replace(tmp, self._history_file)
+
+
+def save_delta(
+    checkpoint: str | os.PathLike, base: str | os.PathLike, file: str | os.PathLike
+) -> int:
+    """Write the tensors of `checkpoint` that differ from `base`'s as the XOR of their raw bits
+    (safetensors, written atomically); returns how many tensors differ. The two must share the
+    model config and the observation scaler (an adapted version of `base`)."""
+    model, pretrained = load_checkpoint(checkpoint), load_checkpoint(base)
+    _same_frame(model, pretrained, checkpoint, base)
+    mine, theirs = weight_tensors(model), weight_tensors(pretrained)
+    delta = {
+        name: _bits(tensor) ^ _bits(theirs[name])
+        for name, tensor in mine.items()
+        if not torch.equal(_bits(tensor), _bits(theirs[name]))
+    }
+    file = pathlib.Path(file)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex[:8]}")
+    save_file(delta, str(tmp), metadata={"base_weights": _weights_sha(theirs)})
+    os.replace(tmp, file)
+    return len(delta)
+
+
+def load_delta(base: str | os.PathLike, file: str | os.PathLike) -> WorldModel:
+    """The model `save_delta` recorded in `file`, rebuilt bit for bit on `base`'s weights."""
+    model = load_checkpoint(base)
+    tensors = weight_tensors(model)
+    with safe_open(str(file), "pt") as f:
+        expected = (f.metadata() or {}).get("base_weights")
+        if expected != _weights_sha(tensors):
+            raise RegistryError(
+                f"{file}: recorded against other pretrained weights than {base} "
+                f"(base sha256 {expected}, given {_weights_sha(tensors)})"
+            )
+        for name in f.keys():
+            if name not in tensors:
+                raise RegistryError(f"{file}: tensor {name} is not in the model of {base}")
+            bits = f.get_tensor(name) ^ _bits(tensors[name])
+            tensors[name] = bits.view(tensors[name].dtype)
+    model.load_state_dict(tensors, strict=False)  # the scaler's buffers stay the base's
+    return model
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's raw bits as integers of its width (XOR is exact on them)."""
+    return tensor.contiguous().view(
+        {2: torch.int16, 4: torch.int32, 8: torch.int64, 1: torch.uint8}[tensor.element_size()]
+    )
+
+
+def _weights_sha(tensors: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _same_frame(model: WorldModel, base: WorldModel, where, base_where) -> None:
+    if model.config != base.config or model.scaler.to_dict() != base.scaler.to_dict():
+        raise RegistryError(
+            f"{where} is not an adapted version of {base_where}: the model config or the "
+            "observation scaler differ (save_delta keeps tensors only)"
+        )

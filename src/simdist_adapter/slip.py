@@ -26,7 +26,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from robot_drivers.go2.kinematics import Go2Kinematics
-from simdist_adapter.finetune import AdaptConfig, latent_loss, real_windows, window_batch
+from simdist_adapter.episodes import COLLECT_SEED, GATE_EPISODES
+from simdist_adapter.finetune import latent_loss, real_windows, window_batch
 from simdist_planner.model.checkpoint import load_checkpoint
 
 SLIP_SPEED = 0.1  # m/s: a stance foot moving faster than this over the ground slips
@@ -100,11 +101,12 @@ def _row(name, loss, kin, real, stance, real_speed, decoded) -> SlipRow:
     )
 
 
-def analyse(d_real, models: dict, holdout: float, seed: int, device="cpu"):
-    """Rows per model (and the oracle), plus the series of the window that slips most."""
+def analyse(d_real, models: dict, gate_seeds: list[int], device="cpu"):
+    """Rows per model (and the oracle) on the gate's held-out episodes (`gate_seeds`), plus the
+    series of the window that slips most."""
     first = next(iter(models.values()))
     cfg = first.config
-    train, held = real_windows(d_real, cfg.history, cfg.horizon, holdout, seed)
+    train, held = real_windows(d_real, cfg.history, cfg.horizon, 0.5, 0, gate_seeds)
     kin = Go2Kinematics()
     real_train, enc_train = _windows(first, train, device)
     w = _ridge(
@@ -176,8 +178,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--checkpoint", action="append", required=True, help="NAME=PATH, repeatable (Go2 models)"
     )
-    p.add_argument("--holdout", type=float, default=0.1, help="the experiment's held-out share")
-    p.add_argument("--seed", type=int, default=AdaptConfig.seed)
+    p.add_argument(
+        "--gate-episodes",
+        type=int,
+        default=GATE_EPISODES,
+        help="the experiment's gate episodes (the first this many collected), held out here",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None, help="write the rows and the series here (JSON)")
     p.add_argument("--plot", default=None, help="PNG of the window that slips most")
@@ -186,7 +192,8 @@ def main(argv=None) -> int:
     for spec in a.checkpoint:
         name, _, path = spec.rpartition("=")
         models[name or path] = load_checkpoint(path, device=a.device).eval()
-    rows, series = analyse(a.d_real, models, a.holdout, a.seed, a.device)
+    gate = list(range(COLLECT_SEED, COLLECT_SEED + a.gate_episodes))
+    rows, series = analyse(a.d_real, models, gate, a.device)
     print(format_table(rows))
     if a.out:
         pathlib.Path(a.out).write_text(
