@@ -85,6 +85,13 @@ def test_the_demo_runs_the_chosen_stand_in(tmp_path):
     assert driver.overrides["panel_friction"] == stand_in.friction
     assert {n.name for n in graph.nodes} >= {"recorder", "adapter", "planner"}
     assert demo.episode_steps() == round(2.5 * 1.82 / stand_in.speed / 0.02)
-    command = demo.full_result("float32")
-    assert f"--friction {stand_in.friction:g} " in command
-    assert f"--speed {stand_in.speed:g} " in command and "--precision float32 " in command
+
+
+def test_the_demo_prints_the_committed_headline_run_or_says_there_is_none(tmp_path):
+    assert "no headline run is committed" in demo.headline_result(tmp_path / "none")
+    if (demo.HEADLINE_RUN / "config.json").is_file():
+        text = demo.headline_result()
+        config = json.loads((demo.HEADLINE_RUN / "config.json").read_text())
+        assert config["command"] in text and "replan period" in text
+        assert f"--friction {demo.CHOSEN_STAND_IN.friction:g}" in config["command"]
+        assert f"--speed {demo.CHOSEN_STAND_IN.speed:g}" in config["command"]

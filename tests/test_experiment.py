@@ -18,8 +18,9 @@ import time
 
 import pytest
 
-from simdist_adapter.experiment import Experiment, ExperimentConfig, format_table, parse_args
+from simdist_adapter.experiment import Experiment, ExperimentConfig, parse_args
 from simdist_adapter.finetune import AdaptConfig, real_windows
+from simdist_adapter.results import format_table, run_summary
 from simdist_planner.data.dataset import ShardedDataset
 from simdist_planner.model.checkpoint import save_checkpoint
 from test_adapter import small_model
@@ -310,6 +311,9 @@ def test_a_killed_run_committed_to_git_continues_from_a_fresh_clone(uninterrupte
     assert rounds[0]["report"]["deployed"]  # so the clone must rebuild v0001 from its delta
     assert f"run/simdist/versions/{rounds[0]['report']['version']}.safetensors" in tracked
     size = sum((repo / f).stat().st_size for f in tracked)
+    summary = run_summary(repo / "run")  # what make demo prints of a committed run
+    assert "simdist 1/2 rounds" in summary and "unfreeze_encoder" not in summary
+    assert "8 + 0 samples x 1 iterations, 2 elites, replan period 1" in summary
     clone = tmp / "clone"
     subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
     before = _stored(clone / "run")

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import pathlib
 import shlex
 import sys
@@ -46,6 +45,7 @@ from simdist_adapter.episodes import (
 )
 from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
 from simdist_adapter.registry import ModelRegistry, load_delta, save_delta
+from simdist_adapter.results import format_table, read_rounds, write_json
 from simdist_planner.cli.common import (
     add_course_arguments,
     add_planner_arguments,
@@ -195,9 +195,7 @@ class Experiment:
             "planner": resolved_planner(self.cfg.checkpoint, self.cfg.planner),
             "config": json.loads(json.dumps(dataclasses.asdict(self.cfg), default=str)),
         }
-        tmp = self.out / f".config.json.{os.getpid()}"
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, file)
+        write_json(file, record)
 
     def _course(self, speed: float | None) -> tuple:
         return course(**{**dict(self.course), "speed": speed}) if speed else self.course
@@ -234,14 +232,15 @@ class Experiment:
             score, eps = self.evaluate(cfg.checkpoint, planner=False)
             return {"curve": [{"real_episodes": 0, **score}], "rounds": [], "eval_episodes": eps}
         root = self.out / name
-        rounds = self._read_rounds(root)
+        rounds = read_rounds(root)
         if len(rounds) > cfg.rounds:
             raise ValueError(
                 f"{root} holds {len(rounds)} rounds, more than the {cfg.rounds} asked for: "
                 "resume with at least as many rounds, or use another --out"
             )
         registry = self._registry(name, root, rounds)
-        self.evaluate(cfg.checkpoint)  # the zero-shot figures: shared by all methods
+        zero, _ = self.evaluate(cfg.checkpoint)  # the zero-shot figures: shared by all methods
+        write_json(self.out / "zero_shot.json", zero)
         adapt_cfg = dataclasses.replace(cfg.adapt, device=cfg.device, **overrides)
         for j in range(cfg.rounds):
             if j < len(rounds) and rounds[j]["score"] is not None:
@@ -364,16 +363,9 @@ class Experiment:
         }
 
     @staticmethod
-    def _read_rounds(root: pathlib.Path) -> list[dict]:
-        path = root / "rounds.json"
-        return json.loads(path.read_text()) if path.is_file() else []
-
-    @staticmethod
     def _write_rounds(root: pathlib.Path, rounds: list[dict]) -> None:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".rounds.json.{os.getpid()}"
-        tmp.write_text(json.dumps(rounds, indent=1, default=float))
-        os.replace(tmp, root / "rounds.json")
+        write_json(root / "rounds.json", rounds)
 
     def run(self) -> dict:
         """Run the configured methods; results.json keeps the methods that earlier runs into the
@@ -562,44 +554,6 @@ class Experiment:
 
         plt.close(fig)
         return name
-
-
-def _fraction(score: dict | None) -> str:
-    return "-" if score is None else f"{score['successes']}/{score['episodes']}"
-
-
-def format_table(results: dict) -> str:
-    """One row per evaluation: success k / n at the headline speed (and at each other speed),
-    successes per minute of robot time, return, distance, the round's held-out latent loss."""
-    other = sorted(
-        {
-            s
-            for r in results["methods"].values()
-            for c in r["curve"]
-            for s in c.get("other_speeds", {})
-        },
-        key=float,
-    )
-    lines = [
-        f"{'method':18} {'real eps':>8} {'success':>8} "
-        + "".join(f"{s + ' m/s':>9} " for s in other)
-        + f"{'succ/min':>8} {'return':>8} {'distance':>9} {'held-out loss before->after':>30}"
-    ]
-    for name, r in results["methods"].items():
-        for k, c in enumerate(r["curve"]):
-            loss = ""
-            if k >= 1 and r["rounds"][k - 1]["heldout_candidate"] is not None:
-                rd = r["rounds"][k - 1]
-                refused = "" if rd["deployed"] else " (refused)"
-                loss = f"{rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f}{refused}"
-            dist = "-" if c["mean_distance"] is None else f"{c['mean_distance']:.2f}"
-            speeds = "".join(f"{_fraction(c.get('other_speeds', {}).get(s)):>9} " for s in other)
-            lines.append(
-                f"{name:18} {c['real_episodes']:8d} {_fraction(c):>8} "
-                f"{speeds}{c['successes_per_minute']:8.2f} {c['mean_return']:8.2f} {dist:>9} "
-                f"{loss:>30}"
-            )
-    return "\n".join(lines)
 
 
 def parse_args(argv=None) -> ExperimentConfig:
