@@ -240,6 +240,15 @@ def test_a_round_killed_after_deploying_is_rolled_back_and_run_again(uninterrupt
     assert one["methods"]["simdist"]["curve"] == resumed["methods"]["simdist"]["curve"]
 
 
+def test_other_speed_points_are_parsed_and_checked():
+    cfg = parse_args(
+        ["--checkpoint", "ckpt", "--other-speeds", "0.1,0.5", "--other-speeds-at", "0,1,-1"]
+    )
+    assert cfg.other_speeds == (0.1, 0.5) and cfg.other_speeds_at == (0, 1, -1)
+    with pytest.raises(ValueError, match="other_speeds_at"):
+        ExperimentConfig(checkpoint="ckpt", rounds=2, other_speeds_at=(3,))
+
+
 def test_seed_ranges_that_would_overlap_are_refused_with_the_ranges_named(tmp_path):
     with pytest.raises(
         ValueError, match=r"evaluation seeds 0\.\.100000, which run into the collection"
@@ -264,10 +273,13 @@ def test_every_round_gates_on_the_same_episodes_and_never_trains_on_them(uninter
     first two collected episodes each round; D_real's training windows never hold them."""
     tmp, checkpoint, _ = uninterrupted
     cfg = config(tmp, checkpoint, 1, "gate", rounds=3)
-    cfg = dataclasses.replace(cfg, methods=("simdist",))
-    Experiment(cfg).run()
+    cfg = dataclasses.replace(cfg, methods=("simdist",), other_speeds_at=(0, -1))
+    results = Experiment(cfg).run()
     rounds = json.loads((pathlib.Path(cfg.out) / "simdist" / "rounds.json").read_text())
     assert len(rounds) == 3
+    # the other speeds only at zero-shot and after the last round (--other-speeds-at 0,-1)
+    curve = results["methods"]["simdist"]["curve"]
+    assert ["other_speeds" in c for c in curve] == [True, False, False, True]
     assert all(r["gate_seeds"] == [100_000, 100_001] for r in rounds)
     d_real = pathlib.Path(cfg.out) / "simdist" / "d_real"
     train, held = real_windows(d_real, 3, 3, 0.5, 0, cfg.gate_seeds)

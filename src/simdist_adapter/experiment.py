@@ -99,8 +99,11 @@ class ExperimentConfig:
     # the headline evaluation, and the Slippery Slope stand-in's panel friction (None: the task's)
     speed: float | None = None
     panel_friction: float | None = None
-    other_speeds: tuple[float, ...] = ()  # further speeds evaluated after every round
+    other_speeds: tuple[float, ...] = ()  # further speeds evaluated (at other_speeds_at)
     other_eval_episodes: int = 5  # evaluation episodes at each of other_speeds
+    # The evaluation points with other_speeds: 0 = zero-shot, j = after round j, -1 = after the
+    # last round; () = every point.
+    other_speeds_at: tuple[int, ...] = ()
     device: str = "cpu"
     workers: int = 1  # processes running episodes side by side (each: one task + one model copy)
     planner: dict = field(default_factory=dict)  # PlannerConfig overrides (num_samples, ...)
@@ -114,6 +117,11 @@ class ExperimentConfig:
             raise ValueError("rounds, episodes_per_round, eval_episodes and workers must be >= 1")
         if self.other_speeds and self.other_eval_episodes < 1:
             raise ValueError("other_eval_episodes must be >= 1 when other_speeds are given")
+        if any(not -1 <= p <= self.rounds for p in self.other_speeds_at):
+            raise ValueError(
+                f"other_speeds_at takes points 0..{self.rounds} (rounds) or -1 (the last), "
+                f"got {self.other_speeds_at}"
+            )
         if not 1 <= self.gate_episodes < self.episodes_per_round:
             raise ValueError(
                 f"gate_episodes must be in [1, episodes_per_round - 1] (round 1 trains on the "
@@ -200,15 +208,18 @@ class Experiment:
     def _course(self, speed: float | None) -> tuple:
         return course(**{**dict(self.course), "speed": speed}) if speed else self.course
 
-    def evaluate(self, checkpoint, planner: bool = True) -> tuple[dict, list[Episode]]:
-        """Success over the evaluation seeds at the headline speed, and at each other speed.
+    def evaluate(
+        self, checkpoint, planner: bool = True, point: int = 0
+    ) -> tuple[dict, list[Episode]]:
+        """Success over the evaluation seeds at the headline speed, and at each other speed when
+        `point` (0 = zero-shot, j = after round j) is one of `other_speeds_at`.
 
         Episodes are stored by the checkpoint's weights, so an evaluation already run (the shared
         zero-shot one, a round whose candidate was refused) is read back, not run again."""
         cfg = self.cfg
-        speeds = [(cfg.speed, cfg.eval_episodes)] + [
-            (s, cfg.other_eval_episodes) for s in cfg.other_speeds
-        ]
+        at = {cfg.rounds if p == -1 else p for p in cfg.other_speeds_at}
+        others = cfg.other_speeds if not at or point in at else ()
+        speeds = [(cfg.speed, cfg.eval_episodes)] + [(s, cfg.other_eval_episodes) for s in others]
         jobs = [
             EpisodeJob(str(checkpoint), planner, seed, course=self._course(speed))
             for speed, n in speeds
@@ -248,7 +259,7 @@ class Experiment:
             if j == len(rounds):
                 rounds.append(self._adapt_round(name, root, registry, adapt_cfg, rounds))
                 self._write_rounds(root, rounds)
-            score, eps = self.evaluate(registry.deployed_path())
+            score, eps = self.evaluate(registry.deployed_path(), point=j + 1)
             rounds[j]["score"] = score
             self._write_rounds(root, rounds)
             self._say(
@@ -257,7 +268,7 @@ class Experiment:
                 f"success {score['success_rate']:.2f}",
             )
         zero, _ = self.evaluate(cfg.checkpoint)
-        _, eps = self.evaluate(registry.deployed_path())  # read back from the store
+        _, eps = self.evaluate(registry.deployed_path(), point=len(rounds))  # read back
         return {
             "curve": [{"real_episodes": 0, **zero}]
             + [{"real_episodes": r["collected"], **r["score"]} for r in rounds],
@@ -431,12 +442,19 @@ class Experiment:
                     xs, ys = rounds_x, ys * len(rounds_x)
                 ax.plot(xs, ys, marker="o", color=f"C{m}", label=f"{name}{headline}")
                 for k, speed in enumerate(r["curve"][0].get("other_speeds", {})):
-                    other = [c["other_speeds"][speed][key] for c in r["curve"]]
+                    points = [c for c in r["curve"] if speed in c.get("other_speeds", {})]
+                    other_x = [c["real_episodes"] for c in points]
+                    other = [c["other_speeds"][speed][key] for c in points]
                     if name == "base_policy" and rounds_x:
-                        other = other * len(rounds_x)
+                        other_x, other = rounds_x, other * len(rounds_x)
                     style = ("--", ":", "-.")[k % 3]
                     ax.plot(
-                        xs, other, style, marker=".", color=f"C{m}", label=f"{name} {speed} m/s"
+                        other_x,
+                        other,
+                        style,
+                        marker=".",
+                        color=f"C{m}",
+                        label=f"{name} {speed} m/s",
                     )
             ax.set(xlabel="real episodes", ylabel=ylabel, title=f"{self.cfg.task}: {title}")
             if key == "success_rate":
@@ -599,6 +617,12 @@ def parse_args(argv=None) -> ExperimentConfig:
         default=5,
         help="evaluation episodes at each of --other-speeds",
     )
+    p.add_argument(
+        "--other-speeds-at",
+        default="",
+        help="comma list of the evaluation points with --other-speeds: 0 = zero-shot, j = after "
+        "round j, -1 = after the last round (default: every point)",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--workers", type=int, default=1, help="processes running episodes side by side")
     add_planner_arguments(p)
@@ -637,6 +661,7 @@ def parse_args(argv=None) -> ExperimentConfig:
         panel_friction=a.friction,
         other_speeds=tuple(float(x) for x in a.other_speeds.split(",") if x),
         other_eval_episodes=a.other_eval_episodes,
+        other_speeds_at=tuple(int(x) for x in a.other_speeds_at.split(",") if x),
         device=a.device,
         workers=a.workers,
         planner=planner_overrides(a),
