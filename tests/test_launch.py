@@ -23,9 +23,9 @@ from robot_drivers import ros_msgs
 from robot_drivers.specs import robot_spec
 from simdist_adapter.bags import TYPESTORE, EpisodeBagWriter, EpisodeMeta
 from simdist_adapter.replay_node import ReplayNode
-from simdist_planner.planning.planner import planner_config_for
+from simdist_planner.planning.config import PLANNER_FIELDS, planner_config_for
 from simdist_planner.ros import launch_description as desc
-from simdist_planner.ros import launcher, planner_node
+from simdist_planner.ros import launcher
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIMDIST = str(pathlib.Path(sys.executable).parent / "simdist")
@@ -246,7 +246,7 @@ def test_the_planner_section_holds_the_planner_defaults_of_its_preset(graph):
                 f"{graph}.yaml planner.{key}: {value!r} vs {declared[key]!r}"
             )
     factory = planner_config_for(robot_spec(robot), preset)
-    for field in planner_node.PLANNER_FIELDS:
+    for field in PLANNER_FIELDS:
         assert section[field] == getattr(factory, field), f"{graph}.yaml planner.{field}"
     assert section["control_rate_hz"] == robot_spec(robot).control_rate_hz
     if preset == "official":  # the official controller differs from the self-trained Go2 preset
