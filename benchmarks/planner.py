@@ -16,7 +16,7 @@ steps interleaved so that all see the same machine load. Latency does not
 depend on the weights, so no checkpoint is needed. Prints min / median / p95 / max, the control
 rate (1 / median) beside the rate each robot runs at, the fast path's speed-up, and one
 `RESULT {json}` line per row for comparing runs. `--checkpoint` times one more row: that
-checkpoint with the planner preset it plans with (planner.default_preset: `official` for an
+checkpoint with the planner preset it plans with (config.default_preset: `official` for an
 imported official model), e.g. the official model at the official controller's settings.
 """
 
@@ -35,16 +35,16 @@ from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import load_checkpoint
 from simdist_planner.model.config import go2_config, ur5e_config
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.planning.planner import (
+from simdist_planner.planning.config import (
     EVALUATORS,
     PLANNER_PRESETS,
     PRECISIONS,
     default_preset,
     go2_planner_config,
-    make_planner,
     planner_config_for,
     ur5e_planner_config,
 )
+from simdist_planner.planning.planner import make_planner
 
 # Robot -> (model config factory, planner config factory, control rate the robot runs at in Hz).
 ROBOTS = {

@@ -51,7 +51,7 @@ from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import save_checkpoint
 from simdist_planner.model.config import go2_config, ur5e_small_config
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.planning.planner import PRECISIONS
+from simdist_planner.planning.config import PRECISIONS
 from simdist_planner.ros.planner_node import QOS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

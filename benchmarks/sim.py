@@ -27,7 +27,10 @@ import numpy as np
 import torch
 
 from robot_drivers import registry
-from simdist_planner.data.dataset import ShardedDataset, ShardWriter, WindowDataset, shard_name
+from simdist_planner.data.reader import ShardedDataset
+from simdist_planner.data.schema import shard_name
+from simdist_planner.data.windows import WindowDataset
+from simdist_planner.data.writer import ShardWriter
 from simdist_planner.evaluation import datagen
 
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from robot_drivers.interface import Command, CommandKind
 from robot_drivers.registry import expert_value, make_task
-from robot_drivers.ur5e import ControllerConfig, MujocoUR5eBackend, SceneConfig  # sets MUJOCO_GL
+from robot_drivers.ur5e.backend import MujocoUR5eBackend
+from robot_drivers.ur5e.config import ControllerConfig, SceneConfig
 
 
 def _tracking(ik_hz: float, steps: int, feedforward: bool = True) -> tuple[float, float, float]:

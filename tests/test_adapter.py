@@ -16,15 +16,12 @@ from simdist_adapter.episodes import checkpoint_digest
 from simdist_adapter.finetune import AdaptConfig, finetune_dynamics, latent_loss, real_windows
 from simdist_adapter.real_data import build_real_dataset, segments_from_bag
 from simdist_adapter.registry import ModelRegistry, RegistryError, load_delta, save_delta
-from simdist_planner.data.dataset import (
-    EpisodeRecord,
-    ShardedDataset,
-    ShardWriter,
-    StepLayout,
-    shard_name,
-)
+from simdist_planner.data.reader import ShardedDataset
+from simdist_planner.data.schema import EpisodeRecord, StepLayout, shard_name
+from simdist_planner.data.writer import ShardWriter
 from simdist_planner.model.checkpoint import save_checkpoint, weight_tensors
 from simdist_planner.model.config import AttentionConfig, go2_config
+from simdist_planner.model.losses import adaptation_loss
 from simdist_planner.model.world_model import WorldModel
 
 SPEC = RobotSpec(
@@ -241,12 +238,11 @@ def test_sim_replay_mixes_sim_windows_into_every_batch_and_guard_reports(
         tuple(r) for i in range(sim.num_episodes) for r in sim.episode(i)["proprio"].tolist()
     }
     seen = []
-    real_loss = finetune.adaptation_loss
 
     def spy(model, batch):  # (sim windows, batch size) of every loss evaluation
         first_rows = batch["proprio"][:, 0].tolist()
         seen.append((sum(tuple(r) in sim_rows for r in first_rows), len(first_rows)))
-        return real_loss(model, batch)
+        return adaptation_loss(model, batch)
 
     monkeypatch.setattr(finetune, "adaptation_loss", spy)
     model = small_model()

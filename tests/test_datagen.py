@@ -18,7 +18,9 @@ from conftest import ROOT
 from robot_drivers import registry
 from robot_drivers.interface import ProprioTerm, RobotSpec
 from simdist_planner.cli import generate
-from simdist_planner.data.dataset import ShardedDataset, WindowDataset, shard_name
+from simdist_planner.data.reader import ShardedDataset
+from simdist_planner.data.schema import shard_name
+from simdist_planner.data.windows import WindowDataset
 from simdist_planner.evaluation import datagen
 from simdist_planner.evaluation.agents import policy_chunk
 from simdist_planner.model.checkpoint import load_checkpoint

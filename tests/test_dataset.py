@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from simdist_planner.data.dataset import (
+from simdist_planner.data.reader import ShardedDataset
+from simdist_planner.data.schema import (
     SCHEMA_VERSION,
     DatasetError,
     EpisodeRecord,
-    ShardedDataset,
-    ShardWriter,
     StepLayout,
-    WindowDataset,
     shard_name,
 )
+from simdist_planner.data.windows import WindowDataset
+from simdist_planner.data.writer import ShardWriter
 
 LAYOUT = StepLayout(
     proprio_terms=(("step", 1), ("episode", 1), ("x", 2)),

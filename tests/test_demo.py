@@ -11,7 +11,8 @@ from std_msgs.msg import String
 
 from robot_drivers.specs import robot_spec
 from simdist_adapter import demo
-from simdist_planner.planning.planner import planner_config_for
+from simdist_adapter.episodes import CHOSEN_STAND_IN
+from simdist_planner.planning.config import planner_config_for
 from simdist_planner.ros import launch_description as desc
 
 
@@ -79,7 +80,7 @@ def test_the_demo_runs_the_chosen_stand_in(tmp_path):
     args = dict(a.split(":=", 1) for a in cmd[3:])
     graph = desc.resolve("go2_slope", args)
     driver = next(n for n in graph.nodes if n.name == "mujoco_driver")
-    stand_in = demo.CHOSEN_STAND_IN
+    stand_in = CHOSEN_STAND_IN
     assert driver.overrides["task"] == "slippery_slope"
     assert driver.overrides["speed"] == stand_in.speed
     assert driver.overrides["panel_friction"] == stand_in.friction
@@ -93,5 +94,5 @@ def test_the_demo_prints_the_committed_headline_run_or_says_there_is_none(tmp_pa
         text = demo.headline_result()
         config = json.loads((demo.HEADLINE_RUN / "config.json").read_text())
         assert config["command"] in text and "replan period" in text
-        assert f"--friction {demo.CHOSEN_STAND_IN.friction:g}" in config["command"]
-        assert f"--speed {demo.CHOSEN_STAND_IN.speed:g}" in config["command"]
+        assert f"--friction {CHOSEN_STAND_IN.friction:g}" in config["command"]
+        assert f"--speed {CHOSEN_STAND_IN.speed:g}" in config["command"]

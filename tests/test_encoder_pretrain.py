@@ -11,13 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from simdist_planner.data.dataset import (
-    EpisodeRecord,
-    ShardedDataset,
-    ShardWriter,
-    StepLayout,
-    shard_name,
-)
+from simdist_planner.data.reader import ShardedDataset
+from simdist_planner.data.schema import EpisodeRecord, StepLayout, shard_name
+from simdist_planner.data.writer import ShardWriter
 from simdist_planner.model.checkpoint import load_checkpoint
 from simdist_planner.model.losses import near_field_slices, state_targets
 from simdist_planner.model.world_model import WorldModel

@@ -21,7 +21,7 @@ import pytest
 from simdist_adapter.experiment import Experiment, ExperimentConfig, parse_args
 from simdist_adapter.finetune import AdaptConfig, real_windows
 from simdist_adapter.results import format_table, run_summary
-from simdist_planner.data.dataset import ShardedDataset
+from simdist_planner.data.reader import ShardedDataset
 from simdist_planner.model.checkpoint import save_checkpoint
 from test_adapter import small_model
 

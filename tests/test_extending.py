@@ -22,7 +22,7 @@ from robot_drivers.safety import SafetyConfig, SafetySupervisor
 from robot_drivers.specs import ROBOT_SPECS, robot_spec
 from simdist_planner.evaluation.datagen import ROBOT_DATA_CONFIGS
 from simdist_planner.evaluation.evaluate import AgentSummary
-from simdist_planner.planning.planner import PLANNER_CONFIGS
+from simdist_planner.planning.config import PLANNER_CONFIGS
 from simdist_planner.ros.launch_description import GRAPHS, ROBOT_LAUNCH
 from simdist_planner.training.config import PRETRAIN_PRESETS
 from simdist_viewer.core import ViewerLogger

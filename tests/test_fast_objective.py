@@ -21,13 +21,9 @@ from simdist_planner.model.config import OFFICIAL_NUMERICS, go2_config, ur5e_con
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning import fast_objective
 from simdist_planner.planning import planner as planner_module
+from simdist_planner.planning.config import PlannerConfig, official_planner_config
 from simdist_planner.planning.fast_objective import FastObjective
-from simdist_planner.planning.planner import (
-    MPPIPlanner,
-    PlannerConfig,
-    PlannerError,
-    official_planner_config,
-)
+from simdist_planner.planning.planner import MPPIPlanner, PlannerError
 
 RETURN_RTOL = 1e-4
 ACTION_ATOL = 1e-3
@@ -261,6 +257,7 @@ import resource, sys, torch
 from simdist_planner.model.config import go2_config
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.planning import cpu_memory, planner
+from simdist_planner.planning.config import official_planner_config
 sys.path.insert(0, "tests")
 from test_fast_objective import inputs
 
@@ -274,7 +271,7 @@ def faults_per_plan(p, x):
 torch.set_num_threads(2)
 cpu_memory._applied = False  # as if already applied: the first planner leaves malloc as it is
 model = WorldModel(go2_config()).eval()
-config = planner.official_planner_config([-1.0] * 12, [1.0] * 12, iterations=2)
+config = official_planner_config([-1.0] * 12, [1.0] * 12, iterations=2)
 x = inputs(model.config)
 default = faults_per_plan(planner.MPPIPlanner(model, config), x)
 cpu_memory._applied = None

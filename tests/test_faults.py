@@ -852,12 +852,13 @@ def test_a_misspelt_parameter_is_an_error_naming_the_closest_one():
     import rclpy  # noqa: PLC0415 - this case makes nodes on the default context
 
     rclpy.init()
+    go2 = Parameter("robot", value="go2")
     try:
         with pytest.raises(
             ValueError, match="unknown parameter 'max_target_stepp'.*'max_target_step'"
         ):
-            SafetyNode(parameter_overrides=[Parameter("max_target_stepp", value=0.5)])
-        node = SafetyNode(parameter_overrides=[Parameter("max_target_step", value=0.5)])
+            SafetyNode(parameter_overrides=[go2, Parameter("max_target_stepp", value=0.5)])
+        node = SafetyNode(parameter_overrides=[go2, Parameter("max_target_step", value=0.5)])
         assert node.params["max_target_step"] == 0.5
         node.destroy_node()
     finally:

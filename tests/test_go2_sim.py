@@ -6,27 +6,25 @@ import mujoco
 import numpy as np
 import pytest
 
-from robot_drivers.go2 import (
-    DEFAULT_POSE_UNITREE,
-    EXPERT_OBS_DIM,
-    EXPERT_OBS_SLICES,
-    ActuationConfig,
-    Go2Config,
-    MujocoGo2Backend,
-    SlopePanel,
-    TerrainConfig,
-    build_expert_observation,
-    pd_torque,
-    to_menagerie,
-    to_unitree,
-)
+from robot_drivers.go2.backend import MujocoGo2Backend, pd_torque
 from robot_drivers.go2.config import (
+    DEFAULT_POSE_UNITREE,
     MENAGERIE_JOINT_NAMES,
     UNITREE_FROM_MENAGERIE,
     UNITREE_JOINT_NAMES,
+    ActuationConfig,
+    Go2Config,
+    to_menagerie,
+    to_unitree,
 )
-from robot_drivers.go2.observation import grid_to_scan, scan_to_grid
-from robot_drivers.go2.scene import MUJOCO_DEFAULT_SOLIMP
+from robot_drivers.go2.observation import (
+    EXPERT_OBS_DIM,
+    EXPERT_OBS_SLICES,
+    build_expert_observation,
+    grid_to_scan,
+    scan_to_grid,
+)
+from robot_drivers.go2.scene import MUJOCO_DEFAULT_SOLIMP, SlopePanel, TerrainConfig
 from robot_drivers.interface import Command, CommandKind
 
 SLOPE = TerrainConfig(panels=(SlopePanel(1.0, 10.0),), panels_start_x=0.6, plateau_length=2.0)

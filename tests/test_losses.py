@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from simdist_planner.data.dataset import StepLayout
+from simdist_planner.data.schema import StepLayout
 from simdist_planner.data.synthetic import synthetic_windows
 from simdist_planner.model.config import (
     AttentionConfig,

@@ -7,7 +7,8 @@ import pytest
 
 from robot_drivers.interface import Command, CommandKind
 from robot_drivers.tasks.ur5e_tasks import InsertionObjects, peg_config
-from robot_drivers.ur5e import ControllerConfig, MujocoUR5eBackend, SceneConfig
+from robot_drivers.ur5e.backend import MujocoUR5eBackend
+from robot_drivers.ur5e.config import ControllerConfig, SceneConfig
 from robot_drivers.ur5e.mesh_lod import RENDER_SUFFIX, decimate_visual_meshes
 from robot_drivers.ur5e.scene import compose
 

@@ -50,14 +50,14 @@ from simdist_planner.model.official import (
     reference_outputs,
 )
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.planning.planner import GO2_TEMPERATURE, default_preset, planner_config_for
-from simdist_planner.ros.planner_node import (
+from simdist_planner.planning.config import (
+    GO2_TEMPERATURE,
     PLANNER_FIELDS,
-    PlannerNode,
-    node_params,
-    resolve_preset,
-    resolve_robot,
+    default_preset,
+    planner_config_for,
 )
+from simdist_planner.ros.planner_core import resolve_preset, resolve_robot
+from simdist_planner.ros.planner_node import PlannerNode, node_params
 
 EXPORT = pathlib.Path(
     os.environ.get("SIMDIST_GO2_WORLD_MODEL", ROOT.parent / "shared" / "simdist_go2_world_model")

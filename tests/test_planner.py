@@ -20,18 +20,15 @@ from simdist_planner.model.config import (
     ur5e_small_config,
 )
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.planning.planner import (
+from simdist_planner.planning.config import (
     GO2_TEMPERATURE,
     PROJECT_RETURN,
-    MPPIPlanner,
-    Planner,
     PlannerConfig,
-    PlannerError,
     go2_planner_config,
-    make_planner,
     official_planner_config,
     ur5e_planner_config,
 )
+from simdist_planner.planning.planner import MPPIPlanner, Planner, PlannerError, make_planner
 from test_world_model import count_kv_rows
 
 A, H = 2, 3

@@ -11,7 +11,7 @@ import pytest
 from checkpoint_helpers import make_checkpoint
 from robot_drivers.interface import Observation
 from robot_drivers.specs import robot_spec
-from simdist_planner.planning.planner import PLANNER_FIELDS, planner_config_for
+from simdist_planner.planning.config import PLANNER_FIELDS, planner_config_for
 from simdist_planner.ros.planner_core import LatencyEstimate, PlannerCore, load_world_model
 
 SPEC = robot_spec("ur5e")

@@ -31,15 +31,10 @@ from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import save_checkpoint
 from simdist_planner.model.config import AttentionConfig, go2_config
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.planning.planner import GO2_TEMPERATURE, bf16_supported, planner_config_for
-from simdist_planner.ros.planner_node import (
-    PLANNER_FIELDS,
-    QOS,
-    PlannerNode,
-    load_world_model,
-    node_params,
-    resolve_robot,
-)
+from simdist_planner.planning.config import GO2_TEMPERATURE, PLANNER_FIELDS, planner_config_for
+from simdist_planner.planning.planner import bf16_supported
+from simdist_planner.ros.planner_core import load_world_model, resolve_robot
+from simdist_planner.ros.planner_node import QOS, PlannerNode, node_params
 
 PLANNER = str(pathlib.Path(sys.executable).parent / "planner_node")
 SPEC = robot_spec("ur5e")

@@ -14,13 +14,9 @@ import torch
 
 from robot_drivers.tasks.ur5e_tasks import STATE_SLICES, STATE_TERMS
 from simdist_planner.cli.pretrain import parse_args
-from simdist_planner.data.dataset import (
-    EpisodeRecord,
-    ShardedDataset,
-    ShardWriter,
-    StepLayout,
-    shard_name,
-)
+from simdist_planner.data.reader import ShardedDataset
+from simdist_planner.data.schema import EpisodeRecord, StepLayout, shard_name
+from simdist_planner.data.writer import ShardWriter
 from simdist_planner.model.checkpoint import load_checkpoint
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.training.augment import augment

@@ -8,7 +8,7 @@ import pytest
 import toy_task
 from robot_drivers import registry
 from simdist_planner.cli.readout import main
-from simdist_planner.data.dataset import ShardedDataset
+from simdist_planner.data.reader import ShardedDataset
 from simdist_planner.evaluation import datagen
 from simdist_planner.evaluation.readout import (
     format_policy_readout,

@@ -247,7 +247,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="low < high"):
         SafetyConfig(workspace_low=(0, 0, 1), workspace_high=(1, 1, 0.5))
     with pytest.raises(ValueError, match="12 values"):
-        SafetyConfig(robot="go2", default_pose=(0.0,) * 11)
+        SafetyConfig(robot="go2", joint_low=(0.0,) * 11)
     with pytest.raises(ValueError, match="robot"):
         SafetyConfig(robot="spot")
     with pytest.raises(ValueError, match="max_command_age_s"):
@@ -322,14 +322,14 @@ def test_safety_node_forwards_rejects_estops_and_times_out(ros_domain):
             client, SetParameters.Request(parameters=[_param("command_timeout_s", 99.0)])
         )
         assert not res.results[0].successful and "range" in res.results[0].reason.lower()
-        bad_box = ParameterMsg(
-            name="workspace_low",
+        bad_limits = ParameterMsg(
+            name="joint_low",
             value=ParameterValue(
-                type=ParameterType.PARAMETER_DOUBLE_ARRAY, double_array_value=[1.0, 1.0, 1.0]
+                type=ParameterType.PARAMETER_DOUBLE_ARRAY, double_array_value=[5.0] * 12
             ),
         )
-        res = ros.call(client, SetParameters.Request(parameters=[bad_box]))  # above workspace_high
-        assert not res.results[0].successful and "low < high" in res.results[0].reason
+        res = ros.call(client, SetParameters.Request(parameters=[bad_limits]))  # above joint_high
+        assert not res.results[0].successful and "below joint_high" in res.results[0].reason
         res = ros.call(client, SetParameters.Request(parameters=[_param("command_timeout_s", 1.0)]))
         assert res.results[0].successful
         ros.spin_until(lambda: False, 0.1)

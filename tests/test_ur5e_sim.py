@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
-from robot_drivers.ur5e import ControllerConfig, MujocoUR5eBackend, SceneConfig
+from robot_drivers.ur5e.backend import MujocoUR5eBackend
+from robot_drivers.ur5e.config import ControllerConfig, SceneConfig
 from robot_drivers.ur5e.so3 import rot_error, rotvec_to_mat
 
 

@@ -803,7 +803,7 @@ def test_live_peg_graph_predicts_the_side_camera_and_the_web_viewer_shows_it_bes
     `SIMFORCING_GUIDANCE` (default 0.6, the node's, or 0 for a student without sim
     conditioning), else one trained here for a few steps on synthetic windows.
     `SIMDIST_VIEWER_SCREENSHOTS=docs/viewer` keeps the screenshot as `peg_video.png`."""
-    from test_planner_node import make_checkpoint  # noqa: PLC0415 - the tiny UR5e world model
+    from checkpoint_helpers import make_checkpoint  # noqa: PLC0415 - the tiny UR5e world model
 
     student = os.environ.get("SIMFORCING_CHECKPOINT") or _tiny_student(tmp_path / "sf")
     info = json.loads((pathlib.Path(student) / "config.json").read_text())["info"]

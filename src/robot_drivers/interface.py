@@ -51,6 +51,8 @@ class RobotSpec:
     # JOINT_POSITION: joint target = default_pose + action_scale * action (joint_names order)
     default_pose: tuple[float, ...] = ()
     action_scale: float = 1.0
+    joint_low: tuple[float, ...] = ()  # JOINT_POSITION: the joint ranges (rad, joint_names order)
+    joint_high: tuple[float, ...] = ()
     # True: DAMP is a mode of its own (zero stiffness, a quadruped: it lies down, the episode
     # ends); False: DAMP stops the robot as HOLD does (an arm)
     damping_mode: bool = False

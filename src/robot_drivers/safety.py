@@ -20,38 +20,39 @@ import numpy as np
 from robot_drivers.interface import Command, CommandKind, RobotSpec
 from robot_drivers.specs import robot_spec
 
-# Go2 joint limits (rad), Unitree order FR, FL, RR, RL x (hip, thigh, calf), from the menagerie
-# model; the rear thighs reach further back than the front ones.
-_HIP, _CALF = (-1.0472, 1.0472), (-2.7227, -0.83776)
-_THIGH_FRONT, _THIGH_REAR = (-1.5708, 3.4907), (-0.5236, 4.5379)
-GO2_JOINT_LOW = tuple(
-    v[0]
-    for leg in ("F", "F", "R", "R")
-    for v in (_HIP, _THIGH_FRONT if leg == "F" else _THIGH_REAR, _CALF)
-)
-GO2_JOINT_HIGH = tuple(
-    v[1]
-    for leg in ("F", "F", "R", "R")
-    for v in (_HIP, _THIGH_FRONT if leg == "F" else _THIGH_REAR, _CALF)
-)
-GO2_DEFAULT_POSE = (-0.1, 0.8, -1.5, 0.1, 0.8, -1.5, -0.1, 1.0, -1.5, 0.1, 1.0, -1.5)
-# The joint-target limits are the joint range widened by this margin (rad). A PD target past a
-# stop only sets how hard the joint presses on it, and a walking gait does that: the official
-# model's gait (docs/official_model.md) puts calf targets up to 0.16 rad past their upper stop on
-# about half of its steps. The margin keeps about twice that, so the limits catch garbage, not
-# the gait.
+# The joint-target limits are the robot's joint range (RobotSpec.joint_low / joint_high) widened
+# by this margin (rad). A PD target past a stop only sets how hard the joint presses on it, and a
+# walking gait does that: the official Go2 model's gait (docs/official_model.md) puts calf targets
+# up to 0.16 rad past their upper stop on about half of its steps. The margin keeps about twice
+# that, so the limits catch garbage, not the gait.
 GO2_TARGET_MARGIN = 0.3
-GO2_TARGET_LOW = tuple(round(v - GO2_TARGET_MARGIN, 5) for v in GO2_JOINT_LOW)
-GO2_TARGET_HIGH = tuple(round(v + GO2_TARGET_MARGIN, 5) for v in GO2_JOINT_HIGH)
 # Largest joint-target change per control step (rad): the same gait steps its calf targets by up
 # to 0.67 rad in 20 ms; 1.0 leaves 1.5x that.
 GO2_MAX_TARGET_STEP = 1.0
 
 
+def joint_target_limits(
+    spec: RobotSpec, margin: float = GO2_TARGET_MARGIN
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The default joint-target limits of a joint-target robot: its joint range (RobotSpec)
+    widened by `margin` rad; () for a robot without joint ranges."""
+    low = tuple(round(v - margin, 5) for v in spec.joint_low)
+    high = tuple(round(v + margin, 5) for v in spec.joint_high)
+    return low, high
+
+
+# The Go2's facts as the supervisor uses them, all read from its RobotSpec (robot_drivers.go2).
+_GO2 = robot_spec("go2")
+GO2_DEFAULT_POSE = _GO2.default_pose
+GO2_JOINT_LOW, GO2_JOINT_HIGH = _GO2.joint_low, _GO2.joint_high
+GO2_TARGET_LOW, GO2_TARGET_HIGH = joint_target_limits(_GO2)
+
+
 @dataclass
 class SafetyConfig:
     """Limits and timeouts of one robot. Times are seconds on the node clock (sim time in
-    lockstep)."""
+    lockstep). What a command means (its kind, size, a joint-target robot's default pose and
+    action scale) is the robot's RobotSpec's, never a setting here."""
 
     robot: str = "ur5e"  # a robot of robot_drivers.specs; its RobotSpec says what the rest means
     command_timeout_s: float = 0.5  # no fresh plan for this long -> safe action
@@ -66,22 +67,22 @@ class SafetyConfig:
     max_step_rot: float = 0.25  # rad per control step (norm of the rotation vector)
     workspace_low: tuple[float, float, float] = (-0.45, 0.10, 0.01)  # m, TCP box in the base frame
     workspace_high: tuple[float, float, float] = (0.55, 0.90, 0.70)
-    # joint targets (JOINT_POSITION: the Go2)
-    action_scale: float = 0.25  # joint target = default_pose + action_scale * action
-    default_pose: tuple[float, ...] = GO2_DEFAULT_POSE
-    joint_low: tuple[float, ...] = GO2_TARGET_LOW  # joint-target limits (GO2_TARGET_MARGIN)
-    joint_high: tuple[float, ...] = GO2_TARGET_HIGH
+    # joint targets (JOINT_POSITION: the Go2); () = joint_target_limits of the robot's spec
+    joint_low: tuple[float, ...] = ()
+    joint_high: tuple[float, ...] = ()
     max_target_step: float = GO2_MAX_TARGET_STEP  # rad per control step between joint targets
 
     def __post_init__(self) -> None:
         self._spec = robot_spec(self.robot)  # ValueError naming the known robots
+        default_low, default_high = joint_target_limits(self._spec)
+        self.joint_low = tuple(self.joint_low) or default_low
+        self.joint_high = tuple(self.joint_high) or default_high
         for name in (
             "command_timeout_s",
             "observation_timeout_s",
             "max_command_age_s",
             "max_step_pos",
             "max_step_rot",
-            "action_scale",
             "max_target_step",
         ):
             if not getattr(self, name) > 0:
@@ -98,7 +99,7 @@ class SafetyConfig:
                 f"got {self.workspace_low} / {self.workspace_high}"
             )
         joints = self._spec.action_dim if self.action_kind == CommandKind.JOINT_POSITION else None
-        for name in ("default_pose", "joint_low", "joint_high"):
+        for name in ("joint_low", "joint_high"):
             if joints is not None and len(getattr(self, name)) != joints:
                 raise ValueError(
                     f"SafetyConfig.{name} needs {joints} values ({self.robot} joints), "
@@ -111,6 +112,16 @@ class SafetyConfig:
     def spec(self) -> RobotSpec:
         """The robot's spec (default backend settings)."""
         return self._spec
+
+    @property
+    def default_pose(self) -> tuple[float, ...]:
+        """A joint-target robot's joint target for action 0 (its RobotSpec's)."""
+        return self._spec.default_pose
+
+    @property
+    def action_scale(self) -> float:
+        """joint target = default_pose + action_scale * action (its RobotSpec's)."""
+        return self._spec.action_scale
 
     @property
     def action_kind(self) -> CommandKind:

@@ -26,101 +26,115 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
+from robot_drivers.interface import CommandKind
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.node_spin import spin_until_shutdown
-from robot_drivers.safety import (
-    GO2_DEFAULT_POSE,
-    GO2_MAX_TARGET_STEP,
-    GO2_TARGET_HIGH,
-    GO2_TARGET_LOW,
-    Decision,
-    SafetyConfig,
-    SafetySupervisor,
+from robot_drivers.safety import Decision, SafetyConfig, SafetySupervisor
+from robot_drivers.specs import ROBOT_SPECS
+
+# Declared first: the others' defaults and which of them exist follow the robot it names.
+ROBOT_PARAM = Param(
+    "robot",
+    "ur5e",
+    "robot whose limits apply: ur5e (EE deltas, HOLD) or go2 (joint targets, DAMP)",
+    read_only=True,
+    choices=tuple(sorted(ROBOT_SPECS)),
 )
 
-PARAMS = (
-    Param(
-        "robot",
-        "ur5e",
-        "robot whose limits apply: ur5e (EE deltas, HOLD) or go2 (joint targets, DAMP)",
-        read_only=True,
-    ),
-    Param(
-        "watchdog_rate_hz",
-        50.0,
-        "how often the command-rate watchdog runs (node clock)",
-        1.0,
-        1000.0,
-        read_only=True,
-    ),
-    Param(
-        "command_timeout_s",
-        0.5,
-        "no fresh plan for this long -> safe action (keep above one control period)",
-        0.01,
-        10.0,
-    ),
-    Param(
-        "damp_grace_s",
-        0.2,
-        "Go2: stand (HOLD) this long after a plan timeout, then DAMP",
-        0.0,
-        10.0,
-    ),
-    Param(
-        "observation_timeout_s",
-        0.5,
-        "newest observation older than this -> safe action",
-        0.01,
-        10.0,
-    ),
-    Param(
-        "max_command_age_s",
-        0.5,
-        "a command whose stamp (the observation it answers) is further than this from the "
-        "node clock, late or ahead -> safe action",
-        0.001,
-        10.0,
-    ),
-    Param(
-        "answer_timeout_s",
-        10.0,
-        "the newest observation unanswered this long on the WALL clock -> safe "
-        "action stamped with it (a stuck or failing planner cannot stall a lockstep "
-        "simulator); 0 = off",
-        0.0,
-        60.0,
-    ),
-    Param("max_step_pos", 0.03, "UR5e: max TCP translation per control step (m)", 0.001, 0.2),
-    Param("max_step_rot", 0.25, "UR5e: max TCP rotation per control step (rad)", 0.01, 1.5),
-    Param(
-        "workspace_low", [-0.45, 0.10, 0.01], "UR5e: TCP box lower corner x, y, z (m, base frame)"
-    ),
-    Param(
-        "workspace_high", [0.55, 0.90, 0.70], "UR5e: TCP box upper corner x, y, z (m, base frame)"
-    ),
-    Param(
-        "action_scale", 0.25, "Go2: joint target = default_pose + action_scale * action", 0.01, 2.0
-    ),
-    Param(
-        "max_target_step",
-        GO2_MAX_TARGET_STEP,
-        "Go2: max joint-target change per control step (rad)",
-        0.01,
-        3.0,
-    ),
-    Param("default_pose", list(GO2_DEFAULT_POSE), "Go2: default joint pose (rad), Unitree order"),
-    Param(
-        "joint_low",
-        list(GO2_TARGET_LOW),
-        "Go2: lower joint-target limits (rad), Unitree order: the joint range less a margin",
-    ),
-    Param(
-        "joint_high",
-        list(GO2_TARGET_HIGH),
-        "Go2: upper joint-target limits (rad), Unitree order: the joint range plus a margin",
-    ),
-)
+
+def tunable_params(robot: str) -> tuple[Param, ...]:
+    """The node's parameters after ROBOT_PARAM for `robot`, with SafetyConfig's defaults; the
+    limits are those of what the robot's actions are (RobotSpec.command_kind): the step caps and
+    workspace box of end-effector deltas, the joint-target limits and step of joint targets."""
+    c = SafetyConfig(robot=robot)
+    timing = (
+        Param(
+            "watchdog_rate_hz",
+            50.0,
+            "how often the command-rate watchdog runs (node clock)",
+            1.0,
+            1000.0,
+            read_only=True,
+        ),
+        Param(
+            "command_timeout_s",
+            c.command_timeout_s,
+            "no fresh plan for this long -> safe action (keep above one control period)",
+            0.01,
+            10.0,
+        ),
+        Param(
+            "damp_grace_s",
+            c.damp_grace_s,
+            "a robot with a DAMP mode (Go2): stand (HOLD) this long after a plan timeout, "
+            "then DAMP",
+            0.0,
+            10.0,
+        ),
+        Param(
+            "observation_timeout_s",
+            c.observation_timeout_s,
+            "newest observation older than this -> safe action",
+            0.01,
+            10.0,
+        ),
+        Param(
+            "max_command_age_s",
+            c.max_command_age_s,
+            "a command whose stamp (the observation it answers) is further than this from the "
+            "node clock, late or ahead -> safe action",
+            0.001,
+            10.0,
+        ),
+        Param(
+            "answer_timeout_s",
+            10.0,
+            "the newest observation unanswered this long on the WALL clock -> safe "
+            "action stamped with it (a stuck or failing planner cannot stall a lockstep "
+            "simulator); 0 = off",
+            0.0,
+            60.0,
+        ),
+    )
+    if c.action_kind == CommandKind.EE_DELTA:
+        return timing + (
+            Param("max_step_pos", c.max_step_pos, "max TCP translation per control step (m)",
+                  0.001, 0.2),
+            Param("max_step_rot", c.max_step_rot, "max TCP rotation per control step (rad)",
+                  0.01, 1.5),
+            Param("workspace_low", list(c.workspace_low),
+                  "TCP box lower corner x, y, z (m, base frame)"),
+            Param("workspace_high", list(c.workspace_high),
+                  "TCP box upper corner x, y, z (m, base frame)"),
+        )  # fmt: skip
+    return timing + (
+        Param(
+            "max_target_step",
+            c.max_target_step,
+            "max joint-target change per control step (rad)",
+            0.01,
+            3.0,
+        ),
+        Param(
+            "joint_low",
+            list(c.joint_low),
+            "lower joint-target limits (rad, the robot's joint order): the joint range less a "
+            "margin",
+        ),
+        Param(
+            "joint_high",
+            list(c.joint_high),
+            "upper joint-target limits (rad, the robot's joint order): the joint range plus a "
+            "margin",
+        ),
+    )
+
+
+def node_params(robot: str) -> tuple[Param, ...]:
+    """Every parameter the node declares when it supervises `robot`."""
+    return (ROBOT_PARAM, *tunable_params(robot))
+
+
 CONFIG_FIELDS = [f.name for f in dataclasses.fields(SafetyConfig)]
 
 
@@ -131,21 +145,33 @@ def _config(values: dict) -> SafetyConfig:
     return SafetyConfig(**kw)
 
 
-def _check(name, value, values) -> str | None:
-    """Cross-field validation: the whole config must still build (box order, 12 joints, ...)."""
-    try:
-        _config(values)
-    except ValueError as e:
-        return str(e)
-    return None
+def _checker(robot: str):
+    """Cross-field validation of `robot`'s values: the whole config must still build (box order,
+    one joint-target limit per joint, ...)."""
+
+    def check(name, value, values) -> str | None:
+        try:
+            _config(values | {"robot": robot})
+        except ValueError as e:
+            return str(e)
+        return None
+
+    return check
 
 
 class SafetyNode(Node):
     def __init__(self, **kwargs):
         super().__init__("safety_supervisor", **kwargs)
-        self.params = NodeParams(self, PARAMS, _check)
-        self.core = SafetySupervisor(_config(self.params.values))
-        self.robot = self.params["robot"]
+        self.robot = self.declare_parameter(
+            ROBOT_PARAM.name, ROBOT_PARAM.default, ROBOT_PARAM.descriptor()
+        ).value
+        if self.robot not in ROBOT_PARAM.choices:
+            raise ValueError(
+                f"safety_supervisor: parameter robot={self.robot!r} must be one of "
+                f"{ROBOT_PARAM.choices}"
+            )
+        self.params = NodeParams(self, tunable_params(self.robot), _checker(self.robot))
+        self.core = SafetySupervisor(_config(self.params.values | {"robot": self.robot}))
         self.names = ros_msgs.action_names(self.robot)
         self.period_s = 0.0
         self.diag = Diagnostics(self, hardware_id=self.robot)
@@ -179,9 +205,8 @@ class SafetyNode(Node):
 
     def apply_params(self) -> None:
         if self.params.apply():
-            self.core.config = _config(
-                self.params.values
-            )  # limits only: the supervisor's state stays
+            # limits only: the supervisor's state stays
+            self.core.config = _config(self.params.values | {"robot": self.robot})
 
     def on_observation(self, msg: JointState) -> None:
         stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)

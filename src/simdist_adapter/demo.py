@@ -47,9 +47,8 @@ from robot_drivers.registry import make_task
 from robot_drivers.specs import robot_spec
 from simdist_adapter.episodes import CHOSEN_STAND_IN
 from simdist_adapter.results import run_summary
-from simdist_planner.planning.planner import OFFICIAL_PRESET, planner_config_for
+from simdist_planner.planning.config import OFFICIAL_PRESET, PLANNER_FIELDS, planner_config_for
 from simdist_planner.ros.launch_description import config_path
-from simdist_planner.ros.planner_node import PLANNER_FIELDS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = pathlib.Path(sys.executable).parent

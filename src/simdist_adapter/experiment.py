@@ -51,7 +51,8 @@ from simdist_planner.cli.common import (
     add_planner_arguments,
     planner_overrides,
 )
-from simdist_planner.data.dataset import ShardWriter, StepLayout, episode_record, shard_name
+from simdist_planner.data.schema import StepLayout, shard_name
+from simdist_planner.data.writer import ShardWriter, episode_record
 from simdist_planner.evaluation.evaluate import task_overrides
 from simdist_planner.model.checkpoint import load_checkpoint
 

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from simdist_planner.data.dataset import ShardedDataset, WindowDataset
+from simdist_planner.data.reader import ShardedDataset
+from simdist_planner.data.windows import WindowDataset
 from simdist_planner.model.losses import adaptation_loss, freeze_for_adaptation
 from simdist_planner.model.world_model import WorldModel
 

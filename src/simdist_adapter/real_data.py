@@ -23,14 +23,9 @@ from trajectory_msgs.msg import JointTrajectory
 from robot_drivers.interface import CommandKind, Observation, RobotSpec
 from robot_drivers.ros_msgs import ObservationAssembler, command_from_msg, stamp_ns
 from simdist_adapter.bags import BagError, EpisodeBag, list_episode_bags
-from simdist_planner.data.dataset import (
-    EpisodeRecord,
-    ShardedDataset,
-    ShardWriter,
-    StepLayout,
-    episode_record,
-    shard_name,
-)
+from simdist_planner.data.reader import ShardedDataset
+from simdist_planner.data.schema import EpisodeRecord, StepLayout, shard_name
+from simdist_planner.data.writer import ShardWriter, episode_record
 from simdist_planner.planning.observation import ObservationError, observation_arrays
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ import numpy as np
 
 from robot_drivers.go2.config import (
     DEFAULT_POSE_UNITREE,
+    JOINT_RANGE_UNITREE,
     MENAGERIE_JOINT_NAMES,
     UNITREE_JOINT_NAMES,
     ActuationConfig,
@@ -73,12 +74,7 @@ def pd_torque(
 
 def go2_spec(config: Go2Config) -> RobotSpec:
     """Static Go2 facts; action bounds are the joint limits expressed as raw actions."""
-    # Joint ranges of the menagerie go2.xml (abduction, front / back hip, knee), Unitree order;
-    # static so hardware and planner nodes need no model (a test checks them against the MJCF).
-    limits = np.array(
-        [[-1.0472, 1.0472], [-1.5708, 3.4907], [-2.7227, -0.83776]] * 2
-        + [[-1.0472, 1.0472], [-0.5236, 4.5379], [-2.7227, -0.83776]] * 2
-    )
+    limits = JOINT_RANGE_UNITREE
     scale = config.actuation.action_scale
     low = (limits[:, 0] - DEFAULT_POSE_UNITREE) / scale
     high = (limits[:, 1] - DEFAULT_POSE_UNITREE) / scale
@@ -95,6 +91,8 @@ def go2_spec(config: Go2Config) -> RobotSpec:
         command_kind=CommandKind.JOINT_POSITION,
         default_pose=tuple(float(v) for v in DEFAULT_POSE_UNITREE),
         action_scale=scale,
+        joint_low=tuple(float(v) for v in limits[:, 0]),
+        joint_high=tuple(float(v) for v in limits[:, 1]),
         damping_mode=True,
         bare_scene="robot_drivers.go2.scene:bare_scene",
     )

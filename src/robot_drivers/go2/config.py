@@ -53,6 +53,15 @@ def _default_pose_unitree() -> np.ndarray:
 
 
 DEFAULT_POSE_UNITREE = _default_pose_unitree()
+# Joint ranges (rad, low / high) of the menagerie go2.xml, Unitree order: hip (abduction), thigh
+# (the rear thighs reach further back than the front ones), calf. Static, so that the hardware and
+# planner nodes need no model (tests/test_go2_sim.py checks them against the MJCF); the RobotSpec
+# carries them (joint_low / joint_high) to the safety supervisor.
+_HIP, _CALF = (-1.0472, 1.0472), (-2.7227, -0.83776)
+_THIGH = {"F": (-1.5708, 3.4907), "R": (-0.5236, 4.5379)}
+JOINT_RANGE_UNITREE = np.array(
+    [joint for leg in UNITREE_LEGS for joint in (_HIP, _THIGH[leg[0]], _CALF)], dtype=np.float64
+)
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from sim_video_world_model.backbones.base import (
-    ActionEncoder,
-    SimConditioning,
-    VideoAutoencoder,
-    VideoDenoiser,
-)
+from sim_video_world_model.backbones.base import VideoAutoencoder, VideoDenoiser
 from sim_video_world_model.backbones.tiny import TinyVideoAutoencoder, TinyVideoDiT
 from sim_video_world_model.backbones.wan import build_wan
 from sim_video_world_model.config import BackboneConfig
@@ -19,12 +14,3 @@ def build_backbone(cfg: BackboneConfig) -> tuple[VideoAutoencoder, VideoDenoiser
             cfg.tiny, cfg.action_dim, cfg.max_actions
         )
     return build_wan(cfg)
-
-
-__all__ = [
-    "ActionEncoder",
-    "SimConditioning",
-    "VideoAutoencoder",
-    "VideoDenoiser",
-    "build_backbone",
-]

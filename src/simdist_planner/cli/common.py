@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from simdist_planner.planning.planner import PLANNER_PARAMS, PLANNER_PRESETS
+from simdist_planner.planning.config import PLANNER_PARAMS, PLANNER_PRESETS
 
 # CLI flag -> PlannerConfig field (and `preset`, the factory the others override); shared by
 # simdist-eval and simdist-adapt-experiment. Built from PLANNER_PARAMS: a parameter with a flag.

@@ -16,9 +16,7 @@ import sys
 import time
 
 from robot_drivers import registry
-from simdist_planner.data.dataset import (
-    ShardedDataset,
-)
+from simdist_planner.data.reader import ShardedDataset
 from simdist_planner.evaluation.datagen import (
     GenerateConfig,
     LearnerConfig,

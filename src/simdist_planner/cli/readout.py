@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from simdist_planner.data.dataset import ShardedDataset
+from simdist_planner.data.reader import ShardedDataset
 from simdist_planner.evaluation.readout import (
     format_policy_readout,
     format_readout,

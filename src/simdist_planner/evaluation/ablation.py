@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 from robot_drivers import registry
 from robot_drivers.registry import make_task
-from simdist_planner.data.dataset import ShardedDataset
+from simdist_planner.data.reader import ShardedDataset
 from simdist_planner.evaluation import datagen
 from simdist_planner.evaluation.agents import build_agents
 from simdist_planner.evaluation.evaluate import evaluate, task_overrides

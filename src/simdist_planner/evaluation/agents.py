@@ -8,18 +8,12 @@ import torch
 from robot_drivers.interface import Observation, RobotSpec
 from robot_drivers.registry import expert_ladder
 from robot_drivers.tasks.base import Policy, Task
+from simdist_planner.planning.config import default_preset, planner_config_for
 from simdist_planner.planning.observation import (
     ObservationHistory,
     observation_to_inputs,
 )
-from simdist_planner.planning.planner import (
-    Planner,
-    PlannerError,
-    PlanResult,
-    default_preset,
-    make_planner,
-    planner_config_for,
-)
+from simdist_planner.planning.planner import Planner, PlannerError, PlanResult, make_planner
 
 AGENTS = ("expert", "policy", "planner")
 
@@ -108,7 +102,7 @@ def build_agents(
     names, task: Task, model=None, device="cpu", preset: str = "", **planner_overrides
 ) -> dict[str, Policy]:
     """Agents by name; `policy` and `planner` need a world model. The planner takes `preset`'s
-    settings (default: planner.default_preset for the model) with `planner_overrides`."""
+    settings (default: config.default_preset for the model) with `planner_overrides`."""
     agents: dict[str, Policy] = {}
     for name in names:
         if name not in AGENTS:

@@ -39,7 +39,8 @@ import yaml
 from tqdm import tqdm
 
 from robot_drivers import registry
-from simdist_planner.data.dataset import EpisodeRecord, ShardWriter, StepLayout, shard_name
+from simdist_planner.data.schema import EpisodeRecord, StepLayout, shard_name
+from simdist_planner.data.writer import ShardWriter
 from simdist_planner.evaluation.agents import check_model_fits, policy_chunk
 from simdist_planner.model.checkpoint import load_checkpoint
 from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs

@@ -37,13 +37,9 @@ from robot_drivers.registry import expert_ladder, expert_value
 from robot_drivers.tasks.base import Task
 from simdist_planner.evaluation.agents import policy_chunk
 from simdist_planner.model.world_model import WorldModel
+from simdist_planner.planning.config import default_preset, planner_config_for
 from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs
-from simdist_planner.planning.planner import (
-    Planner,
-    default_preset,
-    make_planner,
-    planner_config_for,
-)
+from simdist_planner.planning.planner import Planner, make_planner
 
 DRIVERS = ("expert", "policy")
 EXPERT, PI = 0, 1  # candidate indices; noised pi chunks follow

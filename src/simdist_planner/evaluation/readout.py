@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from simdist_planner.data.dataset import ShardedDataset, WindowDataset, window_phases
+from simdist_planner.data.reader import ShardedDataset
+from simdist_planner.data.windows import WindowDataset, window_phases
 
 
 @dataclass(frozen=True)

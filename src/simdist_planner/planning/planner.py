@@ -32,26 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from simdist_planner.planning.config import (
-    EVALUATORS,
-    GO2_TEMPERATURE,
-    OFFICIAL_PRESET,
-    PLANNER_CONFIGS,
-    PLANNER_FIELDS,
-    PLANNER_PARAMS,
-    PLANNER_PRESETS,
-    PRECISIONS,
-    PRESET_ROBOT,
-    PROJECT_RETURN,
-    WARM_STARTS,
-    PlannerConfig,
-    PlannerParam,
-    default_preset,
-    go2_planner_config,
-    official_planner_config,
-    planner_config_for,
-    ur5e_planner_config,
-)
+from simdist_planner.planning.config import PlannerConfig
 from simdist_planner.planning.cpu_memory import retain_freed_memory
 from simdist_planner.planning.fast_objective import FastObjective
 
@@ -576,35 +557,3 @@ def _any_nonfinite(*tensors: torch.Tensor) -> torch.Tensor:
 
 def _describe(t) -> str:
     return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-
-
-# The settings live in planning/config.py; they stay importable from here.
-__all__ = [
-    "EVALUATORS",
-    "GO2_TEMPERATURE",
-    "OFFICIAL_PRESET",
-    "PLANNER_CONFIGS",
-    "PLANNER_FIELDS",
-    "PLANNER_PARAMS",
-    "PLANNER_PRESETS",
-    "PRECISIONS",
-    "PRESET_ROBOT",
-    "PROJECT_RETURN",
-    "WARM_STARTS",
-    "MPPIPlanner",
-    "PlanResult",
-    "PlanTimings",
-    "PlannerConfig",
-    "PlannerError",
-    "PlannerParam",
-    "Planner",
-    "WorldModelLike",
-    "bf16_supported",
-    "check_precision",
-    "default_preset",
-    "go2_planner_config",
-    "make_planner",
-    "official_planner_config",
-    "planner_config_for",
-    "ur5e_planner_config",
-]

@@ -20,19 +20,16 @@ from robot_drivers.interface import Observation, RobotSpec
 from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import load_checkpoint, read_config
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs
-from simdist_planner.planning.planner import (
+from simdist_planner.planning.config import (
     PLANNER_CONFIGS,
     PLANNER_FIELDS,
     PRESET_ROBOT,
-    Planner,
     PlannerConfig,
-    PlannerError,
-    check_precision,
     default_preset,
-    make_planner,
     planner_config_for,
 )
+from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs
+from simdist_planner.planning.planner import Planner, PlannerError, check_precision, make_planner
 
 # The robot whose defaults a node takes when neither `robot` nor a readable checkpoint names one.
 DEFAULT_ROBOT = "ur5e"
@@ -60,7 +57,7 @@ def resolve_robot(robot: str, checkpoint: str, preset: str = "") -> str:
 
 def resolve_preset(preset: str, robot: str, checkpoint: str) -> str:
     """The planner preset the node's defaults come from: `preset` if given, else
-    planner.default_preset for the start-up checkpoint on `robot`."""
+    config.default_preset for the start-up checkpoint on `robot`."""
     return preset or default_preset(robot, _checkpoint_config(checkpoint))
 
 

@@ -27,7 +27,7 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
   PlannerConfig it implies) and applied at the start of the next tick. The MPPI parameters and
   the control rate default to the planner preset's (`planner_preset`, else `official` for an
   imported official model, else the robot's: `robot`, else the start-up checkpoint's):
-  planning.planner.PLANNER_PRESETS and RobotSpec, the one source config/*.yaml repeats.
+  planning.config.PLANNER_PRESETS and RobotSpec, the one source config/*.yaml repeats.
 """
 
 from __future__ import annotations
@@ -55,15 +55,15 @@ from robot_drivers.interface import Command, CommandKind, Observation
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.node_spin import spin_quietly, spin_until_shutdown
 from robot_drivers.specs import robot_spec
-from simdist_planner.planning.observation import ObservationError
-from simdist_planner.planning.planner import (
+from simdist_planner.planning.config import (
     PLANNER_CONFIGS,
     PLANNER_FIELDS,
     PLANNER_PARAMS,
     PLANNER_PRESETS,
-    PlannerError,
     planner_config_for,
 )
+from simdist_planner.planning.observation import ObservationError
+from simdist_planner.planning.planner import PlannerError
 from simdist_planner.ros.planner_core import (
     LoadedModel,
     PlannerCore,
@@ -649,16 +649,3 @@ def main(args=None):
 
 if __name__ == "__main__":
     main()
-
-
-# Names the tests and the demo import from here (the core's live in ros/planner_core.py).
-__all__ = [
-    "PLANNER_FIELDS",
-    "QOS",
-    "PlannerNode",
-    "load_world_model",
-    "main",
-    "node_params",
-    "resolve_preset",
-    "resolve_robot",
-]

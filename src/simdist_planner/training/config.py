@@ -17,7 +17,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from simdist_planner.data.dataset import PRELOAD_MODES
+from simdist_planner.data.schema import PRELOAD_MODES
 from simdist_planner.model.config import (
     CONFIG_FACTORIES,
     SMALL_BACKBONES,

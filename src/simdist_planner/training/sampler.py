@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from simdist_planner.data.dataset import ShardedDataset, WindowDataset, window_phases
+from simdist_planner.data.reader import ShardedDataset
 from simdist_planner.data.synthetic import synthetic_windows
+from simdist_planner.data.windows import WindowDataset, window_phases
 from simdist_planner.training.augment import augment
 from simdist_planner.training.config import PretrainConfig, model_config_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simdist_planner.data.dataset import ShardedDataset
+from simdist_planner.data.reader import ShardedDataset
 from simdist_planner.data.synthetic import synthetic_windows
 from simdist_planner.model.world_model import WorldModel
 from simdist_planner.training.config import PretrainConfig
