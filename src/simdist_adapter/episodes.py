@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import pathlib
 import signal
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -98,6 +99,7 @@ class Episode:
     rows: list[dict] = field(default_factory=list)  # observation arrays o_0..o_L (recorded)
     actions: list[np.ndarray] = field(default_factory=list)
     values: list[float] = field(default_factory=list)  # planner's v^_{t+1} per step
+    seconds: float = 0.0  # wall time the episode took (what sizes a run; not part of its key)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ def course(**options) -> tuple[tuple[str, float], ...]:
 
 def run_episode(task: Task, agent: Agent, seed: int, record: bool) -> Episode:
     """One seeded episode; a planner / observation error ends it as a failure, never acted on."""
+    start = time.perf_counter()
     obs = task.reset(seed)
     agent.reset(seed)
     ep = Episode(False, math.nan, 0, "")
@@ -142,6 +145,7 @@ def run_episode(task: Task, agent: Agent, seed: int, record: bool) -> Episode:
     except (PlannerError, ObservationError) as err:
         ep.error = str(err)
         ep.rows = ep.rows[: len(ep.actions) + 1]
+    ep.seconds = time.perf_counter() - start
     return ep
 
 
