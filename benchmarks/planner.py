@@ -13,7 +13,9 @@ change it) and times `plan()` end to end, observation encoding and the host tran
 included, once per evaluator (PlannerConfig.evaluator: the eager reference and the fast path)
 and, for the fast path, once per `--precisions` value (PlannerConfig.precision), the variants'
 steps interleaved so that all see the same machine load. Latency does not
-depend on the weights, so no checkpoint is needed. Prints min / median / p95 / max, the control
+depend on the weights, so no checkpoint is needed. Prints min / median / p95 / max wall time,
+the median CPU time of the process per step (what a step costs when other processes share the
+cores: their load lengthens the wall time, not the CPU time), the control
 rate (1 / median) beside the rate each robot runs at, the fast path's speed-up, and one
 `RESULT {json}` line per row for comparing runs. `--checkpoint` times one more row: that
 checkpoint with the planner preset it plans with (config.default_preset: `official` for an
@@ -104,11 +106,13 @@ def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz, varia
         for _ in range(WARMUP_STEPS):
             planner.plan(*inputs)
     latencies = {name: [] for name in planners}
+    cpu_times = {name: [] for name in planners}
     for _ in range(steps):
         for name, planner in planners.items():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             planner.plan(*inputs)  # ends in a host transfer, so the device work is complete
             latencies[name].append(time.perf_counter() - start)
+            cpu_times[name].append(time.process_time() - cpu)
     rows = []
     for name, planner in planners.items():
         ms = np.array(latencies[name]) * 1e3
@@ -128,6 +132,9 @@ def time_planner(model, planner_cfg, device, steps, robot, label, rate_hz, varia
                 "max": float(ms.max()),
                 "rate": 1e3 / float(np.median(ms)),
                 "target": rate_hz,
+                # CPU seconds the process used per step (all its threads): on a shared machine
+                # the figure that holds, since other processes' load lengthens wall time only
+                "cpu": float(np.median(cpu_times[name])) * 1e3,
             }
         )
     if any(r["evaluator"] == "eager" for r in rows) and len(rows) > 1:
@@ -205,8 +212,8 @@ def main(argv=None) -> None:
     )
     header = (
         f"{'robot':6} {'dynamics':24} {'eval':5} {'prec':4} {'cand':>5} {'iter':>4} {'H/T':>6} "
-        f"{'cams':>4} {'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'rate Hz':>8} "
-        f"{'needs':>6} {'speed-up':>8}"
+        f"{'cams':>4} {'min ms':>9} {'median':>9} {'p95':>9} {'max':>9} {'cpu ms':>8} "
+        f"{'rate Hz':>8} {'needs':>6} {'speed-up':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -229,7 +236,7 @@ def main(argv=None) -> None:
                 f"{'bf16' if row['precision'] == 'bfloat16' else 'f32':4} "
                 f"{row['candidates']:5d} {row['iterations']:4d} {row['HT']:>6} "
                 f"{row['cameras']:4d} {row['min']:9.1f} {row['median']:9.1f} "
-                f"{row['p95']:9.1f} {row['max']:9.1f} {row['rate']:8.1f} "
+                f"{row['p95']:9.1f} {row['max']:9.1f} {row['cpu']:8.1f} {row['rate']:8.1f} "
                 f"{row['target']:4.0f}Hz {ok:4} {speedup:>8}",
                 flush=True,
             )

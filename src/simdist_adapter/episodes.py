@@ -99,7 +99,10 @@ class Episode:
     rows: list[dict] = field(default_factory=list)  # observation arrays o_0..o_L (recorded)
     actions: list[np.ndarray] = field(default_factory=list)
     values: list[float] = field(default_factory=list)  # planner's v^_{t+1} per step
-    seconds: float = 0.0  # wall time the episode took (what sizes a run; not part of its key)
+    # wall time and CPU time of the process that ran it (what sizes a run on a shared machine,
+    # where other processes lengthen the wall time only); not part of its key
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ def course(**options) -> tuple[tuple[str, float], ...]:
 
 def run_episode(task: Task, agent: Agent, seed: int, record: bool) -> Episode:
     """One seeded episode; a planner / observation error ends it as a failure, never acted on."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     obs = task.reset(seed)
     agent.reset(seed)
     ep = Episode(False, math.nan, 0, "")
@@ -146,6 +149,7 @@ def run_episode(task: Task, agent: Agent, seed: int, record: bool) -> Episode:
         ep.error = str(err)
         ep.rows = ep.rows[: len(ep.actions) + 1]
     ep.seconds = time.perf_counter() - start
+    ep.cpu_seconds = time.process_time() - cpu
     return ep
 
 
