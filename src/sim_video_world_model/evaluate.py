@@ -25,7 +25,7 @@ import math
 import multiprocessing
 import os
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -661,6 +661,9 @@ def score_test(run_dir: str, scorer: Scorer, device: str = "cpu") -> dict:
         raise ValueError(f"{run_dir}: the frozen choice names no test file")
     if scorer.motion_threshold is not None:
         raise ValueError("the test split is scored with the frozen motion threshold, not a new one")
+    test_dir = os.path.join(run_dir, TEST_DIR)
+    if os.path.lexists(test_dir):
+        _refuse_scored(run_dir, test_dir)
     test = _resolve(run_dir, choice["test"])
     if sha256(test) != choice["test"]["sha256"]:
         raise ValueError(f"{test} is not the test file the choice froze (its SHA-256 differs)")
@@ -671,16 +674,10 @@ def score_test(run_dir: str, scorer: Scorer, device: str = "cpu") -> dict:
                 f"{run_dir}/{name} changed since the choice was frozen (step {frozen['step']} -> "
                 f"{now['step']} or other weights): the test scores the frozen checkpoints only"
             )
-    test_dir = os.path.join(run_dir, TEST_DIR)
     try:
         os.makedirs(test_dir)
     except FileExistsError:
-        done = os.path.isfile(os.path.join(test_dir, "results.json"))
-        raise RuntimeError(
-            f"{run_dir}: the test split was scored already ({test_dir}"
-            + ("" if done else ", started and not finished: its scores may have been seen")
-            + "); it is scored once"
-        ) from None
+        _refuse_scored(run_dir, test_dir)
     _write_json(
         os.path.join(test_dir, "started.json"),
         {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
@@ -698,6 +695,15 @@ def score_test(run_dir: str, scorer: Scorer, device: str = "cpu") -> dict:
         validation = json.load(f)
     _write_text(os.path.join(run_dir, RESULTS), format_splits(validation, result, choice))
     return result
+
+
+def _refuse_scored(run_dir: str, test_dir: str) -> NoReturn:
+    done = os.path.isfile(os.path.join(test_dir, "results.json"))
+    raise RuntimeError(
+        f"{run_dir}: the test split was scored already ({test_dir}"
+        + ("" if done else ", started and not finished: its scores may have been seen")
+        + "); it is scored once"
+    )
 
 
 def load_info_variant(run_dir: str, dirname: str) -> str:
