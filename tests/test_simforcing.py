@@ -27,9 +27,13 @@ from sim_video_world_model.evaluate import (
     Protocol,
     Scorer,
     baseline_predictions,
-    evaluate_run,
+    check_protocol_splits,
+    choose,
     motion_gap,
+    predict,
     protocol_data,
+    score_test,
+    validate,
     verdict,
 )
 from sim_video_world_model.evaluate import main as eval_main
@@ -39,6 +43,7 @@ from sim_video_world_model.paired_data import (
     PairedVideoDataset,
     PairedWindows,
     SyntheticWorldConfig,
+    check_disjoint,
     normalize_actions,
     synthetic_pairs,
 )
@@ -49,6 +54,7 @@ from sim_video_world_model.train import (
     RunConfig,
     ScarceRealDataset,
     make_student,
+    record_train_episodes,
     run,
 )
 from simforcing_helpers import TINY, tiny_run_config
@@ -321,7 +327,64 @@ def test_paired_windows_roundtrip_and_normalisation(tmp_path):
     assert item["actions"].abs().max() <= 1.0
     assert np.allclose(normalize_actions(w.action_low, w.action_low, w.action_high), -1.0)
     with pytest.raises(ValueError, match="one per transition"):
-        PairedWindows(w.sim, w.real, w.actions[:, :3], w.mask, w.action_low, w.action_high)
+        PairedWindows(
+            w.sim, w.real, w.actions[:, :3], w.mask, w.action_low, w.action_high, w.episodes
+        )
+    with pytest.raises(ValueError, match="episode seeds"):
+        PairedWindows(w.sim, w.real, w.actions, w.mask, w.action_low, w.action_high, w.episodes[:1])
+    assert np.array_equal(back.episodes, w.episodes) and len(set(w.episodes.tolist())) == 2
+
+
+def small_pairs(episodes: int, seed: int) -> PairedWindows:
+    return synthetic_pairs(
+        episodes, num_frames=5, steps=8, stride=4, cfg=SyntheticWorldConfig(size=16), seed=seed
+    )
+
+
+def test_an_episode_is_a_function_of_its_seed_and_splits_must_not_share_one(tmp_path):
+    one, three = small_pairs(1, seed=0), small_pairs(3, seed=0)
+    # the first episode of a generation seed is the same however many follow it
+    n = len(one)
+    assert np.array_equal(three.real[:n], one.real) and np.array_equal(
+        three.episodes[:n], one.episodes
+    )
+    other = small_pairs(2, seed=1)
+    check_disjoint({"train": three, "test": other})  # different generation seeds: disjoint
+    with pytest.raises(ValueError, match=r"train and validation share 1 episode\(s\)") as err:
+        check_disjoint({"train": three, "validation": one, "test": other})
+    assert str(int(one.episodes[0])) in str(err.value) and "test" not in str(err.value)
+    # recorded seeds (a run's training episodes) check the same way
+    with pytest.raises(ValueError, match="run and test share 2"):
+        check_disjoint({"run": other.episodes.tolist(), "test": other})
+    # the data command refuses to write a split that repeats an episode of another
+    first = str(tmp_path / "train.h5")
+    three.save(first)
+    from sim_video_world_model.paired_data import main as data_main  # noqa: PLC0415
+
+    args = ["--source", "synthetic", "--episodes", "1", "--steps", "8", "--size", "16"]
+    with pytest.raises(ValueError, match="share 1 episode"):
+        data_main([*args, "--seed", "0", "--out", str(tmp_path / "v.h5"), "--disjoint-from", first])
+    assert not (tmp_path / "v.h5").exists()
+    data_main([*args, "--seed", "7", "--out", str(tmp_path / "v.h5"), "--disjoint-from", first])
+    assert len(PairedWindows.load_episodes(str(tmp_path / "v.h5"))) > 0
+    # a file without episode seeds (version 1) is refused with what to do
+    import h5py  # noqa: PLC0415
+
+    with h5py.File(tmp_path / "v.h5", "r+") as f:
+        f.attrs["version"] = 1
+    for load in (PairedWindows.load, PairedWindows.load_episodes):
+        with pytest.raises(ValueError, match="version 1, expected 2.*generate it again"):
+            load(str(tmp_path / "v.h5"))
+
+
+def test_a_run_keeps_the_episodes_it_trained_on_and_refuses_others(tmp_path):
+    out = str(tmp_path / "run")
+    os.makedirs(out)
+    a, b = small_pairs(2, seed=0), small_pairs(2, seed=1)
+    record_train_episodes(out, a, "a.h5")
+    record_train_episodes(out, a, "a.h5")  # the same episodes again (a resumed run): fine
+    with pytest.raises(ValueError, match="trained on other episodes"):
+        record_train_episodes(out, b, "b.h5")
 
 
 def read_losses(stage_dir: str) -> list[dict]:
@@ -391,12 +454,40 @@ def test_verdict_needs_the_full_student_above_every_baseline_and_sft_row():
     assert v["full_beats_baselines_moving"] is True
     # whole-frame AND moving-pixel PSNR: 24.0 < 24.5 loses to the teacher-started SFT
     assert v["full_beats_sft"] == {"sft base": True, "sft teacher": False}
-    assert v["winner"] == {"method": "full", "student": "student_full", "w": 0.6}
+    assert "winner" not in v  # the verdict reports; choosing is `choose`'s, on validation
     assert verdict(table, 1.0)["full_beats_sft"] == {"sft base": True, "sft teacher": False}
     assert verdict(table, 1.0)["full_beats_baselines_moving"] is True
     table[0]["psnr_moving"] = 14.5  # a baseline above the full student on the moving pixels
     assert verdict(table, 0.6)["full_beats_baselines_moving"] is False
     assert "full_beats_sft" not in verdict(table[:3], 0.6)  # no full row: no verdict
+
+
+def test_the_served_row_balances_the_moving_and_the_static_pixels():
+    def row(method, variant, moving, static, w=0.0):
+        return {
+            "method": method,
+            "variant": variant,
+            "student": None if variant == "baseline" else f"student_{variant}",
+            "w": w,
+            "psnr_moving": moving,
+            "psnr_static": static,
+        }
+
+    table = [
+        row("copy", "baseline", 13.0, 40.0),  # baselines are never served
+        row("full w=0.6", "full", 15.4, 27.0, 0.6),  # best on the moving pixels alone
+        row("no motion w=0.3", "no_motion", 15.3, 27.4, 0.3),  # best on both together
+        row("sft", "sft", None, 30.0),
+    ]
+    served = choose(table)
+    assert served == {
+        "method": "no motion w=0.3",
+        "student": "student_no_motion",
+        "variant": "no_motion",
+        "w": 0.3,
+        "selection_score": pytest.approx((15.3 + 27.4) / 2),
+    }
+    assert choose(table[:1]) is None and choose(table[3:]) is None
 
 
 @pytest.mark.e2e
@@ -502,7 +593,17 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
         latency_reps=1,
         guidance=1.0,
     )
-    result = evaluate_run(out, data, str(tmp_path / "eval"), ecfg, Scorer())
+    val, test = str(tmp_path / "validation.h5"), str(tmp_path / "test.h5")
+    small_pairs(2, seed=5).save(val)
+    small_pairs(2, seed=6).save(test)
+    # the run's own training file is no validation split, and nothing is scored before a choice
+    with pytest.raises(ValueError, match="disjoint by episode seed"):
+        validate(out, data, test, ecfg, Scorer())
+    with pytest.raises(ValueError, match="validation and test share"):
+        validate(out, val, val, ecfg, Scorer())
+    with pytest.raises(FileNotFoundError, match="no frozen choice"):
+        score_test(out, Scorer())
+    result = validate(out, val, test, ecfg, Scorer())
     assert [(r["variant"], r["w"]) for r in result["table"]] == [
         ("baseline", None),
         ("baseline", None),
@@ -511,15 +612,21 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
         ("full", 0.0),
         ("full", 1.0),
     ]
-    for r in result["table"]:  # the motion-aware columns beside the whole-frame ones
+    for r in result["table"]:  # the motion-aware and static columns beside the whole-frame ones
         assert {"psnr", "ssim", "psnr_moving", "ssim_moving", "centroid_px"} <= set(r)
+        assert {"psnr_static", "static_changed"} <= set(r)
         assert r["centroid_px"] >= 0.0 and 0.0 <= r["robot_found"] <= 1.0
     assert 0.0 < result["moving_pixel_fraction"] < 1.0
     assert result["scored_frames"] == [2, 4]  # the frames no row, baselines included, was given
     assert [r["method"] for r in result["table"][:3]] == list(
         baseline_predictions(torch.zeros(1, 3, 5, 2, 2), 2)
     )
-    md = (tmp_path / "eval" / "results.md").read_text()
+    # the motion threshold was measured on the validation split's camera noise
+    assert result["motion_threshold"] == pytest.approx(
+        metrics.NOISE_SIGMAS * result["noise"]["sigma"]
+    )
+    assert result["table"][0]["static_changed"] == 0.0  # a copy invents no motion
+    md = (tmp_path / "run" / "validation" / "results.md").read_text()
     assert "baseline: copy first frame" in md and "Latent motion, sim vs real" in md
     # 5 frames: one latent step; 16 x 16 frames: 4 x 4 latent cells, all within reach of the arm
     assert [(r["step"], r["cells"], r["fraction"]) for r in result["motion_gap"]] == [
@@ -531,40 +638,67 @@ def test_tiny_train_then_infer_and_resume(tmp_path):
     # the verdict: the full student (headline w) against every baseline and every SFT row
     assert set(result["full_beats_sft"]) == {"real-only SFT from the base backbone"}
     assert isinstance(result["full_beats_baselines_moving"], bool)
-    model_rows = [r for r in result["table"] if r["variant"] != "baseline"]
-    best = max(model_rows, key=lambda r: r["psnr_moving"])
-    assert result["winner"] == {
-        "method": best["method"],
-        "student": best["student"],
-        "w": best["w"],
+    # the choice: frozen in <run>/choice.json with the test file and the checkpoints, linked
+    with open(os.path.join(out, "choice.json")) as f:
+        choice = json.load(f)
+    assert choice["served"] == result["served"] == choose(result["table"])
+    assert os.readlink(os.path.join(out, "winner")) == result["served"]["student"]
+    assert choice["motion_threshold"] == result["motion_threshold"]
+    assert choice["test"]["file"] == test and set(choice["students"]) == {
+        "student_sft",
+        "student_full",
     }
-    assert all(
-        (tmp_path / "eval" / f).is_file() for f in ("results.json", "results.md", "qualitative.png")
-    )
-    # the guidance sweep from the command line: one row per listed w, on the same windows
-    eval_main(
-        [
-            "--run",
-            out,
-            "--heldout",
-            data,
-            "--out",
-            str(tmp_path / "sweep"),
-            "--sim-steps",
-            "1",
-            "--real-steps",
-            "1",
-            "--guidance",
-            "0,1,2",
-        ]
-    )
-    with open(tmp_path / "sweep" / "results.json") as f:
+    assert choice["students"]["student_full"]["step"] == 3
+    assert (tmp_path / "run" / "validation" / "qualitative.png").is_file()
+    # the guidance sweep from the command line: one row per listed w, on the same windows (the
+    # choice may be made again on validation as long as the test split is unscored)
+    sweep_args = ["--run", out, "--validation", val, "--test", test, "--sim-steps", "1"]
+    eval_main([*sweep_args, "--real-steps", "1", "--guidance", "0,1,2"])
+    with open(tmp_path / "run" / "validation" / "results.json") as f:
         swept = json.load(f)
     full_rows = [r for r in swept["table"] if r["variant"] == "full"]
     assert [r["w"] for r in full_rows] == [0.0, 1.0, 2.0]
     assert [r["w"] for r in swept["table"] if r["variant"] == "sft"] == [0.0]
     assert swept["headline_guidance"] == 1.0  # the listed w nearest to the default 0.6
-    assert full_rows[0]["psnr"] != full_rows[2]["psnr"]  # w changes the prediction
+    # w changes the prediction (the 3-step models' scores can agree to the last digit)
+    scaled = PairedVideoDataset(
+        PairedWindows.load(val), (student.info["action_low"], student.info["action_high"])
+    )
+    at = {w: predict(student, scaled, 1, 1, w, EvalConfig())[0] for w in (0.0, 2.0)}
+    assert not torch.equal(at[0.0], at[2.0])
+    # the test command chooses nothing: no settings, no threshold, the frozen checkpoints only
+    for extra in (["--guidance", "0"], ["--motion-threshold", "0.1"], ["--validation", val]):
+        with pytest.raises(SystemExit):
+            eval_main(["--score-test", "--run", out, *extra])
+    with pytest.raises(ValueError, match="frozen motion threshold"):
+        score_test(out, Scorer(motion_threshold=0.1))
+    state_file = os.path.join(out, "student_sft", "train_state.json")
+    original = open(state_file).read()
+    with open(state_file, "w") as f:
+        json.dump(dict(json.loads(original), step=2), f)
+    with pytest.raises(ValueError, match="changed since the choice was frozen"):
+        score_test(out, Scorer())
+    with open(state_file, "w") as f:
+        f.write(original)
+    assert not (tmp_path / "run" / "test").exists()  # a refusal burns no scoring
+    eval_main(["--score-test", "--run", out])
+    with open(tmp_path / "run" / "test" / "results.json") as f:
+        scored = json.load(f)
+    assert scored["split"] == "test" and scored["windows"] == len(PairedWindows.load(test))
+    assert [(r["method"], r["w"]) for r in scored["table"]] == [
+        (r["method"], r["w"]) for r in swept["table"]
+    ]
+    assert (
+        scored["served"] == swept["served"]
+        and scored["motion_threshold"] == swept["motion_threshold"]
+    )
+    both = (tmp_path / "run" / "results.md").read_text()
+    assert "val PSNR" in both and "test PSNR" in both and "(served)" in both
+    # once: neither the test nor a new choice after it
+    with pytest.raises(RuntimeError, match="scored already"):
+        score_test(out, Scorer())
+    with pytest.raises(RuntimeError, match="has been scored"):
+        validate(out, val, test, ecfg, Scorer())
     # resume: a finished run is skipped (weights unchanged), a longer one continues from its last
     # step
     before = {k: v.clone() for k, v in teacher.denoiser.state_dict().items()}
@@ -788,15 +922,25 @@ def test_frechet_distance_matches_the_covariance_formula():
 
 @pytest.mark.slow  # MuJoCo episodes of the peg task in two parts
 def test_protocol_data_concatenates_its_parts_and_keeps_finished_files(tmp_path):
-    proto = Protocol("t", train_parts=((1, 0), (1, 1)), heldout=(1, 2), episode_steps=8)
+    proto = Protocol(
+        "t", train_parts=((1, 0), (1, 1)), validation=(1, 2), test=(1, 4), episode_steps=8
+    )
     out = tmp_path / "new"  # made by protocol_data
     protocol_data(proto, str(out), "peg")
-    train, heldout = (PairedWindows.load(str(out / f)) for f in ("train.h5", "heldout.h5"))
+    train, validation, test = (
+        PairedWindows.load(str(out / f)) for f in ("train.h5", "validation.h5", "test.h5")
+    )
     parts = [PairedWindows.load(str(out / f"train_part{i}.h5")) for i in (0, 1)]
-    assert len(train) == sum(len(p) for p in parts) > 0 and len(heldout) > 0
+    assert len(train) == sum(len(p) for p in parts) > 0 and len(validation) > 0 and len(test) > 0
     assert np.array_equal(train.real, np.concatenate([p.real for p in parts]))
+    assert np.array_equal(train.episodes, np.concatenate([p.episodes for p in parts]))
     assert not np.array_equal(parts[0].real, parts[1].real)  # the parts' seeds differ
     assert [p["seed"] for p in train.meta["parts"]] == [0, 1]
+    check_protocol_splits(str(out))  # disjoint by episode seed
     stamp = os.path.getmtime(out / "train.h5")
     protocol_data(proto, str(out), "peg", workers=2)  # nothing left to generate
     assert os.path.getmtime(out / "train.h5") == stamp  # finished data is kept
+    # a test split generated with a training part's seed repeats its episodes: refused
+    os.replace(out / "train_part0.h5", out / "test.h5")
+    with pytest.raises(ValueError, match="train and test share"):
+        check_protocol_splits(str(out))

@@ -82,11 +82,15 @@ def test_empty_motion_masks_give_nan_not_a_number_from_nothing():
     assert math.isnan(metrics.masked_ssim(still, still, moving))
     assert math.isnan(metrics.LPIPS()(still, still, mask=moving))
     # in the evaluation table: None (null in results.json, n/a in results.md)
-    scores = Scorer()(still, still, first_mask(), start=1)
+    scores = Scorer(motion_threshold=metrics.MOTION_THRESHOLD)(still, still, first_mask(), start=1)
     assert scores["psnr_moving"] is None and scores["ssim_moving"] is None
     assert scores["psnr"] == metrics.MAX_PSNR and scores["centroid_px"] == 0.0
+    assert scores["psnr_static"] == metrics.MAX_PSNR and scores["static_changed"] == 0.0
     result = {
-        "heldout_windows": 2,
+        "split": "validation",
+        "windows": 2,
+        "episodes": 1,
+        "noise": metrics.measure_noise(still),
         "sim_steps": 1,
         "real_steps": 1,
         "device": "cpu",
@@ -99,7 +103,7 @@ def test_empty_motion_masks_give_nan_not_a_number_from_nothing():
         "latency": [],
     }
     row = format_markdown(result).splitlines()[-1]
-    assert row.startswith("| copy | 100.0000 |") and "| n/a | n/a |" in row
+    assert row.startswith("| copy | 100.0000 |") and "| n/a | n/a | 100.0000 |" in row
 
 
 def test_centroid_error_of_a_shifted_square_equals_the_shift():
@@ -200,7 +204,7 @@ def test_baselines_copy_and_extrapolate_only_the_context_frames():
 def test_the_scorer_scores_only_the_frames_after_the_context():
     real = square_video(real_offsets())
     rows = baseline_predictions(real, 2)
-    scorer = Scorer()
+    scorer = Scorer(motion_threshold=metrics.MOTION_THRESHOLD)
     copy_first = scorer(rows["baseline: copy first frame"], real, first_mask(), start=2)
     copy_last = scorer(rows["baseline: copy last context frame (frame 1)"], real, first_mask(), 2)
     # copying a later frame is closer on the moving pixels and in position: the square moved on
@@ -214,3 +218,72 @@ def test_the_scorer_scores_only_the_frames_after_the_context():
     perfect = scorer(spoiled, real, first_mask(), start=2)
     assert perfect["psnr"] == perfect["psnr_moving"] == metrics.MAX_PSNR
     assert perfect["centroid_px"] == pytest.approx(0.0, abs=1e-6)
+
+
+def with_gains(video: torch.Tensor, gains: list[float]) -> torch.Tensor:
+    """(N, 3, T, H, W) in [-1, 1] with frame t's colours multiplied by gains[t] (a camera gain)."""
+    x = (video + 1) / 2 * torch.tensor(gains).view(1, 1, -1, 1, 1)
+    return x.clamp(0, 1) * 2 - 1
+
+
+def bright(video: torch.Tensor) -> torch.Tensor:
+    """The video's colours squeezed into the bright range [0.75, 0.95]."""
+    return ((video + 1) / 2 * 0.2 + 0.75) * 2 - 1
+
+
+def test_a_camera_gain_change_alone_moves_no_pixel():
+    still = bright(square_video([real_offsets()[0]] * FRAMES))
+    gained = with_gains(still, [1.0, 1.06, 0.94, 1.0, 1.04])
+    # raw colour differences: a 6 % gain moves every bright pixel by about 0.05
+    assert metrics.motion_mask(gained, 0.04, compensate_gain=False)[:, 1:3].all()
+    assert not metrics.motion_mask(gained, 0.04).any()  # the gain taken out: nothing moves
+    assert metrics.frame_gains(gained)[0].tolist() == pytest.approx([1.0, 1.06, 0.94, 1.0, 1.04])
+    # the moving square under the same gains: exactly the pixels it moves over
+    moving = bright(square_video(real_offsets()))
+    assert torch.equal(
+        metrics.motion_mask(with_gains(moving, [1.0, 1.06, 0.94, 1.0, 1.04]), 0.04),
+        metrics.motion_mask(moving, 0.04),
+    )
+
+
+def noisy_still_video(n: int = 4, seed: int = 0) -> torch.Tensor:
+    """(n, 3, FRAMES, H, W): a static bright scene under the real stream's camera noise."""
+    rng = np.random.default_rng(seed)
+    scene = ((bright(square_video([real_offsets()[0]] * FRAMES, n)) + 1) * 127.5).round()
+    frames = scene.permute(0, 2, 3, 4, 1).numpy().astype(np.uint8)  # (n, T, H, W, 3)
+    noisy = np.stack([add_camera_noise(v, rng) for v in frames])
+    return torch.from_numpy(noisy).float().permute(0, 4, 1, 2, 3) / 127.5 - 1
+
+
+def test_the_measured_threshold_follows_the_camera_noise_and_ignores_its_gain():
+    video = noisy_still_video()
+    noise = metrics.measure_noise(video)
+    # add_camera_noise: 4/255 per pixel and frame, so the difference of two frames has sqrt(2) x
+    assert noise["sigma"] == pytest.approx(4 / 255 * math.sqrt(2), rel=0.15)
+    assert noise["gain_jitter"] == pytest.approx(0.02 * math.sqrt(2), rel=0.5)
+    assert noise["threshold"] == metrics.NOISE_SIGMAS * noise["sigma"]
+    # nothing moves: the measured, gain-compensated mask marks (almost) nothing
+    assert metrics.motion_mask(video, noise["threshold"]).float().mean() < 1e-3
+
+
+def test_static_changed_counts_the_motion_a_prediction_invents():
+    real = square_video(real_offsets())
+    moving = metrics.motion_mask(real)
+    copy = real[:, :, :1].expand_as(real).clone()
+    assert metrics.static_changed(copy, real, moving, metrics.MOTION_THRESHOLD) == 0.0
+    assert metrics.static_changed(real.clone(), real, moving, metrics.MOTION_THRESHOLD) == 0.0
+    # a second square where nothing moves, from frame 1 on: its 36 pixels per frame are invented
+    invented = real.clone()
+    invented[:, :, 1:, 24:30, 20:26] = 1.0
+    static = (~moving[:, 1:]).sum().item()
+    expected = 2 * (FRAMES - 1) * SQUARE * SQUARE / static
+    got = metrics.static_changed(invented, real, moving, metrics.MOTION_THRESHOLD)
+    assert got == pytest.approx(expected)
+    # the scorer: the invented square costs static PSNR and static share, not moving PSNR
+    scorer = Scorer(motion_threshold=metrics.MOTION_THRESHOLD)
+    clean, spoiled = scorer(real.clone(), real, first_mask()), scorer(invented, real, first_mask())
+    assert spoiled["psnr_moving"] == clean["psnr_moving"] == metrics.MAX_PSNR
+    assert spoiled["psnr_static"] < 30.0 < clean["psnr_static"]
+    assert spoiled["static_changed"] == pytest.approx(expected)
+    with pytest.raises(RuntimeError, match="no motion threshold"):
+        Scorer()(real, real, first_mask())

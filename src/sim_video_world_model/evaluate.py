@@ -17,13 +17,15 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import datetime
+import hashlib
 import json
 import logging
 import math
 import multiprocessing
 import os
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -42,12 +44,20 @@ from sim_video_world_model.paired_data import (
     MujocoPairsConfig,
     PairedVideoDataset,
     PairedWindows,
+    check_disjoint,
     mujoco_pairs,
     synthetic_pairs,
+    to_pixels,
 )
 from sim_video_world_model.pipeline import SimForcingPipeline
 from sim_video_world_model.scheduler import FlowMatchScheduler
-from sim_video_world_model.train import RunConfig, run, student_dir
+from sim_video_world_model.train import (
+    RunConfig,
+    run,
+    stage_done,
+    student_dir,
+    train_episodes,
+)
 
 log = logging.getLogger("simforcing.eval")
 
@@ -160,13 +170,17 @@ def predict(
 
 
 class Scorer:
-    """Whole-frame PSNR / SSIM, the same on the moving pixels, and the robot centroid error always;
-    LPIPS (whole-frame and moving pixels) / FID / FVD when their local weight files are configured.
+    """Whole-frame PSNR / SSIM, the same on the moving pixels, the static-area scores and the robot
+    centroid error always; LPIPS (whole-frame and moving pixels) / FID / FVD when their local
+    weight files are configured.
 
-    Moving pixels: `metrics.motion_mask` of the REAL video (|real_t - real_0| > `motion_threshold`
-    in some channel, pixels in [0, 1]). Centroid error and robot-found share:
-    `metrics.robot_tracking` with the first-frame colour segmenter, in pixels. A score with nothing
-    to average (no moving pixel, no robot in the first mask) is None.
+    Moving pixels: `metrics.motion_mask` of the REAL video (the colour change from the first
+    frame, the frame's camera gain taken out, above `motion_threshold` in some channel, pixels in
+    [0, 1]); the threshold is given or measured by `calibrate` (NOISE_SIGMAS robust standard
+    deviations of the real videos' camera noise). Static pixels: the rest; `psnr_static` is the PSNR
+    over them, `static_changed` the share of them the prediction changes by more than the
+    threshold. Centroid error and robot-found share: `metrics.robot_tracking` with the first-frame
+    colour segmenter, in pixels. A score with nothing to average is None.
     """
 
     def __init__(
@@ -175,11 +189,14 @@ class Scorer:
         lpips_heads: str | None = None,
         fid_weights: str | None = None,
         fvd_weights: str | None = None,
-        motion_threshold: float = metrics.MOTION_THRESHOLD,
+        motion_threshold: float | None = None,
     ):
         self.m = metrics
+        if motion_threshold is not None and not (
+            math.isfinite(motion_threshold) and motion_threshold > 0
+        ):
+            raise ValueError(f"the motion threshold must be > 0, got {motion_threshold}")
         self.motion_threshold = motion_threshold
-        self.segmenter = metrics.FirstFrameColourSegmenter(motion_threshold)
         self.lpips = (
             metrics.LPIPS(lpips_backbone, lpips_heads) if lpips_backbone and lpips_heads else None
         )
@@ -189,13 +206,28 @@ class Scorer:
         if fvd_weights:
             self.extra["fvd"] = metrics.FrechetVideoDistance(fvd_weights)
 
+    def calibrate(self, gt: torch.Tensor, start: int = 1) -> dict[str, float]:
+        """Measure the camera noise of real videos (`metrics.measure_noise`) and, where no threshold
+        was given, take its threshold as the motion threshold. Returns the measurement."""
+        noise = self.m.measure_noise(gt, start)
+        if self.motion_threshold is None:
+            self.motion_threshold = noise["threshold"]
+        return noise
+
+    @property
+    def threshold(self) -> float:
+        if self.motion_threshold is None:
+            raise RuntimeError("no motion threshold: give one or calibrate the scorer first")
+        return self.motion_threshold
+
     def __call__(
         self, pred: torch.Tensor, gt: torch.Tensor, first_mask: torch.Tensor, start: int = 1
     ) -> dict[str, float | None]:
         """Scores of frames start..T-1 of (N, 3, T, H, W) videos; `first_mask` (N, H, W) is the
         robot mask of the real first frame."""
         p, g = pred[:, :, start:], gt[:, :, start:]
-        moving = self.m.motion_mask(gt, self.motion_threshold)[:, start:]
+        all_moving = self.m.motion_mask(gt, self.threshold)
+        moving = all_moving[:, start:]
         scores = {"psnr": self.m.psnr(p, g), "ssim": self.m.ssim(p, g)}
         if self.lpips is not None:
             scores["lpips"] = self.lpips(p, g)
@@ -203,8 +235,12 @@ class Scorer:
         scores["ssim_moving"] = self.m.masked_ssim(p, g, moving)
         if self.lpips is not None:
             scores["lpips_moving"] = self.lpips(p, g, mask=moving)
+        scores["psnr_static"] = self.m.masked_psnr(p, g, ~moving)
+        scores["static_changed"] = self.m.static_changed(
+            pred, gt, all_moving, self.threshold, start
+        )
         scores["centroid_px"], scores["robot_found"] = self.m.robot_tracking(
-            pred, gt, first_mask, start, self.segmenter
+            pred, gt, first_mask, start, self.m.FirstFrameColourSegmenter(self.threshold)
         )
         for name, metric in self.extra.items():
             scores[name] = metric(p, g)
@@ -212,7 +248,7 @@ class Scorer:
 
     def moving_fraction(self, gt: torch.Tensor, start: int = 1) -> float:
         """Fraction of the scored pixels that the motion mask marks as moving."""
-        return float(self.m.motion_mask(gt, self.motion_threshold)[:, start:].float().mean())
+        return float(self.m.motion_mask(gt, self.threshold)[:, start:].float().mean())
 
 
 def latency_grid(bundle: ModelBundle, item: dict, cfg: EvalConfig) -> list[dict]:
@@ -295,32 +331,57 @@ def students(run_dir: str) -> list[tuple[str, Variant]]:
 
 
 def verdict(table: list[dict], headline: float) -> dict:
-    """The issue's criteria on the full student at the headline w: it beats every baseline on
-    the moving-pixel PSNR, and every real-only SFT row (the same real-data updates) on both the
-    whole-frame and the moving-pixel PSNR. `winner` is the model row with the highest moving-pixel
-    PSNR (the one the video node serves)."""
-    out: dict = {}
-    models = [r for r in table if r["variant"] != "baseline" and r["psnr_moving"] is not None]
-    if models:
-        best = max(models, key=lambda r: r["psnr_moving"])
-        out["winner"] = {k: best[k] for k in ("method", "student", "w")}
+    """The issue-53 criteria on the full student at the headline w, on one split's table: it beats
+    every baseline on the moving-pixel PSNR, and every real-only SFT row (the same real-data
+    updates) on both the whole-frame and the moving-pixel PSNR. Reports, chooses nothing."""
     full = next((r for r in table if r["variant"] == "full" and r["w"] == headline), None)
     if full is None or full["psnr_moving"] is None:
-        return out
+        return {}
     baselines = [r for r in table if r["variant"] == "baseline" and r["psnr_moving"] is not None]
     sfts = [r for r in table if r["variant"] == "sft"]
-    out["full_beats_baselines_moving"] = bool(
-        baselines and all(full["psnr_moving"] > b["psnr_moving"] for b in baselines)
-    )
-    out["full_beats_sft"] = {
-        r["method"]: bool(
-            r["psnr_moving"] is not None
-            and full["psnr"] > r["psnr"]
-            and full["psnr_moving"] > r["psnr_moving"]
-        )
-        for r in sfts
+    return {
+        "full_beats_baselines_moving": bool(
+            baselines and all(full["psnr_moving"] > b["psnr_moving"] for b in baselines)
+        ),
+        "full_beats_sft": {
+            r["method"]: bool(
+                r["psnr_moving"] is not None
+                and full["psnr"] > r["psnr"]
+                and full["psnr_moving"] > r["psnr_moving"]
+            )
+            for r in sfts
+        },
     }
-    return out
+
+
+SELECTION_RULE = (
+    "the model row (any student, any w) with the highest validation selection score "
+    "(psnr_moving + psnr_static) / 2"
+)
+
+
+def selection_score(row: dict) -> float | None:
+    """(moving-pixel PSNR + static-pixel PSNR) / 2: equal weight to predicting the pixels that
+    move and to keeping still the ones that do not, whatever their share of the frame."""
+    if row.get("psnr_moving") is None or row.get("psnr_static") is None:
+        return None
+    return (row["psnr_moving"] + row["psnr_static"]) / 2
+
+
+def choose(table: list[dict]) -> dict | None:
+    """The served row by SELECTION_RULE among the model rows of a VALIDATION table; None when no
+    row has both scores."""
+    models = [r for r in table if r["variant"] != "baseline" and selection_score(r) is not None]
+    if not models:
+        return None
+    best = max(models, key=lambda r: selection_score(r))  # type: ignore[arg-type, return-value]
+    return {
+        "method": best["method"],
+        "student": best["student"],
+        "variant": best["variant"],
+        "w": best["w"],
+        "selection_score": selection_score(best),
+    }
 
 
 @torch.no_grad()
@@ -343,7 +404,10 @@ def motion_gap(
     """
     z_real, z_sim = autoencoder.encode(real), autoencoder.encode(sim)
     m_real, m_sim = latent_motion(z_real, z_real), latent_motion(z_sim, z_sim)
-    pixels = (metrics.motion_mask(real, threshold) | metrics.motion_mask(sim, threshold)).any(1)
+    pixels = metrics.motion_mask(real, threshold) | metrics.motion_mask(
+        sim, threshold, compensate_gain=False
+    )
+    pixels = pixels.any(1)
     factor = pixels.shape[-1] // z_real.shape[-1]
     moving = torch.nn.functional.max_pool2d(pixels[:, None].float(), factor)
     moving = torch.nn.functional.max_pool2d(moving, 2 * margin + 1, 1, margin)[:, 0] > 0
@@ -367,28 +431,38 @@ def motion_gap(
     return rows
 
 
-def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scorer: Scorer) -> dict:
+def score_split(
+    run_dir: str,
+    windows: PairedWindows,
+    split: str,
+    cfg: EvalConfig,
+    scorer: Scorer,
+    available: list[tuple[str, Variant]],
+    out_dir: str,
+    latency: bool = False,
+) -> dict:
+    """Every row (the baselines, then each of `available`'s students at each w) on one split's
+    windows; writes `out_dir`/qualitative.png. The file must share no episode with the run's
+    training file. Chooses nothing: the caller decides what the scores are for."""
+    check_disjoint({"the run's training file": train_episodes(run_dir), split: windows})
     os.makedirs(out_dir, exist_ok=True)
-    windows = PairedWindows.load(heldout)
     data = PairedVideoDataset(windows)
     first_mask = torch.stack([data[i]["mask"] for i in range(len(data))])
     gt = torch.stack([data[i]["real"] for i in range(len(data))])
     start = cfg.context_frames
+    noise = metrics.measure_noise(gt, start)
     table, preds = [], {}
-    available = students(run_dir)
-    if not available:
-        raise FileNotFoundError(f"no student_<variant>/ checkpoint under {run_dir}")
     for name, pred in baseline_predictions(gt, start).items():
         row: dict[str, Any] = {"method": name, "variant": "baseline", "student": None, "w": None}
         table.append(dict(row, **scorer(pred, gt, first_mask, start)))
-        log.info("%s", table[-1])
+        log.info("%s %s", split, table[-1])
     torch.manual_seed(cfg.seed)
     autoencoder = None  # the run's (every student shares it): the latent motion gap
     for dirname, variant in available:
         bundle = load_bundle(os.path.join(run_dir, dirname), cfg.device)
         if autoencoder is None:
             autoencoder = bundle.autoencoder
-        # the held-out actions in the model's own normalisation (its training file's statistics)
+        # the split's actions in the model's own normalisation (its training file's statistics)
         scaled = PairedVideoDataset(
             windows, (bundle.info["action_low"], bundle.info["action_high"])
         )
@@ -409,23 +483,26 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
                 "w": w,
                 **scorer(pred, gt, first_mask, start),
             }
-            log.info("%s", row)
+            row["selection_score"] = selection_score(row)
+            log.info("%s %s", split, row)
             table.append(row)
             if variant is Variant.SFT or (variant.sim_conditioning and w == cfg.headline):
                 preds[name] = pred
-    latency = []
-    if any(v is Variant.FULL for _, v in available):
-        latency = latency_grid(
+    timing = []
+    if latency and any(v is Variant.FULL for _, v in available):
+        timing = latency_grid(
             load_bundle(os.path.join(run_dir, student_dir(Variant.FULL)), cfg.device),
             data[0],
             cfg,
         )
     qualitative_grid(gt, preds, os.path.join(out_dir, "qualitative.png"))
     sim_videos = torch.stack([data[i]["sim"] for i in range(len(data))])
-    assert autoencoder is not None  # `available` is not empty (checked above)
-    gap = motion_gap(autoencoder, sim_videos.to(cfg.device), gt.to(cfg.device))
-    result = {
-        "heldout_windows": len(data),
+    assert autoencoder is not None  # `available` is not empty (the callers check)
+    gap = motion_gap(autoencoder, sim_videos.to(cfg.device), gt.to(cfg.device), scorer.threshold)
+    return {
+        "split": split,
+        "windows": len(data),
+        "episodes": len(set(windows.episodes.tolist())),
         "sim_steps": cfg.sim_steps,
         "real_steps": cfg.real_steps,
         "device": cfg.device,
@@ -433,23 +510,20 @@ def evaluate_run(run_dir: str, heldout: str, out_dir: str, cfg: EvalConfig, scor
         "guidance_sweep": list(cfg.sweep),
         "headline_guidance": cfg.headline,
         "scored_frames": [start, gt.shape[2] - 1],
-        "motion_threshold": scorer.motion_threshold,
+        "motion_threshold": scorer.threshold,
+        "noise": noise,
         "moving_pixel_fraction": scorer.moving_fraction(gt, start),
         "table": table,
-        "latency": latency,
+        "latency": timing,
         "motion_gap": gap,
         **verdict(table, cfg.headline),
     }
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(format_markdown(result))
-    if "winner" in result:
-        link_winner(run_dir, result["winner"]["student"])
-    return result
 
 
 WINNER = "winner"  # <run>/winner: a link to the student directory the video node serves
+CHOICE = "choice.json"  # <run>/: every choice, frozen on the validation split
+VALIDATION_DIR, TEST_DIR = "validation", "test"  # <run>/<split>/: results.json, results.md, PNG
+RESULTS = "results.md"  # <run>/: the validation and test columns side by side
 
 
 def link_winner(run_dir: str, student: str) -> None:
@@ -461,6 +535,183 @@ def link_winner(run_dir: str, student: str) -> None:
     os.replace(tmp, os.path.join(run_dir, WINNER))
 
 
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_digests(run_dir: str, dirname: str) -> dict:
+    """A student's step (its train_state.json) and the SHA-256 of its weight files."""
+    path = os.path.join(run_dir, dirname)
+    with open(os.path.join(path, "train_state.json")) as f:
+        state = json.load(f)
+    weights = sorted(
+        f for f in os.listdir(path) if f.endswith(".safetensors") and not f.startswith("optimizer")
+    )
+    return {
+        "step": int(state["step"]),
+        "complete": bool(state.get("complete")),
+        "sha256": {f: sha256(os.path.join(path, f)) for f in weights},
+    }
+
+
+def _file_record(run_dir: str, path: str) -> dict:
+    """A data file as the choice records it: its path (relative to the run when inside it) and
+    SHA-256."""
+    absolute, run_abs = os.path.abspath(path), os.path.abspath(run_dir)
+    inside = os.path.commonpath([absolute, run_abs]) == run_abs
+    return {
+        "file": os.path.relpath(absolute, run_abs) if inside else absolute,
+        "sha256": sha256(path),
+    }
+
+
+def _resolve(run_dir: str, record: dict) -> str:
+    return os.path.join(run_dir, record["file"])  # an absolute path stays absolute
+
+
+def _write_json(path: str, data: dict) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def validate(
+    run_dir: str, validation: str, test: str | None, cfg: EvalConfig, scorer: Scorer
+) -> dict:
+    """Score every row on the validation split and make every choice there: the motion threshold
+    (measured on its real videos unless the scorer has one), the served row (`choose`, linked as
+    `<run>/winner`). The choices, the evaluation settings, the test file's and every student
+    checkpoint's SHA-256 are frozen in `<run>/choice.json` for `score_test`. Refused once the test
+    split has been scored: choosing again after seeing it is what the split exists to prevent."""
+    test_dir = os.path.join(run_dir, TEST_DIR)
+    if os.path.lexists(test_dir):
+        raise RuntimeError(
+            f"{run_dir}: the test split has been scored ({test_dir}); choosing again after seeing "
+            "it would choose on the test split: a new choice needs a new run"
+        )
+    available = students(run_dir)
+    if not available:
+        raise FileNotFoundError(f"no student_<variant>/ checkpoint under {run_dir}")
+    val_windows = PairedWindows.load(validation)
+    splits: dict[str, Any] = {"the run's training file": train_episodes(run_dir)}
+    splits["validation"] = val_windows
+    if test is not None:
+        splits["test"] = PairedWindows.load_episodes(test)
+    check_disjoint(splits)
+    gt = to_pixels(val_windows.real)
+    scorer.calibrate(gt, cfg.context_frames)
+    out_dir = os.path.join(run_dir, VALIDATION_DIR)
+    result = score_split(
+        run_dir, val_windows, "validation", cfg, scorer, available, out_dir, latency=True
+    )
+    winner = choose(result["table"])
+    if winner is None:
+        raise ValueError(f"{validation}: no model row has a moving and a static score")
+    result["served"] = winner
+    choice = {
+        "frozen_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "selection_rule": SELECTION_RULE,
+        "served": winner,
+        "motion_threshold": scorer.threshold,
+        "noise": result["noise"],
+        "eval": {
+            k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("device", "guidance")
+        }
+        | {"guidance": cfg.headline},
+        "validation": _file_record(run_dir, validation),
+        "test": None if test is None else _file_record(run_dir, test),
+        "students": {name: checkpoint_digests(run_dir, name) for name, _ in available},
+    }
+    _write_json(os.path.join(out_dir, "results.json"), result)
+    _write_text(os.path.join(out_dir, "results.md"), format_markdown(result))
+    _write_json(os.path.join(run_dir, CHOICE), choice)
+    link_winner(run_dir, winner["student"])
+    return result
+
+
+def read_choice(run_dir: str) -> dict:
+    path = os.path.join(run_dir, CHOICE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{path}: no frozen choice; score the validation split first "
+            f"(simforcing-eval --run {run_dir} --validation FILE --test FILE)"
+        )
+    with open(path) as f:
+        return json.load(f)
+
+
+def score_test(run_dir: str, scorer: Scorer, device: str = "cpu") -> dict:
+    """Score the test split ONCE with everything `<run>/choice.json` froze: its rows, settings and
+    motion threshold; the served row stays the validation's. Refused without a frozen choice or a
+    test file in it, when the test file or a student checkpoint differs from the frozen one, and
+    when a test scoring has started before (finished or not: its scores may have been seen).
+    Writes `<run>/test/` and `<run>/results.md` (validation and test side by side)."""
+    choice = read_choice(run_dir)
+    if choice.get("test") is None:
+        raise ValueError(f"{run_dir}: the frozen choice names no test file")
+    if scorer.motion_threshold is not None:
+        raise ValueError("the test split is scored with the frozen motion threshold, not a new one")
+    test_dir = os.path.join(run_dir, TEST_DIR)
+    if os.path.lexists(test_dir):
+        _refuse_scored(run_dir, test_dir)
+    test = _resolve(run_dir, choice["test"])
+    if sha256(test) != choice["test"]["sha256"]:
+        raise ValueError(f"{test} is not the test file the choice froze (its SHA-256 differs)")
+    for name, frozen in choice["students"].items():
+        now = checkpoint_digests(run_dir, name)
+        if now != frozen:
+            raise ValueError(
+                f"{run_dir}/{name} changed since the choice was frozen (step {frozen['step']} -> "
+                f"{now['step']} or other weights): the test scores the frozen checkpoints only"
+            )
+    try:
+        os.makedirs(test_dir)
+    except FileExistsError:
+        _refuse_scored(run_dir, test_dir)
+    _write_json(
+        os.path.join(test_dir, "started.json"),
+        {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+    )
+    scorer.motion_threshold = float(choice["motion_threshold"])
+    cfg = EvalConfig(device=device, **choice["eval"])
+    available = [(name, Variant(load_info_variant(run_dir, name))) for name in choice["students"]]
+    result = score_split(
+        run_dir, PairedWindows.load(test), "test", cfg, scorer, available, test_dir
+    )
+    result["served"] = choice["served"]
+    _write_json(os.path.join(test_dir, "results.json"), result)
+    _write_text(os.path.join(test_dir, "results.md"), format_markdown(result))
+    with open(os.path.join(run_dir, VALIDATION_DIR, "results.json")) as f:
+        validation = json.load(f)
+    _write_text(os.path.join(run_dir, RESULTS), format_splits(validation, result, choice))
+    return result
+
+
+def _refuse_scored(run_dir: str, test_dir: str) -> NoReturn:
+    done = os.path.isfile(os.path.join(test_dir, "results.json"))
+    raise RuntimeError(
+        f"{run_dir}: the test split was scored already ({test_dir}"
+        + ("" if done else ", started and not finished: its scores may have been seen")
+        + "); it is scored once"
+    )
+
+
+def load_info_variant(run_dir: str, dirname: str) -> str:
+    """The variant a student checkpoint was trained as (its config.json)."""
+    with open(os.path.join(run_dir, dirname, "config.json")) as f:
+        return json.load(f)["info"]["variant"]
+
+
 COLUMNS = {
     "psnr": "PSNR",
     "ssim": "SSIM",
@@ -468,6 +719,8 @@ COLUMNS = {
     "psnr_moving": "moving PSNR",
     "ssim_moving": "moving SSIM",
     "lpips_moving": "moving LPIPS",
+    "psnr_static": "static PSNR",
+    "static_changed": "static changed",
     "centroid_px": "centroid err (px)",
     "robot_found": "robot found",
     "fid": "FID",
@@ -477,23 +730,26 @@ COLUMNS = {
 
 def format_markdown(result: dict) -> str:
     keys = [k for k in COLUMNS if k in result["table"][0]]
+    noise = result["noise"]
     lines = [
-        f"Held-out windows: {result['heldout_windows']}, N_s={result['sim_steps']}, "
-        f"N_r={result['real_steps']}, device {result['device']}",
+        f"Split: {result['split']}, {result['windows']} windows of {result['episodes']} episodes, "
+        f"N_s={result['sim_steps']}, N_r={result['real_steps']}, device {result['device']}",
         f"Scored frames {result['scored_frames'][0]}..{result['scored_frames'][1]}: the models "
         f"see frame 0, the baselines frames 0..{result['context_frames'] - 1}",
         "Guidance sweep (sim-conditioned students): w = "
         + ", ".join(f"{w:g}" for w in result["guidance_sweep"]),
-        f"Moving pixels (|real_t - real_0| > {result['motion_threshold']:g}): "
+        f"Camera noise of this split's real videos: sigma {noise['sigma']:.4f} (gain-compensated "
+        f"frame differences), gain jitter {noise['gain_jitter']:.4f}",
+        f"Moving pixels (gain-compensated change > {result['motion_threshold']:.4f}): "
         f"{100 * result['moving_pixel_fraction']:.1f}% of the scored pixels",
         "",
-        "| method | " + " | ".join(COLUMNS[k] for k in keys) + " |",
-        "|---|" + "---|" * len(keys),
+        "| method | " + " | ".join(COLUMNS[k] for k in keys) + " | selection |",
+        "|---|" + "---|" * (len(keys) + 1),
     ]
     lines += [
         f"| {r['method']} | "
-        + " | ".join("n/a" if r[k] is None else f"{r[k]:.4f}" for k in keys)
-        + " |"
+        + " | ".join(_fmt(r[k]) for k in keys)
+        + f" | {_fmt(r.get('selection_score'))} |"
         for r in result["table"]
     ]
     if result["latency"]:
@@ -505,8 +761,7 @@ def format_markdown(result: dict) -> str:
     if result.get("motion_gap"):
         lines += [
             "",
-            "Latent motion, sim vs real (the encoded held-out pairs; what motion distillation "
-            "transfers):",
+            "Latent motion, sim vs real (the encoded pairs; what motion distillation transfers):",
             "",
             "| latent step | cells | fraction | real motion^2 | sim motion^2 | (real - sim)^2 |",
             "|---|---|---|---|---|---|",
@@ -516,39 +771,103 @@ def format_markdown(result: dict) -> str:
             f"| {r['sim']:.4f} | {r['gap']:.4f} |"
             for r in result["motion_gap"]
         ]
-    if "full_beats_sft" in result:
-        w = f"w={result['headline_guidance']:g}"
+    lines += _verdict_lines(result)
+    if "served" in result:
         lines += [
             "",
-            f"Full student ({w}) beats every baseline on moving-pixel PSNR: "
-            f"{result['full_beats_baselines_moving']}",
+            f"Served (chosen on the validation split, {SELECTION_RULE}): "
+            f"{result['served']['method']}",
         ]
-        lines += [
-            f"Full student ({w}) beats {name} on whole-frame and moving-pixel PSNR: {won}"
-            for name, won in result["full_beats_sft"].items()
-        ]
-    if "winner" in result:
-        lines += ["", f"Best moving-pixel PSNR (the model to serve): {result['winner']['method']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def _verdict_lines(result: dict) -> list[str]:
+    if "full_beats_sft" not in result:
+        return []
+    w = f"w={result['headline_guidance']:g}"
+    lines = [
+        "",
+        f"Full student ({w}) beats every baseline on moving-pixel PSNR "
+        f"({result['split']}): {result['full_beats_baselines_moving']}",
+    ]
+    lines += [
+        f"Full student ({w}) beats {name} on whole-frame and moving-pixel PSNR "
+        f"({result['split']}): {won}"
+        for name, won in result["full_beats_sft"].items()
+    ]
+    return lines
+
+
+SPLIT_COLUMNS = ("psnr", "psnr_moving", "psnr_static", "static_changed", "centroid_px")
+
+
+def format_splits(validation: dict, test: dict, choice: dict) -> str:
+    """One table: every row's validation and test scores side by side, the served row marked."""
+    served = choice["served"]
+    heads = [COLUMNS[k] for k in SPLIT_COLUMNS]
+    lines = [
+        f"Validation: {validation['windows']} windows of {validation['episodes']} episodes; "
+        f"test: {test['windows']} windows of {test['episodes']} episodes (scored once, after "
+        f"the choice of {choice['frozen_at']}).",
+        f"Frames {test['scored_frames'][0]}..{test['scored_frames'][1]}, N_s={test['sim_steps']}, "
+        f"N_r={test['real_steps']}; moving pixels: gain-compensated change > "
+        f"{choice['motion_threshold']:.4f} (measured on validation); moving share "
+        f"{100 * validation['moving_pixel_fraction']:.1f}% (validation) / "
+        f"{100 * test['moving_pixel_fraction']:.1f}% (test).",
+        f"Served (chosen on validation: {SELECTION_RULE}): {served['method']}.",
+        "",
+        "| method | "
+        + " | ".join(f"val {h}" for h in heads)
+        + " | "
+        + " | ".join(f"test {h}" for h in heads)
+        + " |",
+        "|---|" + "---|" * (2 * len(heads)),
+    ]
+    test_rows = {(r["method"], r["student"]): r for r in test["table"]}
+    for r in validation["table"]:
+        t = test_rows.get((r["method"], r["student"]), {})
+        mark = " (served)" if (r["student"], r["w"]) == (served["student"], served["w"]) else ""
+        lines.append(
+            f"| {r['method']}{mark} | "
+            + " | ".join(_fmt(r.get(k)) for k in SPLIT_COLUMNS)
+            + " | "
+            + " | ".join(_fmt(t.get(k)) for k in SPLIT_COLUMNS)
+            + " |"
+        )
+    lines += _verdict_lines(validation) + _verdict_lines(test)
     return "\n".join(lines) + "\n"
 
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:
-    """A CPU-scale recipe: paired data (generated once, in parts that run in parallel), the
-    training budgets of every stage, the real-data budget and the SFT baselines, then the table.
+    """A CPU-scale recipe: paired data (generated once, in parts that run in parallel) in three
+    splits disjoint by episode seed, the training budgets of every stage, the real-data budget,
+    the students, then the validation table and the frozen choice (the test split is scored by
+    `score_test`, once).
 
-    `train_parts`: (episodes, seed) per generation part, concatenated in order; `real_windows`:
-    the first N training windows keep their real stream (None: all, sim and real equally many)."""
+    `train_parts`: (episodes, seed) per generation part, concatenated in order; `validation`,
+    `test`: (episodes, seed); `real_windows`: the first N training windows keep their real stream
+    (None: all, sim and real equally many); `variants` (and `sft_inits`): the students of the
+    first student seed; `replica_variants` (`replica_sft_inits`): the students another student
+    seed trains on the same autoencoder and teacher (`<out>/seed<N>`)."""
 
     name: str
     train_parts: tuple[tuple[int, int], ...]
-    heldout: tuple[int, int] = (6, 2)
+    validation: tuple[int, int] = (6, 2)
+    test: tuple[int, int] = (6, 4)
     episode_steps: int = 20
     real_windows: int | None = None
     autoencoder_steps: int = 1000
     teacher_steps: int = 800
     student_steps: int = 300
     sft_inits: tuple[str, ...] = ("base",)
+    variants: tuple[Variant, ...] = LADDER
+    replica_variants: tuple[Variant, ...] = (Variant.SFT, Variant.FULL)
+    replica_sft_inits: tuple[str, ...] = ("teacher",)
 
     def run_config(self, device: str) -> RunConfig:
         tiny = TinyBackboneConfig(
@@ -573,20 +892,26 @@ class Protocol:
 
 
 PROTOCOLS = {
-    # every window paired: 96 training / 24 held-out windows (the tests' and the quick look's size)
+    # every window paired: 96 training windows, 24 validation, 24 test (the quick look's size)
     "small": Protocol("small", train_parts=((24, 1),)),
-    # the scarce-real protocol: 480 sim windows train the teacher, the first 48 (12 episodes) keep
-    # their real stream; the students and both real-only baselines get the same 600 real-data
-    # updates (100 epochs of the real windows), so a sim motion prior has room to matter
+    # the scarce-real protocol (revision 2: validation and test splits): 480 sim windows train the
+    # teacher, the first 48 (12 episodes) keep their real stream; the students and both real-only
+    # baselines get the same 600 real-data updates (100 epochs of the real windows), so a sim
+    # motion prior has room to matter
     "scarce": Protocol(
         "scarce",
         train_parts=((60, 1), (60, 3)),
+        validation=(12, 2),
+        test=(24, 4),
         real_windows=48,
         teacher_steps=2000,
         student_steps=600,
         sft_inits=("base", "teacher"),
+        variants=(*LADDER, Variant.NO_MOTION),
+        replica_variants=(Variant.SFT, Variant.FULL, Variant.NO_MOTION),
     ),
 }
+SPLIT_FILES = {"train": "train.h5", "validation": "validation.h5", "test": "test.h5"}
 
 
 def _generate_part(task: str, episodes: int, seed: int, steps: int, path: str) -> str:
@@ -597,23 +922,39 @@ def _generate_part(task: str, episodes: int, seed: int, steps: int, path: str) -
     return path
 
 
+def check_protocol_splits(out: str) -> None:
+    """The protocol's train / validation / test files share no episode seed (a ValueError
+    naming the splits and seeds otherwise)."""
+    check_disjoint(
+        {name: PairedWindows.load_episodes(os.path.join(out, f)) for name, f in SPLIT_FILES.items()}
+    )
+
+
 def protocol_data(protocol: Protocol, out: str, source: str = "peg", workers: int = 1) -> None:
-    """`out`/train.h5 and heldout.h5 for `protocol` (kept when they exist): MuJoCo episodes of the
-    sim task replayed in its "real" variant, in the protocol's parts; `source="synthetic"` writes
-    one fixed small synthetic-arm set whatever the protocol (machines without the UR5e models)."""
+    """`out`/train.h5, validation.h5 and test.h5 for `protocol` (kept when they exist): MuJoCo
+    episodes of the sim task replayed in its "real" variant, in the protocol's parts, checked
+    disjoint by episode seed; `source="synthetic"` writes one fixed small synthetic-arm set
+    whatever the protocol (machines without the UR5e models)."""
     os.makedirs(out, exist_ok=True)
-    train_file, heldout_file = os.path.join(out, "train.h5"), os.path.join(out, "heldout.h5")
-    if os.path.isfile(train_file) and os.path.isfile(heldout_file):
+    paths = {name: os.path.join(out, f) for name, f in SPLIT_FILES.items()}
+    if all(os.path.isfile(p) for p in paths.values()):
         return
     if source == "synthetic":
-        synthetic_pairs(48, num_frames=9, steps=24, stride=4, seed=1).save(train_file)
-        synthetic_pairs(8, num_frames=9, steps=24, stride=8, seed=2).save(heldout_file)
+        made = {
+            "train": synthetic_pairs(48, num_frames=9, steps=24, stride=4, seed=1),
+            "validation": synthetic_pairs(8, num_frames=9, steps=24, stride=8, seed=2),
+            "test": synthetic_pairs(8, num_frames=9, steps=24, stride=8, seed=4),
+        }
+        check_disjoint(made)
+        for name, windows in made.items():
+            windows.save(paths[name])
         return
     jobs = [
         (source, n, seed, protocol.episode_steps, os.path.join(out, f"train_part{i}.h5"))
         for i, (n, seed) in enumerate(protocol.train_parts)
     ]
-    jobs.append((source, *protocol.heldout, protocol.episode_steps, heldout_file))
+    jobs.append((source, *protocol.validation, protocol.episode_steps, paths["validation"]))
+    jobs.append((source, *protocol.test, protocol.episode_steps, paths["test"]))
     todo = [job for job in jobs if not os.path.isfile(job[-1])]
     if workers > 1 and len(todo) > 1:
         spawn = multiprocessing.get_context("spawn")  # no EGL context or torch threads forked
@@ -623,9 +964,61 @@ def protocol_data(protocol: Protocol, out: str, source: str = "peg", workers: in
     else:
         for job in todo:
             _generate_part(*job)
-    parts = [PairedWindows.load(job[-1]) for job in jobs[:-1]]
-    PairedWindows.concat(parts).save(train_file + ".tmp")
-    os.replace(train_file + ".tmp", train_file)
+    parts = [PairedWindows.load(job[-1]) for job in jobs[:-2]]
+    check_disjoint(
+        {
+            **{f"training part {i}": p for i, p in enumerate(parts)},
+            "validation": PairedWindows.load_episodes(paths["validation"]),
+            "test": PairedWindows.load_episodes(paths["test"]),
+        }
+    )
+    PairedWindows.concat(parts).save(paths["train"] + ".tmp")
+    os.replace(paths["train"] + ".tmp", paths["train"])
+
+
+def protocol_train(
+    protocol: Protocol,
+    out: str,
+    device: str,
+    source: str | None = None,
+    workers: int = 1,
+    student_seed: int | None = None,
+) -> str:
+    """Data (the MuJoCo peg, or `source`: a task or "synthetic"), the split check, then training,
+    each resumed from `out` where it stopped. Returns the run directory: `out` for the protocol's
+    student seed (every stage, `protocol.variants`), `out/seed<N>` for another (the replica
+    students on `out`'s autoencoder and teacher, which must be trained)."""
+    os.makedirs(out, exist_ok=True)
+    protocol_data(protocol, out, source or "peg", workers)
+    check_protocol_splits(out)
+    cfg = protocol.run_config(device)
+    data = os.path.join(out, SPLIT_FILES["train"])
+    if student_seed is None or student_seed == cfg.student_train.seed:
+        stages = ["autoencoder", "teacher", "student"]
+        run(cfg, data, out, stages, list(protocol.variants), True, protocol.sft_inits)
+        return out
+    if not stage_done(os.path.join(out, "teacher")):
+        raise FileNotFoundError(
+            f"{out}/teacher is not trained: run the protocol's first student seed "
+            f"({cfg.student_train.seed}) first; another seed shares its autoencoder and teacher"
+        )
+    replica = os.path.join(out, f"seed{student_seed}")
+    os.makedirs(replica, exist_ok=True)
+    for stage in ("autoencoder", "teacher"):
+        link = os.path.join(replica, stage)
+        if not os.path.lexists(link):
+            os.symlink(os.path.join("..", stage), link)
+    cfg.student_train = dataclasses.replace(cfg.student_train, seed=student_seed)
+    run(
+        cfg,
+        data,
+        replica,
+        ["student"],
+        list(protocol.replica_variants),
+        True,
+        protocol.replica_sft_inits,
+    )
+    return replica
 
 
 def protocol_run(
@@ -635,25 +1028,16 @@ def protocol_run(
     source: str | None = None,
     scorer: Scorer | None = None,
     workers: int = 1,
+    student_seed: int | None = None,
     **eval_options,
 ) -> dict:
-    """Data (the MuJoCo peg, or `source`: a task or "synthetic") -> training -> evaluation, each
-    step resumed from `out` where it stopped; `eval_options` are EvalConfig fields."""
-    os.makedirs(out, exist_ok=True)
-    protocol_data(protocol, out, source or "peg", workers)
-    run(
-        protocol.run_config(device),
-        os.path.join(out, "train.h5"),
-        out,
-        ["autoencoder", "teacher", "student"],
-        list(LADDER),
-        resume=True,
-        sft_inits=protocol.sft_inits,
-    )
-    return evaluate_run(
-        out,
-        os.path.join(out, "heldout.h5"),
-        os.path.join(out, "eval"),
+    """`protocol_train`, then the validation table and the frozen choice (`validate`) of its run
+    directory; the test split is left for `score_test`. `eval_options` are EvalConfig fields."""
+    run_dir = protocol_train(protocol, out, device, source, workers, student_seed)
+    return validate(
+        run_dir,
+        os.path.join(out, SPLIT_FILES["validation"]),
+        os.path.join(out, SPLIT_FILES["test"]),
         EvalConfig(device=device, sim_steps=1, real_steps=10, latency_reps=2, **eval_options),
         scorer or Scorer(),
     )
@@ -665,8 +1049,14 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--run", help="training run directory with student_<variant>/ checkpoints")
-    p.add_argument("--heldout", help="held-out paired-window HDF5 file")
-    p.add_argument("--out", required=True)
+    p.add_argument("--validation", help="validation paired-window HDF5 file (every choice)")
+    p.add_argument("--test", help="test paired-window HDF5 file, frozen into the choice")
+    p.add_argument(
+        "--score-test",
+        action="store_true",
+        help="score the test split of --run once, with its frozen choice (chooses nothing)",
+    )
+    p.add_argument("--out", help="--protocol: the protocol's directory")
     p.add_argument(
         "--small",
         action="store_true",
@@ -675,21 +1065,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--protocol",
         choices=sorted(PROTOCOLS),
-        help="generate a protocol's data, train every row and evaluate (resumes from --out)",
+        help="generate a protocol's data, train every row, score validation and freeze the "
+        "choice (resumes from --out)",
+    )
+    p.add_argument(
+        "--student-seed",
+        type=int,
+        help="--protocol: train the protocol's replica students with this seed in <out>/seed<N>",
     )
     p.add_argument(
         "--workers", type=int, default=1, help="parallel data-generation processes (--protocol)"
     )
     p.add_argument(
-        "--source", help="--small data source: 'peg', 'table_leg' or 'synthetic' (default: peg)"
+        "--source", help="--protocol data source: 'peg', 'table_leg' or 'synthetic' (default: peg)"
     )
     p.add_argument("--device", default="cpu")
-    p.add_argument("--sim-steps", type=int, default=5)
-    p.add_argument("--real-steps", type=int, default=10)
+    # the evaluation settings are choices: --score-test refuses them (None = not given)
+    p.add_argument("--sim-steps", type=int, help="N_s (default 5; the protocols: 1)")
+    p.add_argument("--real-steps", type=int, help="N_r (default 10)")
     p.add_argument(
         "--guidance",
         type=parse_weights,
-        default=EvalConfig.sweep,
         metavar="W[,W...]",
         help="guidance weights for the sim-conditioned students, one row each (default: "
         + ",".join(f"{w:g}" for w in EvalConfig.sweep)
@@ -698,31 +1094,39 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--headline-guidance",
         type=float,
-        default=EvalConfig.guidance,
-        help="w of the PNG and the full-vs-SFT verdict (the listed weight nearest to it)",
+        help="w of the PNG and the full-vs-SFT verdict (the listed weight nearest to it; "
+        f"default {EvalConfig.guidance:g})",
     )
     p.add_argument(
         "--context-frames",
         type=int,
-        default=EvalConfig.context_frames,
-        help="real frames the baselines see; every row is scored on the frames after them",
+        help="real frames the baselines see; every row is scored on the frames after them "
+        f"(default {EvalConfig.context_frames})",
+    )
+    p.add_argument(
+        "--motion-threshold",
+        type=float,
+        help="colour change (pixels in [0, 1], gain taken out) that marks a real pixel as moving "
+        "(default: measured on the validation split's camera noise)",
     )
     p.add_argument("--lpips-backbone", help="local AlexNet weights (safetensors or state dict)")
     p.add_argument("--lpips-heads", help="local LPIPS linear-head weights")
     p.add_argument("--fid-weights", help="local Inception-v3 weights")
     p.add_argument("--fvd-weights", help="local R3D-18 weights")
     p.add_argument(
-        "--motion-threshold",
-        type=float,
-        default=metrics.MOTION_THRESHOLD,
-        help="colour change (pixels in [0, 1]) that marks a real pixel as moving",
-    )
-    p.add_argument(
         "--threads", type=int, help="torch CPU threads (1 is fastest on a busy shared CPU)"
     )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    settings = {
+        "sim_steps": args.sim_steps,
+        "real_steps": args.real_steps,
+        "sweep": args.guidance,
+        "guidance": args.headline_guidance,
+        "context_frames": args.context_frames,
+    }
+    given = {k: v for k, v in settings.items() if v is not None}
     scorer = Scorer(
         args.lpips_backbone,
         args.lpips_heads,
@@ -731,7 +1135,26 @@ def main(argv: list[str] | None = None) -> None:
         args.motion_threshold,
     )
     protocol = "small" if args.small else args.protocol
+    if args.score_test:
+        chosen = [k for k in ("validation", "test", "protocol", "student_seed") if getattr(args, k)]
+        if args.motion_threshold is not None:
+            chosen.append("motion_threshold")
+        chosen += list(given)
+        if chosen or args.small:
+            p.error(
+                "--score-test chooses nothing: it takes the frozen choice's settings, not "
+                + ", ".join("--" + k.replace("_", "-") for k in chosen or ["small"])
+            )
+        if not args.run:
+            p.error("--score-test needs --run")
+        result = score_test(args.run, scorer, args.device)
+        print(format_markdown(result))
+        print(f"validation and test side by side: {os.path.join(args.run, RESULTS)}")
+        return
     if protocol:
+        if not args.out:
+            p.error("--protocol needs --out")
+        given.pop("sim_steps", None), given.pop("real_steps", None)  # the protocols' own N_s, N_r
         result = protocol_run(
             PROTOCOLS[protocol],
             args.out,
@@ -739,23 +1162,21 @@ def main(argv: list[str] | None = None) -> None:
             args.source,
             scorer,
             args.workers,
-            context_frames=args.context_frames,
-            sweep=args.guidance,
-            guidance=args.headline_guidance,
+            args.student_seed,
+            **given,
         )
+        run_dir = args.out if args.student_seed is None else f"{args.out}/seed{args.student_seed}"
     else:
-        if not (args.run and args.heldout):
-            p.error("--run and --heldout are required unless --small or --protocol")
-        cfg = EvalConfig(
-            sim_steps=args.sim_steps,
-            real_steps=args.real_steps,
-            sweep=args.guidance,
-            guidance=args.headline_guidance,
-            device=args.device,
-            context_frames=args.context_frames,
-        )
-        result = evaluate_run(args.run, args.heldout, args.out, cfg, scorer)
+        if not (args.run and args.validation):
+            p.error("--run and --validation are needed unless --protocol, --small or --score-test")
+        cfg = EvalConfig(device=args.device, **given)
+        result = validate(args.run, args.validation, args.test, cfg, scorer)
+        run_dir = args.run
     print(format_markdown(result))
+    print(
+        f"choice frozen in {os.path.join(run_dir, CHOICE)}; commit it, then score the test split "
+        f"once: simforcing-eval --score-test --run {run_dir}"
+    )
 
 
 if __name__ == "__main__":

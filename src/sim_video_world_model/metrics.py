@@ -8,9 +8,14 @@ R3D-18 Kinetics network; pass its weights to get comparable-in-spirit (not paper
 
 Motion-aware scores (a whole-frame score on a mostly static scene rewards copying the first frame):
 - The motion mask of a ground-truth video marks, per frame, the pixels whose colour differs from
-  the first frame by more than `MOTION_THRESHOLD` in some channel (pixels in [0, 1]). It is computed
-  from the REAL frames only, so every prediction of a window is scored on the same pixels.
-  `masked_psnr` / `masked_ssim` / `LPIPS(..., mask=)` average over those pixels only.
+  the first frame, with the frame's camera gain taken out (`frame_gains`), by more than a threshold
+  in some channel (pixels in [0, 1]): a gain change alone moves no pixel. The threshold comes from
+  the measured camera noise of real videos (`measure_noise`: NOISE_SIGMAS robust standard
+  deviations of the gain-compensated differences). It is computed from the REAL frames only, so
+  every prediction of a window is scored on the same pixels. `masked_psnr` / `masked_ssim` /
+  `LPIPS(..., mask=)` average over those pixels only.
+- On the other pixels (static in the real video): `masked_psnr` again, and `static_changed`, the
+  share of them that a prediction changes by more than the threshold (motion it invents).
 - `FirstFrameColourSegmenter` labels robot pixels in any frame from the given observation alone
   (the first real frame and its joint-state robot mask); `centroid_error` is the distance in pixels
   between the centroids of the robot pixels in the predicted and in the real frames.
@@ -31,9 +36,16 @@ from torchmetrics.functional.image import (
 from torchvision.models import alexnet, inception_v3
 from torchvision.models.video import r3d_18
 
-# Colour change (pixels in [0, 1]) that marks a pixel as moving: about 4.5 standard deviations of
-# the difference of two frames under the real stream's camera noise (4/255 per pixel, 2% gain).
+# Colour change (pixels in [0, 1]) that marks a pixel as moving where no measured threshold is
+# given (the segmenter's default, the sim stream of `motion_gap`): about 4.5 standard deviations of
+# the difference of two frames under the real stream's pixel noise (4/255).
 MOTION_THRESHOLD = 0.1
+# A measured threshold is this many robust standard deviations of the gain-compensated frame
+# differences: a Gaussian crosses it with probability 6e-7 per channel.
+NOISE_SIGMAS = 5.0
+# First-frame values whose ratio x_t / x_0 estimates a frame's gain: not dark (a ratio of noise),
+# not near saturation (clipped, so the gain does not show).
+GAIN_RANGE = (0.1, 0.95)
 MAX_PSNR = 100.0  # identical frames (or masked pixels): PSNR capped at 100 dB
 
 
@@ -62,12 +74,79 @@ def ssim(pred: torch.Tensor, target: torch.Tensor) -> float:
     return float(score)
 
 
-def motion_mask(target: torch.Tensor, threshold: float = MOTION_THRESHOLD) -> torch.Tensor:
-    """(N, T, H, W) bool: |target_t - target_0| > threshold in some channel (frame 0: all False)."""
-    if target.ndim != 5 or target.shape[1] != 3:
-        raise ValueError(f"videos must be (N, 3, T, H, W), got {tuple(target.shape)}")
-    x = (target.float() + 1.0) / 2.0
+def _videos01(video: torch.Tensor) -> torch.Tensor:
+    if video.ndim != 5 or video.shape[1] != 3:
+        raise ValueError(f"videos must be (N, 3, T, H, W), got {tuple(video.shape)}")
+    return (video.float() + 1.0) / 2.0
+
+
+def frame_gains(target: torch.Tensor) -> torch.Tensor:
+    """(N, T) gain of each frame relative to the first: the median of x_t / x_0 over the pixels
+    and channels whose first-frame value lies in GAIN_RANGE (1 where there are none). Most of a
+    frame is static, so the median is the camera's gain change, not the motion."""
+    x = _videos01(target)
+    x0 = x[:, :, :1].expand_as(x)
+    usable = (x0 > GAIN_RANGE[0]) & (x0 < GAIN_RANGE[1])
+    ratio = torch.where(usable, x / x0.clamp_min(1e-6), torch.full_like(x, float("nan")))
+    gains = ratio.transpose(1, 2).flatten(2).nanmedian(dim=-1).values
+    return torch.nan_to_num(gains, nan=1.0)
+
+
+def change_from_first(video: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(N, T, H, W): max over channels of |video_t - r_t target_0|, r_t the target's frame gains
+    (pixels in [0, 1]); for video = target, how far each real pixel moved beyond the gain."""
+    _check_pair(video, target)
+    x, ref = _videos01(video), _videos01(target)
+    expected = ref[:, :, :1] * frame_gains(target)[:, None, :, None, None]
+    return (x - expected).abs().amax(dim=1)
+
+
+def motion_mask(
+    target: torch.Tensor, threshold: float = MOTION_THRESHOLD, compensate_gain: bool = True
+) -> torch.Tensor:
+    """(N, T, H, W) bool: the pixels whose colour differs from the first frame by more than
+    `threshold` in some channel, the frame's gain taken out (`frame_gains`; `compensate_gain=False`
+    compares the raw colours, for streams without a camera gain); frame 0: all False."""
+    if compensate_gain:
+        return change_from_first(target, target) > threshold
+    x = _videos01(target)
     return (x - x[:, :, :1]).abs().amax(dim=1) > threshold
+
+
+def measure_noise(target: torch.Tensor, start: int = 1) -> dict[str, float]:
+    """The camera noise of real videos, frames start..T-1: `sigma`, the robust standard deviation
+    (1.4826 x the median absolute deviation) of the gain-compensated differences x_t - r_t x_0 over
+    every pixel and channel (the moving few do not shift a median); `gain_jitter`, the standard
+    deviation of the frame gains r_t; `threshold` = NOISE_SIGMAS x sigma, the motion threshold."""
+    x = _videos01(target)
+    gains = frame_gains(target)
+    diff = (x - x[:, :, :1] * gains[:, None, :, None, None])[:, :, start:].flatten()
+    sigma = float(1.4826 * (diff - diff.median()).abs().median())
+    return {
+        "sigma": sigma,
+        "gain_jitter": float(gains[:, start:].std()),
+        "threshold": NOISE_SIGMAS * sigma,
+    }
+
+
+def static_changed(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    moving: torch.Tensor,
+    threshold: float,
+    start: int = 1,
+) -> float:
+    """Over frames start..T-1, the share of the pixels where the real video does not move
+    (`~moving`, (N, T, H, W)) that the prediction changes by more than `threshold` from the real
+    first frame at the real frame's gain: motion the prediction invents. NaN when every pixel
+    moves."""
+    if moving.shape != (target.shape[0], *target.shape[2:]):
+        raise ValueError(f"mask {tuple(moving.shape)} does not fit video {tuple(target.shape)}")
+    static = ~moving[:, start:]
+    if not static.any():
+        return float("nan")
+    changed = change_from_first(pred, target)[:, start:] > threshold
+    return float(changed[static].float().mean())
 
 
 def _frame_masks(mask: torch.Tensor, video: torch.Tensor) -> torch.Tensor:

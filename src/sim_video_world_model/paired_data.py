@@ -2,10 +2,12 @@
 "real" variant (changed dynamics AND appearance), as SimForcing's paired Bridge data.
 
 A window holds T frames of each stream, T - 1 actions (one per transition, min-max normalised to
-[-1, 1] when served) and the first real frame's robot mask. Pixels are served in [-1, 1]. The sim
-stream is the robot-only rendering (segmentation applied), which is what the masked real first
-frame looks like at inference. Sources: the MuJoCo UR5e tasks (`robot_drivers.tasks`) and a
-synthetic moving-arm world used for tests and CPU-scale experiments.
+[-1, 1] when served), the first real frame's robot mask and its episode's seed. Every episode is a
+function of its seed (drawn from the generation seed), so files whose episode seeds are disjoint
+share no episode: `check_disjoint` is what keeps training, validation and test splits apart.
+Pixels are served in [-1, 1]. The sim stream is the robot-only rendering (segmentation applied),
+which is what the masked real first frame looks like at inference. Sources: the MuJoCo UR5e tasks
+(`robot_drivers.tasks`) and a synthetic moving-arm world used for tests and CPU-scale experiments.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,7 +26,7 @@ import torch
 
 from robot_drivers.registry import expert_ladder, make_task
 
-FILE_VERSION = 1
+FILE_VERSION = 2  # 2: per-window episode seeds
 
 
 @runtime_checkable
@@ -31,6 +34,9 @@ class Segmenter(Protocol):
     """Robot mask of a camera image: (H, W, 3) uint8 + measured joint state -> (H, W) bool."""
 
     def __call__(self, image: np.ndarray, joint_pos: np.ndarray | None) -> np.ndarray: ...
+
+
+FIELDS = ("sim", "real", "actions", "mask", "action_low", "action_high", "episodes")
 
 
 @dataclass
@@ -41,6 +47,7 @@ class PairedWindows:
     mask: np.ndarray  # (N, H, W) bool, robot mask of the first real frame
     action_low: np.ndarray  # (A,) min-max statistics for normalisation
     action_high: np.ndarray
+    episodes: np.ndarray  # (N,) int64, the seed of each window's episode
     meta: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -64,6 +71,11 @@ class PairedWindows:
         a = self.actions.shape[2]
         if self.action_low.shape != (a,) or self.action_high.shape != (a,):
             raise ValueError(f"action_low/high must be ({a},)")
+        if self.episodes.shape != (n,) or not np.issubdtype(self.episodes.dtype, np.integer):
+            raise ValueError(
+                f"episodes must be ({n},) integer episode seeds, got {self.episodes.shape} "
+                f"{self.episodes.dtype}"
+            )
 
     def __len__(self) -> int:
         return self.sim.shape[0]
@@ -80,6 +92,7 @@ class PairedWindows:
             self.mask[index],
             self.action_low,
             self.action_high,
+            self.episodes[index],
             dict(self.meta),
         )
 
@@ -95,12 +108,13 @@ class PairedWindows:
             np.concatenate([p.mask for p in parts]),
             np.min([p.action_low for p in parts], axis=0),
             np.max([p.action_high for p in parts], axis=0),
+            np.concatenate([p.episodes for p in parts]),
             dict(parts[0].meta, parts=[p.meta for p in parts]),
         )
 
     def save(self, path: str) -> None:
         with h5py.File(path, "w") as f:
-            for name in ("sim", "real", "actions", "mask", "action_low", "action_high"):
+            for name in FIELDS:
                 f.create_dataset(
                     name,
                     data=getattr(self, name),
@@ -109,18 +123,54 @@ class PairedWindows:
             f.attrs["version"] = FILE_VERSION
             f.attrs["meta"] = json.dumps(self.meta)
 
+    @staticmethod
+    def load_episodes(path: str) -> np.ndarray:
+        """The episode seeds of a file's windows, without reading its videos."""
+        with h5py.File(path, "r") as f:
+            PairedWindows._check_version(path, f)
+            return f["episodes"][()]
+
+    @staticmethod
+    def _check_version(path: str, f: h5py.File) -> None:
+        if int(f.attrs.get("version", -1)) != FILE_VERSION:
+            raise ValueError(
+                f"{path}: paired-window file version {f.attrs.get('version')}, expected "
+                f"{FILE_VERSION} (version 2 records each window's episode seed): generate it "
+                "again with python -m sim_video_world_model.paired_data"
+            )
+
     @classmethod
     def load(cls, path: str) -> "PairedWindows":
         with h5py.File(path, "r") as f:
-            if int(f.attrs.get("version", -1)) != FILE_VERSION:
-                raise ValueError(
-                    f"{path}: paired-window file version {f.attrs.get('version')}, "
-                    f"expected {FILE_VERSION}"
-                )
-            arrays = {
-                k: f[k][()] for k in ("sim", "real", "actions", "mask", "action_low", "action_high")
-            }
+            cls._check_version(path, f)
+            arrays = {k: f[k][()] for k in FIELDS}
             return cls(meta=json.loads(f.attrs["meta"]), **arrays)
+
+
+def check_disjoint(splits: Mapping[str, PairedWindows | Iterable[int]]) -> None:
+    """Raise a ValueError naming every pair of `splits` (name -> windows or episode seeds) that
+    share an episode seed, with the shared seeds: a window of one split's episode in another
+    split would score a model on what it trained on, or choose on what it reports."""
+    seeds = {
+        name: set(
+            (s.episodes if isinstance(s, PairedWindows) else np.asarray(list(s), np.int64)).tolist()
+        )
+        for name, s in splits.items()
+    }
+    names = list(seeds)
+    clashes = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            shared = sorted(seeds[a] & seeds[b])
+            if shared:
+                more = f" and {len(shared) - 5} more" if len(shared) > 5 else ""
+                clashes.append(f"{a} and {b} share {len(shared)} episode(s): {shared[:5]}{more}")
+    if clashes:
+        raise ValueError(
+            "splits must be disjoint by episode seed: "
+            + "; ".join(clashes)
+            + " (generate them with different seeds)"
+        )
 
 
 def normalize_actions(actions, low, high):
@@ -271,9 +321,11 @@ def synthetic_pairs(
 ) -> PairedWindows:
     """Paired windows from the synthetic arm world (same actions in both variants)."""
     cfg = cfg or SyntheticWorldConfig()
-    rng = np.random.default_rng(seed)
-    sims, reals, acts, masks = [], [], [], []
+    seeds = np.random.default_rng(seed)
+    sims, reals, acts, masks, episodes = [], [], [], [], []
     for _ in range(num_episodes):
+        ep_seed = int(seeds.integers(1 << 30))
+        rng = np.random.default_rng(ep_seed)  # the episode is a function of its seed
         start = rng.uniform(0.2, 0.8, 2).astype(np.float32)
         actions = _expert_actions(rng, steps, cfg.action_dim, start)
         worlds = {v: SyntheticArmWorld(cfg, v, rng) for v in ("sim", "real")}
@@ -294,6 +346,7 @@ def synthetic_pairs(
             reals.append(real_v[s0 : s0 + num_frames])
             acts.append(actions[s0 : s0 + num_frames - 1])
             masks.append(real_masks[s0])
+            episodes.append(ep_seed)
     actions = np.stack(acts)
     flat = actions.reshape(-1, actions.shape[-1])
     return PairedWindows(
@@ -303,6 +356,7 @@ def synthetic_pairs(
         np.stack(masks),
         flat.min(0),
         flat.max(0),
+        np.asarray(episodes, np.int64),
         {"source": "synthetic", "num_frames": num_frames, "size": cfg.size, "seed": seed},
     )
 
@@ -366,12 +420,13 @@ def mujoco_pairs(
     calibrated = make_task(cfg.task, "real", **kw)
     segmenter = segmenter or JointStateMaskRenderer(calibrated.backend, cfg.camera)
     ladder = expert_ladder(sim)
-    rng = np.random.default_rng(seed)
+    seeds = np.random.default_rng(seed)
     actions: Any  # an episode's actions as recorded (a list), then stacked (an array)
-    sims, reals, acts, masks = [], [], [], []
+    sims, reals, acts, masks, episodes = [], [], [], [], []
     try:
-        for ep in range(num_episodes):
-            ep_seed = int(rng.integers(1 << 30))
+        for _ in range(num_episodes):
+            ep_seed = int(seeds.integers(1 << 30))
+            rng = np.random.default_rng(ep_seed)  # the episode is a function of its seed
             expert = ladder[int(rng.integers(len(ladder)))]
             obs_s, obs_r = sim.reset(ep_seed), real.reset(ep_seed)
             expert.reset(ep_seed)
@@ -403,6 +458,7 @@ def mujoco_pairs(
                 reals.append(real_v[s0 : s0 + num_frames])
                 acts.append(actions[s0 : s0 + num_frames - 1])
                 masks.append(real_m[s0])
+                episodes.append(ep_seed)
     finally:
         for t in (sim, real, calibrated):
             t.close()
@@ -417,6 +473,7 @@ def mujoco_pairs(
         np.stack(masks),
         flat.min(0),
         flat.max(0),
+        np.asarray(episodes, np.int64),
         {
             "source": f"mujoco:{cfg.task}",
             "camera": cfg.camera,
@@ -442,7 +499,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--camera", default="side")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--disjoint-from",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a paired-window file of another split: refuse to write when an episode repeats",
+    )
     args = p.parse_args(argv)
+    others = {path: PairedWindows.load(path) for path in args.disjoint_from}
     if args.source == "synthetic":
         w = synthetic_pairs(
             args.episodes,
@@ -460,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
             MujocoPairsConfig(args.source, args.camera, args.size, args.steps),
             args.seed,
         )
+    check_disjoint({args.out: w, **others})
     w.save(args.out)
     print(f"wrote {len(w)} windows of {w.num_frames} frames ({w.meta['source']}) to {args.out}")
 

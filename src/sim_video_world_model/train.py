@@ -220,7 +220,7 @@ def _trim_loss_log(path: str, keep_until: int) -> None:
         f.writelines(kept)
 
 
-def _stage_done(path: str) -> bool:
+def stage_done(path: str) -> bool:
     try:
         with open(os.path.join(path, "train_state.json")) as f:
             return bool(json.load(f).get("complete"))
@@ -469,6 +469,40 @@ class RunConfig:
         )
 
 
+TRAIN_EPISODES = "train_episodes.json"  # <run>/: the training file's episode seeds
+
+
+def record_train_episodes(out: str, windows: PairedWindows, data_path: str) -> None:
+    """Write the training file's episode seeds to `<out>/train_episodes.json`, which evaluation
+    checks every scored file against. A run that already trained on other episodes is refused:
+    its stages would mix two training sets."""
+    seeds = sorted(set(windows.episodes.tolist()))
+    path = os.path.join(out, TRAIN_EPISODES)
+    if os.path.isfile(path):
+        recorded = train_episodes(out)
+        if recorded != seeds:
+            raise ValueError(
+                f"{out} was trained on other episodes than {data_path} holds "
+                f"({len(recorded)} recorded, {len(seeds)} in the file): a new run needs a new --out"
+            )
+        return
+    with open(path + ".tmp", "w") as f:
+        json.dump({"data": os.path.abspath(data_path), "episodes": seeds}, f)
+    os.replace(path + ".tmp", path)
+
+
+def train_episodes(run_dir: str) -> list[int]:
+    """The episode seeds `run_dir` was trained on (`record_train_episodes`)."""
+    path = os.path.join(run_dir, TRAIN_EPISODES)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{path} is missing: the run's training episodes are unknown, so no file can be "
+            "checked against them (train the run again with this version)"
+        )
+    with open(path) as f:
+        return [int(s) for s in json.load(f)["episodes"]]
+
+
 def run(
     cfg: RunConfig,
     data_path: str,
@@ -508,6 +542,7 @@ def run(
     writer = None
     if dist.main:
         os.makedirs(out, exist_ok=True)
+        record_train_episodes(out, windows, data_path)
         writer = SummaryWriter(os.path.join(out, "tensorboard"))
         with open(os.path.join(out, "run_config.json"), "w") as f:
             json.dump(to_dict(cfg), f, indent=2)
@@ -516,7 +551,7 @@ def run(
         if (
             "autoencoder" in stages
             and cfg.backbone.kind == "tiny"
-            and not (resume and _stage_done(ae_dir))
+            and not (resume and stage_done(ae_dir))
         ):
             autoencoder, _ = build_backbone(cfg.backbone)
             if resume and os.path.isfile(os.path.join(ae_dir, "train_state.json")):
@@ -533,7 +568,7 @@ def run(
                 writer,
             )
         _barrier(dist)
-        if "teacher" in stages and not (resume and _stage_done(teacher_dir)):
+        if "teacher" in stages and not (resume and stage_done(teacher_dir)):
             if cfg.backbone.kind == "tiny":
                 base = load_bundle(ae_dir, device)
                 bundle = ModelBundle(
@@ -563,7 +598,7 @@ def run(
             ]
             for variant, init in runs:
                 sdir = os.path.join(out, student_dir(variant, init))
-                if resume and _stage_done(sdir):
+                if resume and stage_done(sdir):
                     continue
                 ocfg = dataclasses.replace(cfg.objective, variant=variant, sft_init=init)
                 start_from = (
