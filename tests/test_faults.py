@@ -33,6 +33,7 @@ from rclpy.parameter import Parameter
 from rclpy.serialization import serialize_message
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
@@ -230,14 +231,16 @@ def test_the_step_limit_holds_on_what_the_driver_applied(chain):
     assert any("max_target_step" in t for t in c.diag("safety_supervisor"))
 
 
-def _extreme_with_holds(seed: int):
-    """A planner policy of random extreme actions that leaves every 5th tick unanswered (the
-    supervisor's answer deadline sends HOLD for it, and the Go2 stands)."""
+def _extreme_with_holds(seed: int, hold_every: int = 5):
+    """A planner policy of random extreme actions that leaves every `hold_every`th tick
+    unanswered (the supervisor's answer deadline sends HOLD for it, and the Go2 stands; 0:
+    none)."""
     rng = np.random.default_rng(seed)
 
     def policy(stamp, proprio):
         k = (stamp - CLOCK_START_NS) // PERIOD_NS
-        return [] if k % 5 == 4 else [(stamp, rng.uniform(-6.0, 6.0, 12))]
+        held = hold_every and k % hold_every == hold_every - 1
+        return [] if held else [(stamp, rng.uniform(-6.0, 6.0, 12))]
 
     return policy
 
@@ -283,17 +286,62 @@ def _alternating(stamp, proprio):
     return [(stamp, (-1.0) ** k * 3.0 * np.ones(12))]  # +-0.75 rad about the standing pose
 
 
-# guard -> (SafetySupervisor method, what it becomes, policy, what the oracle then reports)
+def _damp_then_resume(c: Chain, seed: int) -> None:
+    """A planner of random extreme actions; ~/estop after tick 5 makes the supervisor send DAMP
+    (the Go2's joints go limp) for about 15 ticks, then ~/resume. Runs to the 15th tick after."""
+    _answer(c, _extreme_with_holds(seed, hold_every=0))
+    c.run_until_tick(5, 60.0)
+    estop = c.ros.probe.create_client(Trigger, "/safety_supervisor/estop")
+    resume = c.ros.probe.create_client(Trigger, "/safety_supervisor/resume")
+    assert c.ros.call(estop, Trigger.Request(), 10.0).success
+    c.run_until_tick(c.driver.tick + 15, 60.0)
+    answer = c.ros.call(resume, Trigger.Request(), 10.0)
+    assert answer.success, answer.message
+    c.run_until_tick(c.driver.tick + 15, 60.0)
+
+
+def test_the_first_target_after_damp_steps_from_the_measured_pose(chain):
+    """After DAMP (the e-stop, then ~/resume) nothing holds the joints, so no target is the
+    limiter's reference: the first extreme target is clipped to max_target_step from the joint
+    positions measured in the observation it answers."""
+    c = chain(answer_timeout_s=0.3)
+    _damp_then_resume(c, 3)
+    c.ros.spin_for(0.2)
+    c.oracle.check()
+    applied = [m for _, m in c.oracle.applied]
+    firsts = [
+        np.max(np.abs(_target(b) - c.oracle.measured[ros_msgs.stamp_ns(b.header.stamp)]))
+        for a, b in zip(applied, applied[1:])
+        if a.header.frame_id == "damp" and b.header.frame_id == "joint_position"
+    ]
+    assert firsts, [m.header.frame_id for m in applied]
+    assert max(firsts) > 0.9 * MAX_TARGET_STEP  # the limiter held it at the measured pose
+
+
+def _policy_run(policy):
+    """A scenario: the test answers with `policy` up to tick 25."""
+
+    def run(c: Chain) -> None:
+        _answer(c, policy)
+        c.run_until_tick(25, 60.0)
+
+    return run
+
+
+# guard -> (SafetySupervisor method, what it becomes, scenario, what the oracle then reports)
 GUARDS_OFF = {
-    "staleness": ("_stale_reason_of", lambda self, stamp, now: None, _late_and_ahead,
-                  "than max_command_age_s"),
-    "non_finite": ("_non_finite_reason", staticmethod(lambda values: None), _nan_every_5th,
-                   "non-finite command reached the robot"),
-    "joint_range": ("_clip_to_range", lambda self, target: target, _reaching,
+    "staleness": ("_stale_reason_of", lambda self, stamp, now: None,
+                  _policy_run(_late_and_ahead), "than max_command_age_s"),
+    "non_finite": ("_non_finite_reason", staticmethod(lambda values: None),
+                   _policy_run(_nan_every_5th), "non-finite command reached the robot"),
+    "joint_range": ("_clip_to_range", lambda self, target: target, _policy_run(_reaching),
                     "outside the joint-target limits"),
-    "step_limit": ("_clip_step", lambda self, target, stamp: target, _alternating,
+    "step_limit": ("_clip_step", lambda self, target, stamp: target, _policy_run(_alternating),
                    "applied step"),
-    "hold": ("_hold_target", lambda self: None, _extreme_with_holds(2), "applied step"),
+    "hold": ("_hold_target", lambda self: None, _policy_run(_extreme_with_holds(2)),
+             "applied step"),
+    "measured_after_damp": ("_measured_reference", lambda self, stamp: None,
+                            lambda c: _damp_then_resume(c, 4), "from the measured pose after DAMP"),
 }  # fmt: skip
 
 
@@ -302,11 +350,10 @@ def test_the_oracle_fails_when_a_supervisor_guard_is_patched_out(chain, monkeypa
     """With one guard of the supervisor patched out (in this process) and a planner that needs
     it, the oracle fails: it would catch that regression. (The same faults with the guards in
     place pass it: the tests above.)"""
-    method, replacement, policy, report = GUARDS_OFF[guard]
+    method, replacement, scenario, report = GUARDS_OFF[guard]
     monkeypatch.setattr(SafetySupervisor, method, replacement)
     c = chain(answer_timeout_s=0.3)
-    _answer(c, policy)
-    c.run_until_tick(25, 60.0)
+    scenario(c)
     c.ros.spin_for(0.2)
     with pytest.raises(AssertionError, match=report):
         c.oracle.check()
