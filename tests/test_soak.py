@@ -83,10 +83,12 @@ def test_soak_bounds_flag_dropped_ticks_unplanned_ticks_old_plans_and_a_deaf_lis
     assert soak.check(_result(nominal_hz=None)) == []
     unplanned = soak.check(_result(planned=20))
     assert unplanned == ["a forwarded plan answered 20 of 100 ticks (0.20, bound 0.25)"]
-    old = np.concatenate([np.full(95, 40.0), np.full(5, 400.0)])
+    old = np.concatenate([np.full(95, 40.0), np.full(5, 1500.0)])
     assert soak.check(_result(plan_age_ms=old)) == [
-        "forwarded plans' age on arrival p99 400.0 ms (bound 200.0 ms)"
+        "forwarded plans' age on arrival median 40.0 ms, p99 1500.0 ms (bounds 100.0, 1000.0 ms)"
     ]
+    late = soak.check(_result(plan_age_ms=np.full(100, 150.0)))
+    assert late and late[0].startswith("forwarded plans' age on arrival median 150.0 ms")
     assert soak.check(_result(plan_age_ms=np.zeros(0)))[0].startswith("forwarded plans' age")
     deaf = soak.check(_result(heard_ticks=1654))
     assert deaf == ["the listener heard 1654 of the driver's 9000 ticks (0.18, bound 0.95)"]
