@@ -670,6 +670,18 @@ def _read_back(bags: pathlib.Path) -> dict[str, set[tuple[int, str]]]:
     return keys
 
 
+def _episode_ticks(bag_dir: pathlib.Path) -> list[tuple[int, int]]:
+    """(tick, step) of each /simdist/episode message in a finalised bag, in file order."""
+    with EpisodeBag(bag_dir) as bag:
+        return [
+            ((info["stamp_ns"] - CLOCK_START_NS) // PERIOD_NS, info["step"])
+            for info in (
+                json.loads(m.data.data)
+                for m in bag.messages([t for t in ["/simdist/episode"] if t in bag.topics])
+            )
+        ]
+
+
 def assert_loss_bounded(published: dict, recorded: dict, end: float) -> None:
     """Recording ended at wall time `end` (a kill, a failed write). For each counted topic, of
     the messages published from the first one recorded up to `end`, those missing from the bags
@@ -747,12 +759,11 @@ def test_a_full_disk_stops_the_recorder_cleanly_and_control_goes_on(chain, tmp_p
     assert any(str(bag) in t and "simdist-bag recover" in t for t in c.diag("recorder"))
     recovered = recover_bag(bag)
     assert recovered.messages > 0 and recovered.truncated  # the failed chunk is the loss
-    with EpisodeBag(bag) as episode_bag:
-        steps = [
-            json.loads(m.data.data)["step"] for m in episode_bag.messages(["/simdist/episode"])
-        ]
-    # Nothing lost in the middle: every tick from the first up to the last flush.
-    assert steps and steps == list(range(steps[0], steps[0] + len(steps)))
+    ticks = _episode_ticks(bag)
+    # Nothing lost in the middle: every tick from the first up to the last flush. A tick can be
+    # there twice (the driver republishes a waiting tick after lockstep_republish_s on a loaded
+    # machine, and the recorder keeps what was on the wire); the repeat is the same tick.
+    assert ticks and all(b[0] - a[0] == 1 or b == a for a, b in zip(ticks, ticks[1:])), ticks
     # The failed write's time: the stamp (sim time, the recorder's newest /clock) of its first
     # ERROR, as the wall time the probe saw that tick.
     failed_stamp = min(
@@ -861,18 +872,6 @@ def test_clock_jumps_in_replay_neither_stall_the_planner_nor_pass_a_command_of_a
 # two unfinalised bags where it expected one.)
 SHORT_EPISODE_STEPS = 40
 KILLED_GRACE_S = 5.0
-
-
-def _episode_ticks(bag_dir: pathlib.Path) -> list[tuple[int, int]]:
-    """(tick, step) of each /simdist/episode message in a finalised bag, in file order."""
-    with EpisodeBag(bag_dir) as bag:
-        return [
-            ((info["stamp_ns"] - CLOCK_START_NS) // PERIOD_NS, info["step"])
-            for info in (
-                json.loads(m.data.data)
-                for m in bag.messages([t for t in ["/simdist/episode"] if t in bag.topics])
-            )
-        ]
 
 
 def test_a_killed_recorder_loses_at_most_its_last_flush_and_control_goes_on(

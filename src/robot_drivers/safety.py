@@ -345,9 +345,11 @@ class SafetySupervisor:
         )
 
     def _measured_reference(self, stamp: float) -> np.ndarray | None:
-        """Guard: with no applied target (none yet, or DAMP applied) and none forwarded since,
-        the step limiter measures from the joint positions measured in the observation the
-        command answers (the newest one if that is unknown); None before any measurement."""
+        """Guard: with no applied target (none yet, or DAMP applied), the step limiter measures
+        from the joint positions measured in the observation the command answers (the newest
+        one if that is unknown), besides the targets forwarded since; None before any
+        measurement. (In the simulator DAMP ends the episode and the robot is reset: a target
+        forwarded before the reset is no measure of where the joints are.)"""
         if not self._measured:
             return None
         return self._measured.get(stamp, self._measured[max(self._measured)])
@@ -383,7 +385,7 @@ class SafetySupervisor:
         references = [t for _, t in self._pending]
         if self._applied_target is not None:
             references.append(self._applied_target)
-        elif not references:  # the first target with nothing held: from the measured joints
+        else:  # nothing held (none yet, DAMP): from the joints where they are, measured
             measured = self._measured_reference(stamp)
             if measured is not None:
                 references.append(measured)
