@@ -268,7 +268,8 @@ def test_guard(guard, ros_domain):
 
 
 @pytest.mark.parametrize("guard", sorted(GUARDS))
-def test_the_check_fails_with_its_guard_disabled(guard, ros_domain, monkeypatch):
+def test_the_check_fails_with_its_guard_disabled(guard, ros_domain, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # MuJoCo logs a NaN control to MUJOCO_LOG.TXT in the cwd
     check, patches = GUARDS[guard]
     for obj, name, replacement in patches:
         monkeypatch.setattr(obj, name, replacement)
