@@ -166,8 +166,8 @@ class SafetySupervisor:
         self._applied_target: np.ndarray | None = None  # None: no target (damping, none yet)
         self._applied_stamp = -np.inf
         # Measured joint positions (absolute, rad) by observation stamp, the newest few: with no
-        # applied target (none yet, or after DAMP, when the joints went limp) the first target
-        # steps from where the joints are.
+        # applied target (none yet, or after DAMP, when the joints went limp) a target steps
+        # from where the joints are, too.
         self._measured: dict[float, np.ndarray] = {}
         self._pending: list[tuple[float, np.ndarray]] = []  # (stamp, target) not yet reported
         self._timeout_since: float | None = None
@@ -348,8 +348,8 @@ class SafetySupervisor:
         """Guard: with no applied target (none yet, or DAMP applied), the step limiter measures
         from the joint positions measured in the observation the command answers (the newest
         one if that is unknown), besides the targets forwarded since; None before any
-        measurement. (In the simulator DAMP ends the episode and the robot is reset: a target
-        forwarded before the reset is no measure of where the joints are.)"""
+        measurement. (In the simulator DAMP also ends the episode and the robot is reset to
+        standing: the measured pose says so, the last target does not.)"""
         if not self._measured:
             return None
         return self._measured.get(stamp, self._measured[max(self._measured)])
