@@ -15,8 +15,10 @@ wall time it arrived. `check()` then asserts:
   reading within CLOCK_WINDOW_S of wall time of its arrival is within `max_command_age_s` of
   its stamp (a lockstep driver drops any other, so only the supervisor's output shows it);
 - consecutive applied joint targets step at most `max_target_step`, the first one after an
-  applied HOLD measured from the standing pose (HOLD's target); after DAMP nothing is held, so
-  the next target is not measured.
+  applied HOLD measured from the standing pose (HOLD's target); after DAMP nothing is held (the
+  joints go limp), so the first target after it is measured from the joint positions the driver
+  measured in the observation it answers (`/simdist/robot/proprio`, `joint_pos[i]` relative to
+  the standing pose).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 
 import numpy as np
 from rosgraph_msgs.msg import Clock
+from sensor_msgs.msg import JointState
 from trajectory_msgs.msg import JointTrajectory
 
 # --- docs/safety.md, "The Go2 limits the oracle checks" --------------------------------------
@@ -46,6 +49,8 @@ TOLERANCE = 1e-5  # rad: float32 on the wire
 
 APPLIED_TOPIC = "/simdist/robot/applied_command"
 SAFE_TOPIC = "/simdist/safe_command"
+MEASURED_TOPIC = "/simdist/robot/proprio"
+JOINT_POS_NAMES = [f"joint_pos[{i}]" for i in range(12)]  # relative to STANDING_POSE
 
 
 def target(msg: JointTrajectory) -> np.ndarray:
@@ -68,6 +73,8 @@ class SafetyOracle:
         self.safe: list[tuple[float, JointTrajectory]] = []
         self.applied: list[tuple[float, JointTrajectory]] = []
         self.clock: list[tuple[float, int]] = []
+        self.measured: dict[int, np.ndarray] = {}  # stamp -> measured joint positions (finite)
+        node.create_subscription(JointState, MEASURED_TOPIC, self._on_measured, depth)
         node.create_subscription(JointTrajectory, SAFE_TOPIC, self._on_safe, depth)
         node.create_subscription(JointTrajectory, APPLIED_TOPIC, self._on(self.applied), depth)
         node.create_subscription(
@@ -81,6 +88,14 @@ class SafetyOracle:
         self.safe.append((time.monotonic(), msg))
         if self.wall_clock:
             self.arrival_ns[id(msg)] = time.time_ns()
+
+    def _on_measured(self, msg: JointState) -> None:
+        index = {name: i for i, name in enumerate(msg.name)}
+        if len(msg.name) != len(msg.position) or not all(n in index for n in JOINT_POS_NAMES):
+            return
+        pose = np.asarray(STANDING_POSE) + [msg.position[index[n]] for n in JOINT_POS_NAMES]
+        if np.all(np.isfinite(pose)):  # the first finite one: a test may inject a NaN copy
+            self.measured.setdefault(stamp_ns(msg.header.stamp), pose)
 
     @staticmethod
     def _on(log: list):
@@ -102,7 +117,7 @@ class SafetyOracle:
         for arrived, msg in safe:
             if msg.header.frame_id == "joint_position":
                 self._check_age(arrived, msg, max_command_age_s)
-        _check_steps([m for _, m in applied], max_target_step)
+        _check_steps([m for _, m in applied], max_target_step, self.measured)
 
     def _check_age(self, arrived: float, msg: JointTrajectory, limit_s: float) -> None:
         stamp = stamp_ns(msg.header.stamp)
@@ -138,18 +153,28 @@ def _check_command(topic: str, msg: JointTrajectory) -> None:
     )
 
 
-def _check_steps(applied: list[JointTrajectory], max_step: float) -> None:
-    previous = None  # nothing applied yet, or DAMP: no target to measure from
+def _check_steps(
+    applied: list[JointTrajectory], max_step: float, measured: dict[int, np.ndarray]
+) -> None:
+    previous = None  # nothing applied yet: no target to measure from
     for msg in applied:
         kind = msg.header.frame_id
         if kind == "hold":
             previous = np.asarray(STANDING_POSE)
             continue
         if kind == "damp":
-            previous = None
+            previous = "damp"
             continue
         goal = target(msg)
-        if previous is not None:
+        if isinstance(previous, str):  # after DAMP: from the measured joint positions
+            stamp = stamp_ns(msg.header.stamp)
+            assert stamp in measured, f"no measured joint positions stamped {stamp} ns"
+            step = float(np.max(np.abs(goal - measured[stamp])))
+            assert step <= max_step + TOLERANCE, (
+                f"applied step {step:.3f} rad from the measured pose after DAMP > "
+                f"max_target_step {max_step} (at {stamp} ns)"
+            )
+        elif previous is not None:
             step = float(np.max(np.abs(goal - previous)))
             assert step <= max_step + TOLERANCE, (
                 f"applied step {step:.3f} rad > max_target_step {max_step} "

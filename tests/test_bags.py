@@ -351,6 +351,30 @@ def test_a_killed_writer_loses_only_what_followed_its_last_flush(tmp_path):
         recover_bag(path)
 
 
+@pytest.mark.parametrize("cut", [0, 4, 8, None])
+def test_a_bag_cut_before_its_first_record_recovers_empty_and_garbage_is_refused(tmp_path, cut):
+    """A writer killed as it created the bag leaves its MCAP file empty, cut inside the magic, or
+    holding only the header (`cut` None: the chunk was still in memory): nothing reached the
+    disk, the recovered bag is empty and readable. A file that is not an MCAP is refused."""
+    path = tmp_path / "ep"
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], check=False)
+    mcap_file = path / "ep.mcap"
+    data = mcap_file.read_bytes()
+    # after the magic: the header record (opcode 0x01, 8-byte length, content)
+    assert data[8] == 1
+    header_end = 8 + 1 + 8 + int.from_bytes(data[9:17], "little")
+    mcap_file.write_bytes(data[:cut] if cut is not None else data[:header_end])
+    recovery = recover_bag(path)
+    assert (recovery.messages, recovery.topics) == (0, 0)
+    with EpisodeBag(path) as bag:
+        assert (bag.meta.episode, bag.meta.complete, bag.message_count) == (3, False, 0)
+    garbage = tmp_path / "junk"
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(garbage)], check=False)
+    (garbage / "junk.mcap").write_bytes(b"not an mcap file at all")
+    with pytest.raises(BagError, match="no complete channel record"):
+        recover_bag(garbage)
+
+
 def test_recovery_stops_at_a_record_cut_short(tmp_path):
     path = tmp_path / "ep"
     subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], check=False)

@@ -187,6 +187,34 @@ def test_a_robot_that_falls_at_once_does_not_restart_episodes_in_a_loop(ros_doma
         ros.close()
 
 
+def test_episodes_the_supervisor_damps_at_once_do_not_pause_the_driver(ros_domain):
+    """DAMP ends a simulated episode. The supervisor's watchdog damps every tick while the
+    planner is silent or late, so each next episode ends at its first tick: those are not
+    falls, and the driver keeps starting episodes (the planner can then catch up); a fall
+    within min_episode_steps still counts."""
+    ros = RosHarness(ros_domain)
+    try:
+        node = _go2_flat_driver(
+            ros, min_episode_steps=5, max_short_episodes=2, lockstep_republish_s=0.2
+        )
+        proprio = ros.collect(JointState, "/simdist/robot/proprio")
+        diags = ros.collect(DiagnosticArray, "/diagnostics")
+        cmd = ros.probe.create_publisher(JointTrajectory, "/simdist/safe_command", 10)
+        assert ros.spin_until(lambda: proprio and cmd.get_subscription_count())
+        for _ in range(12):  # DAMP answers every tick the driver publishes
+            stamp = ros_msgs.stamp_ns(proprio[-1].header.stamp)
+            damp = Command(CommandKind.DAMP)
+            cmd.publish(ros_msgs.command_to_msg(damp, ros_msgs.action_names("go2"), stamp, 0.02))
+            ros.spin_until(lambda s=stamp: ros_msgs.stamp_ns(proprio[-1].header.stamp) > s, 1.0)
+        assert node.episode_id >= 4, node.episode_id  # 1-tick episodes went on past the limit
+        assert not any(
+            "episodes in a row ended within" in m
+            for _, m in diagnostics_text(diags, "mujoco_driver")
+        )
+    finally:
+        ros.close()
+
+
 def test_driver_runs_the_stand_in_at_the_commanded_speed_and_panel_friction(ros_domain):
     """The launch arguments speed:= and friction:= reach the task: the panels, the episode limit
     and the command the robot publishes (which is what the planner is commanded)."""

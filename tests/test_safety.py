@@ -229,14 +229,18 @@ def test_the_step_limit_holds_whichever_forwarded_command_the_driver_applies():
     e = sup.filter(Command(CommandKind.JOINT_POSITION, down, stamp=0.12), now=0.12)
     assert _calf(e) == pytest.approx(base - 0.3, abs=1e-5)
     # HOLD applied: the robot stands at the default pose, the next step is measured from there;
-    # DAMP applied: no target, no reference. A report older than the newest changes nothing.
+    # DAMP applied: no target, the step is measured from the joint positions measured in the
+    # observation the command answers. A report older than the newest changes nothing.
     sup.applied(Command(CommandKind.HOLD, stamp=0.14))
     sup.applied(Command(CommandKind.JOINT_POSITION, down, stamp=0.13))
     held = sup.filter(Command(CommandKind.JOINT_POSITION, up, stamp=0.15), now=0.15)
     assert _calf(held) == pytest.approx(base + 0.3, abs=1e-5)
     sup.applied(Command(CommandKind.DAMP, stamp=0.155))
+    sagged = np.zeros(12)
+    sagged[2] = -0.5  # the limp calf measured 0.5 rad below the default pose
+    sup.observation(0.16, joint_pos_rel=sagged)
     f = sup.filter(Command(CommandKind.JOINT_POSITION, up, stamp=0.16), now=0.16)
-    assert f.status == "pass" and _calf(f) == pytest.approx(base + 0.9, abs=1e-5)
+    assert f.clipped == ["max_target_step"] and _calf(f) == pytest.approx(base - 0.2, abs=1e-5)
     # A robot that applied a target this supervisor never sent: refused, not stepped towards.
     sup.applied(Command(CommandKind.JOINT_POSITION, down, stamp=0.158))  # f still pending
     g = sup.filter(Command(CommandKind.JOINT_POSITION, up, stamp=0.18), now=0.18)

@@ -124,10 +124,7 @@ class Ingestion:
             raise StreamError(
                 f"proprio: {proprio.size} values, expected proprio_dim={self.config.proprio_dim}"
             )
-        if not np.all(np.isfinite(proprio)) or (
-            command is not None and not np.all(np.isfinite(command))
-        ):
-            raise StreamError("proprio: contains NaN or Inf; observation withheld")
+        self._check_finite("proprio: contains NaN or Inf; observation withheld", proprio, command)
         if self._names is not None and list(names) != self._names:
             raise StreamError(
                 f"proprio: layout changed from {len(self._names)} to {len(names)} named values"
@@ -160,9 +157,14 @@ class Ingestion:
             raise StreamError("height map received but height_map_shape is not configured")
         if height_map.shape != tuple(shape):
             raise StreamError(f"height map is {height_map.shape}, expected {tuple(shape)}")
-        if not np.all(np.isfinite(height_map)):
-            raise StreamError("height map contains NaN or Inf")
+        self._check_finite("height map contains NaN or Inf", height_map)
         self._store("height_map", stamp, height_map.astype(np.float32))
+
+    @staticmethod
+    def _check_finite(error: str, *arrays: np.ndarray | None) -> None:
+        """Guard: a sample with NaN or Inf is dropped (StreamError `error`), never aligned."""
+        if not all(np.all(np.isfinite(a)) for a in arrays if a is not None):
+            raise StreamError(error)
 
     def _store(self, stream: str, stamp: int, value) -> None:
         """Buffer a sample; a repeat of the newest stamp (a lockstep republish) replaces it."""

@@ -186,7 +186,8 @@ PARAMS = (
     Param(
         "min_episode_steps",
         5,
-        "an episode that ends within this many steps is short (a robot that falls at once)",
+        "an episode that ends within this many steps is short (a robot that falls at once; "
+        "one the supervisor ends with DAMP is not counted)",
         0,
         100_000,
     ),
@@ -506,8 +507,12 @@ class MujocoDriverNode(Node):
         `max_short_episodes` episodes in a row of fewer than `min_episode_steps` steps)."""
         if self._counted_episode != self.episode_id:
             self._counted_episode = self.episode_id
-            short = self.episode.step_count < self.params["min_episode_steps"]
-            self._short_episodes = self._short_episodes + 1 if short else 0
+            # An episode the supervisor ended with DAMP (its watchdog: the planner was silent or
+            # late) is no fall: counted, a planner's hiccup of damp_grace_s would end every next
+            # episode at its first tick and pause the driver for good.
+            if not self.last.info.get("damped"):
+                short = self.episode.step_count < self.params["min_episode_steps"]
+                self._short_episodes = self._short_episodes + 1 if short else 0
         limit = self.params["max_short_episodes"]
         if not limit or self._short_episodes < limit:
             return False

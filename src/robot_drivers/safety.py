@@ -29,6 +29,7 @@ GO2_TARGET_MARGIN = 0.3
 # Largest joint-target change per control step (rad): the same gait steps its calf targets by up
 # to 0.67 rad in 20 ms; 1.0 leaves 1.5x that.
 GO2_MAX_TARGET_STEP = 1.0
+MEASURED_KEPT = 50  # measured joint poses kept, by observation stamp (1 s of Go2 ticks)
 
 
 def joint_target_limits(
@@ -175,17 +176,31 @@ class SafetySupervisor:
         # one stays within max_target_step.
         self._applied_target: np.ndarray | None = None  # None: no target (damping, none yet)
         self._applied_stamp = -np.inf
+        # Measured joint positions (absolute, rad) by observation stamp, the newest few: with no
+        # applied target (none yet, or after DAMP, when the joints went limp) a target steps
+        # from where the joints are, too.
+        self._measured: dict[float, np.ndarray] = {}
         self._pending: list[tuple[float, np.ndarray]] = []  # (stamp, target) not yet reported
         self._timeout_since: float | None = None
         self._last_decision: Decision | None = None  # of the newest command filtered
 
     # --- inputs ------------------------------------------------------------------------------
-    def observation(self, stamp: float) -> None:
+    def observation(self, stamp: float, joint_pos_rel=None) -> None:
+        """An observation stamped `stamp`; `joint_pos_rel`, on a joint-target robot, its measured
+        joint positions relative to default_pose (the proprio's joint_pos term). A pose of the
+        wrong size or with NaN / Inf is not kept."""
         self.last_observation_stamp = (
             stamp
             if self.last_observation_stamp is None
             else max(stamp, self.last_observation_stamp)
         )
+        if joint_pos_rel is None or self.config.action_kind != CommandKind.JOINT_POSITION:
+            return
+        rel = np.asarray(joint_pos_rel, dtype=np.float64)
+        if rel.shape == (self.config.action_dim,) and np.all(np.isfinite(rel)):
+            self._measured[stamp] = np.asarray(self.config.default_pose) + rel
+            while len(self._measured) > MEASURED_KEPT:
+                del self._measured[min(self._measured)]
 
     def tcp_pose(self, pos) -> None:
         pos = np.asarray(pos, dtype=np.float64)
@@ -228,8 +243,9 @@ class SafetySupervisor:
         """The driver reports the command it applied (its stamp is the observation it answers):
         the step limiter's reference (joint-target robots) moves to it. HOLD makes the Go2 stand
         (its target is the default pose, in sim and on the robot), so the next step is measured
-        from there; DAMP has no target (zero stiffness), so none is. Forwarded targets with a
-        stamp at or before it can no longer be applied and are forgotten."""
+        from there; DAMP has no target (zero stiffness): the next is measured from the joint
+        positions measured when it is filtered. Forwarded targets with a stamp at or before it
+        can no longer be applied and are forgotten."""
         if command.stamp < self._applied_stamp:
             return  # an older report overtaken by a newer one
         self._applied_stamp = command.stamp
@@ -316,14 +332,11 @@ class SafetySupervisor:
             return Decision(
                 self.safe_command(now, damp=True), "estop", "e-stop latched; call ~/resume"
             )
-        if (
-            self.last_command_time is None
-            or now - self.last_command_time <= self.config.command_timeout_s
-        ):
+        if self.last_command_time is None or not self._plan_timed_out(now):
             return None
         if self._timeout_since is None:
             self._timeout_since = now
-        damp = now - self._timeout_since > self.config.damp_grace_s
+        damp = self._damp_due(now)
         reason = (
             f"no plan for {now - self.last_command_time:.3f} s "
             f"(limit command_timeout_s={self.config.command_timeout_s})"
@@ -331,6 +344,33 @@ class SafetySupervisor:
         return Decision(self.safe_command(now, damp=damp), "watchdog", reason)
 
     # --- guards (each one method, so that a test can show the fault oracle catches its loss) ---
+    def _plan_timed_out(self, now: float) -> bool:
+        """Guard (watchdog): no plan accepted for command_timeout_s: the safe action."""
+        last = self.last_command_time
+        return last is not None and now - last > self.config.command_timeout_s
+
+    def _damp_due(self, now: float) -> bool:
+        """Guard (DAMP): the watchdog has held for damp_grace_s: damp (where DAMP is a mode)."""
+        return self._timeout_since is not None and now - self._timeout_since > (
+            self.config.damp_grace_s
+        )
+
+    def _measured_reference(self, stamp: float) -> np.ndarray | None:
+        """Guard: with no applied target (none yet, or DAMP applied), the step limiter measures
+        from the joint positions measured in the observation the command answers (the newest
+        one if that is unknown), besides the targets forwarded since; None before any
+        measurement. (In the simulator DAMP also ends the episode and the robot is reset to
+        standing: the measured pose says so, the last target does not.)"""
+        if not self._measured:
+            return None
+        return self._measured.get(stamp, self._measured[max(self._measured)])
+
+    @staticmethod
+    def _another_source(low: np.ndarray, high: np.ndarray) -> bool:
+        """Guard: no target is within max_target_step of every reference (the applied target
+        and those forwarded since): the robot applied a target this supervisor never sent."""
+        return bool(np.any(low > high))
+
     def _stale_reason_of(self, stamp: float, now: float) -> str | None:
         """Guard: a command answering an observation too old, or stamped ahead of the clock."""
         return stale_command_reason(stamp, now, self.config.max_command_age_s)
@@ -356,11 +396,15 @@ class SafetySupervisor:
         references = [t for _, t in self._pending]
         if self._applied_target is not None:
             references.append(self._applied_target)
+        else:  # nothing held (none yet, DAMP): from the joints where they are, measured
+            measured = self._measured_reference(stamp)
+            if measured is not None:
+                references.append(measured)
         if not references:
             return target
         low = np.max(references, axis=0) - c.max_target_step
         high = np.min(references, axis=0) + c.max_target_step
-        if np.any(low > high):
+        if self._another_source(low, high):
             return None
         return np.clip(target, low, high)
 

@@ -159,6 +159,18 @@ def _checker(robot: str):
     return check
 
 
+def _joint_pos_rel(msg: JointState, joints: int) -> list[float] | None:
+    """The proprio's measured `joint_pos[i]` values (relative to the default pose), if it has
+    them all (the Go2's proprio does)."""
+    if len(msg.name) != len(msg.position):
+        return None
+    index = {name: i for i, name in enumerate(msg.name)}
+    keys = [f"joint_pos[{i}]" for i in range(joints)]
+    if not all(k in index for k in keys):
+        return None
+    return [msg.position[index[k]] for k in keys]
+
+
 class SafetyNode(Node):
     def __init__(self, **kwargs):
         super().__init__("safety_supervisor", **kwargs)
@@ -210,7 +222,7 @@ class SafetyNode(Node):
 
     def on_observation(self, msg: JointState) -> None:
         stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
-        self.core.observation(stamp_ns * 1e-9)
+        self.core.observation(stamp_ns * 1e-9, _joint_pos_rel(msg, len(self.names)))
         self._newest_obs_ns = max(self._newest_obs_ns, stamp_ns)
         if stamp_ns > self._answered_ns and (
             self._unanswered is None or stamp_ns > self._unanswered[0]

@@ -36,6 +36,7 @@ TYPESTORE = get_typestore(Stores.ROS2_KILTED)
 SIDECAR = "episode.json"
 META_KEY = "simdist_episode"  # key of the episode JSON in metadata.yaml custom_data
 BAG_FORMAT_VERSION = 1
+_MCAP_MAGIC = b"\x89MCAP0\r\n"  # the first 8 bytes of every MCAP file
 
 
 class BagError(RuntimeError):
@@ -320,7 +321,9 @@ def recover_bag(path: str | os.PathLike) -> Recovery:
     """Rebuild an unfinalised episode bag in place: every complete message of its MCAP goes into a
     new, finalised MCAP with metadata.yaml (the episode sidecar's metadata, `complete` false and
     `recovered` true). The original file stays in the directory as `<name>.mcap.unfinalised`.
-    Raises BagError if `path` is not an unfinalised bag or holds no readable record.
+    A file cut before its first record (a writer killed as it created the bag) gives an empty
+    bag. Raises BagError if `path` is not an unfinalised bag, or its file is not an MCAP or
+    holds messages but no channel record.
     """
     from mcap.exceptions import McapError  # noqa: PLC0415 - only recovery reads raw MCAP records
     from mcap.records import Channel, Message, Schema  # noqa: PLC0415
@@ -345,8 +348,13 @@ def recover_bag(path: str | os.PathLike) -> Recovery:
                     messages.append(record)
         except (McapError, EOFError, ValueError, OSError, struct.error):  # the record cut short
             truncated = True
-    if not channels:
+    with source.open("rb") as f:
+        head = f.read(len(_MCAP_MAGIC))
+    if not channels and (messages or not _MCAP_MAGIC.startswith(head)):
         raise BagError(f"{source}: no complete channel record; nothing can be recovered")
+    # No channel record and the file is (a start of) the MCAP magic and header: the writer was
+    # killed within moments of creating it, before its first flush. The episode recorded
+    # nothing that reached the disk; the recovered bag is empty.
     sidecar = path / SIDECAR
     meta = (
         EpisodeMeta.from_json(sidecar.read_text(), str(sidecar))

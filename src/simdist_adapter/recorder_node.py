@@ -348,6 +348,8 @@ class RecorderNode(Node):
             self._open(meta, start=stamp)
         bag = self._bags[-1]
         self._write(bag, EPISODE_TOPIC, received, data)
+        if new:  # the header, the channel and the first tick on disk at once: a recorder killed
+            bag.flush()  # before its next flush leaves a bag that recovers to this tick
         meta = bag.meta
         meta.steps = max(meta.steps, int(info.get("step", 0)))
         if info.get("terminated") or info.get("truncated"):
