@@ -29,7 +29,7 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
   PlannerConfig it implies) and applied at the start of the next tick. The MPPI parameters and
   the control rate default to the planner preset's (`planner_preset`, else `official` for an
   imported official model, else the robot's: `robot`, else the start-up checkpoint's):
-  planning.config.PLANNER_PRESETS and RobotSpec, the one source config/*.yaml repeats.
+  planning.config.PLANNER_PRESETS and RobotSpec (config/*.yaml names the preset, no value).
 """
 
 from __future__ import annotations
