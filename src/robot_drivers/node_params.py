@@ -14,7 +14,7 @@ import difflib
 import math
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from rcl_interfaces.msg import (
     FloatingPointRange,
@@ -120,7 +120,7 @@ class NodeParams:
         self._check = check
         self._lock = threading.Lock()
         self._pending: dict[str, object] = {}
-        self.values: dict[str, object] = {}
+        self.values: dict[str, Any] = {}  # a parameter's value is any of its ROS types
         for p in params:
             self.values[p.name] = node.declare_parameter(p.name, p.default, p.descriptor()).value
         unknown = unknown_parameters(node)
@@ -134,7 +134,7 @@ class NodeParams:
                 )
         node.add_on_set_parameters_callback(self._on_set)
 
-    def __getitem__(self, name: str):
+    def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
     def _validate(self, name: str, value, values: dict) -> str | None:

@@ -103,7 +103,7 @@ def _checker(robot: str):
 class SafetyNode(Node):
     def __init__(self, **kwargs):
         super().__init__("safety_supervisor", **kwargs)
-        self.robot = self.declare_parameter(
+        self.robot: str = self.declare_parameter(
             ROBOT_PARAM.name, ROBOT_PARAM.default, ROBOT_PARAM.descriptor()
         ).value
         if self.robot not in ROBOT_PARAM.choices:

@@ -21,6 +21,7 @@ import rclpy
 import torch
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
+from rclpy.client import Client
 from rclpy.node import Node
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
@@ -152,8 +153,8 @@ class AdapterNode(Node):
         self.create_service(Trigger, "~/adapt", self._on_adapt)
         self.create_service(Trigger, "~/rollback", self._on_rollback)
         planner = self.params["planner_node"]
-        self.param_client = self.create_client(SetParameters, f"/{planner}/set_parameters")
-        self.load_client = self.create_client(Trigger, f"/{planner}/load_model")
+        self.param_client: Client = self.create_client(SetParameters, f"/{planner}/set_parameters")
+        self.load_client: Client = self.create_client(Trigger, f"/{planner}/load_model")
         ctx = multiprocessing.get_context("spawn")
         self.pool = concurrent.futures.ProcessPoolExecutor(
             max_workers=1, mp_context=ctx, initializer=_start_worker

@@ -37,6 +37,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import rclpy
@@ -186,9 +187,10 @@ class PlannerNode(Node):
         self._planning_thread = threading.Thread(
             target=self._planning_loop, name="planning", daemon=True
         )
-        robot, checkpoint, wait_for_checkpoint, preset = (
+        startup: list[Any] = [
             self.declare_parameter(q.name, q.default, q.descriptor()).value for q in STARTUP_PARAMS
-        )
+        ]
+        robot, checkpoint, wait_for_checkpoint, preset = startup
         for q, value in zip(STARTUP_PARAMS, (robot, checkpoint, wait_for_checkpoint, preset)):
             if q.choices and value not in q.choices:
                 raise ValueError(
