@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 import rclpy
@@ -51,7 +52,12 @@ from robot_drivers.specs import robot_spec
 from simdist_planner.model.checkpoint import save_checkpoint
 from simdist_planner.model.config import go2_config, ur5e_small_config
 from simdist_planner.model.world_model import WorldModel
-from simdist_planner.planning.config import PRECISIONS
+from simdist_planner.planning.config import (
+    PLANNER_FIELDS,
+    PRECISIONS,
+    PlannerConfig,
+    planner_config_for,
+)
 from simdist_planner.ros.planner_node import QOS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -72,6 +78,12 @@ def make_checkpoint(robot: str, path: pathlib.Path) -> str:
     return str(path)
 
 
+def preset_config(robot: str, planner: dict) -> PlannerConfig:
+    """The PlannerConfig a graph's planner section plans with (its preset, its own values)."""
+    config = planner_config_for(robot_spec(robot), planner.get("planner_preset", ""))
+    return replace(config, **{k: v for k, v in planner.items() if k in PLANNER_FIELDS})
+
+
 def measure(
     robot: str,
     seconds: float,
@@ -87,7 +99,8 @@ def measure(
     params = yaml.safe_load((ROOT / "config" / f"{graph}.yaml").read_text())
     planner = params["planner"]["ros__parameters"]
     if samples:
-        planner["num_samples"], planner["num_elites"] = samples, min(planner["num_elites"], samples)
+        elites = preset_config(robot, planner).num_elites
+        planner["num_samples"], planner["num_elites"] = samples, min(elites, samples)
     if iterations:
         planner["iterations"] = iterations
     if precision:

@@ -47,7 +47,12 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
-from ros_graph import ROOT, SIMDIST, make_checkpoint  # the sibling benchmark (same directory)
+from ros_graph import (  # the sibling benchmark (same directory)
+    ROOT,
+    SIMDIST,
+    make_checkpoint,
+    preset_config,
+)
 from simdist_adapter.bags import list_episode_bags, unfinalised_bags
 from simdist_planner.ros import launch_description as desc
 
@@ -118,7 +123,7 @@ def soak(args, workdir: pathlib.Path) -> dict:
     params = yaml.safe_load(desc.config_path(args.graph).read_text())
     planner = params["planner"]["ros__parameters"]
     planner["num_samples"] = args.samples
-    planner["num_elites"] = min(planner["num_elites"], args.samples)
+    planner["num_elites"] = min(preset_config(robot, planner).num_elites, args.samples)
     planner["iterations"] = args.iterations
     adapter = params.get("adapter", {}).get("ros__parameters")
     if adapter is not None:  # the adapter's registry and scratch space stay in the temp dir

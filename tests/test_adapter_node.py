@@ -105,18 +105,18 @@ def test_adapt_service_deploys_and_hot_swaps_then_rolls_back(tmp_path, ros_domai
         assert started.success, started.message
         busy = call(adapt)
         assert not busy.success and "still running" in busy.message
-        assert planner._loaded is not None and _weights_equal(planner._loaded.model, v0)
+        assert planner.core.loaded is not None and _weights_equal(planner.core.loaded.model, v0)
         swapped = wait_for({"swapped", "swap_failed", "refused", "failed"})
         assert swapped["state"] == "swapped", swapped
         assert registry.deployed_version == "v0001"
-        assert _weights_equal(planner._loaded.model, registry.load_deployed())
-        assert not _weights_equal(planner._loaded.model, v0)
+        assert _weights_equal(planner.core.loaded.model, registry.load_deployed())
+        assert not _weights_equal(planner.core.loaded.model, v0)
         assert planner.get_parameter("checkpoint").value == str(registry.link)
 
         rolled = call(rollback)
         assert rolled.success and "v0000" in rolled.message
         assert wait_for({"swapped", "swap_failed"})["state"] == "swapped"
-        assert _weights_equal(planner._loaded.model, v0)
+        assert _weights_equal(planner.core.loaded.model, v0)
         executor.shutdown()
         for n in (planner, adapter, client_node):
             n.destroy_node()

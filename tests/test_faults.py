@@ -1021,7 +1021,7 @@ def test_a_misspelt_key_in_a_parameter_file_ends_the_graph_naming_it(tmp_path, r
 
     data = yaml.safe_load(desc.config_path("go2_flat").read_text())
     planner = data["planner"]["ros__parameters"]
-    planner["num_sample"] = planner.pop("num_samples")
+    planner["num_sample"] = 450  # num_samples misspelt
     params = tmp_path / "typo.yaml"
     params.write_text(yaml.safe_dump(data))
     out = subprocess.run(

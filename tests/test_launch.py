@@ -210,7 +210,11 @@ NODE_MODULES = {
 
 
 @pytest.mark.parametrize("graph", sorted(desc.GRAPHS))
-def test_config_files_hold_only_declared_parameters_with_their_types(graph):
+def test_config_files_hold_only_what_the_graph_changes_from_the_node_defaults(graph):
+    """config/<graph>.yaml has a section per node of the graph, and in it only declared
+    parameters whose value differs from the node's default (for the graph's robot and, for the
+    planner, its planner_preset), typed like the default: a default lives in one place, and a
+    change of it reaches every graph that does not change it on purpose."""
     data = yaml.safe_load(desc.config_path(graph).read_text())
     robot = desc.GRAPHS[graph].robot
     nodes = {n.name for n in desc.GRAPHS[graph].nodes} - (
@@ -218,8 +222,9 @@ def test_config_files_hold_only_declared_parameters_with_their_types(graph):
     )
     assert set(data) == nodes, f"{graph}.yaml sections {sorted(data)} != nodes {sorted(nodes)}"
     for node in sorted(nodes):
-        declared = _declared(NODE_MODULES[node], robot)
         section = data[node]["ros__parameters"]
+        preset = section.get("planner_preset", "") if node == "planner" else ""
+        declared = _declared(NODE_MODULES[node], robot, preset)
         assert set(section) <= set(declared), (
             f"{graph}.yaml {node}: {set(section) - set(declared)} not declared"
         )
@@ -227,30 +232,31 @@ def test_config_files_hold_only_declared_parameters_with_their_types(graph):
             assert type(value) is type(declared[key]), (
                 f"{graph}.yaml {node}.{key}: {value!r} vs {declared[key]!r}"
             )
-    assert data["mujoco_driver"]["ros__parameters"]["robot"] == robot
-    assert data["adapter"]["ros__parameters"]["robot"] == robot
+            assert value != declared[key], (
+                f"{graph}.yaml {node}.{key}: {value!r} is the node's default; leave it out"
+            )
+    for node in ("mujoco_driver", "adapter", "safety_supervisor"):  # the graph's robot
+        default = _declared(NODE_MODULES[node], robot)["robot"]
+        assert data[node]["ros__parameters"].get("robot", default) == robot, node
 
 
 @pytest.mark.parametrize("graph", sorted(desc.GRAPHS))
-def test_the_planner_section_holds_the_planner_defaults_of_its_preset(graph):
-    """One source of truth: config/<graph>.yaml's planner values are the node's defaults for the
-    graph's robot and named preset, and its MPPI values are that preset's PlannerConfig factory's,
-    value by value."""
+def test_the_planner_takes_its_settings_from_the_preset_the_graph_names(graph):
+    """A graph's planner section names its robot and preset and no MPPI value, so the node's
+    defaults (the preset's PlannerConfig factory, the robot's control rate) are what it runs:
+    go2_flat's official preset cannot keep an old value of a preset setting."""
     robot = desc.GRAPHS[graph].robot
     section = yaml.safe_load(desc.config_path(graph).read_text())["planner"]["ros__parameters"]
-    assert section["robot"] == robot
+    assert section == {
+        "robot": robot,
+        "planner_preset": "official" if graph == "go2_flat" else robot,
+    }
     preset = section["planner_preset"]
-    assert preset == ("official" if graph == "go2_flat" else robot)
     declared = _declared(NODE_MODULES["planner"], robot, preset)
-    for key, value in section.items():
-        if key not in ("robot", "planner_preset"):
-            assert value == declared[key], (
-                f"{graph}.yaml planner.{key}: {value!r} vs {declared[key]!r}"
-            )
     factory = planner_config_for(robot_spec(robot), preset)
     for field in PLANNER_FIELDS:
-        assert section[field] == getattr(factory, field), f"{graph}.yaml planner.{field}"
-    assert section["control_rate_hz"] == robot_spec(robot).control_rate_hz
+        assert declared[field] == getattr(factory, field), f"planner.{field}"
+    assert declared["control_rate_hz"] == robot_spec(robot).control_rate_hz
     if preset == "official":  # the official controller differs from the self-trained Go2 preset
         own = _declared(NODE_MODULES["planner"], robot)
         assert {k for k in declared if declared[k] != own[k]} == {
@@ -263,6 +269,17 @@ def test_the_planner_section_holds_the_planner_defaults_of_its_preset(graph):
         "control_rate_hz", "max_observation_age_s", "policy_noise_std", "temperature", "init_std",
         "horizon",
     }  # fmt: skip
+
+
+def test_launch_arguments_are_typed_as_the_parameters_they_set():
+    graph = desc.resolve(
+        "go2_slope",
+        {"checkpoint": "/ck", "seed": "3", "speed": "1", "friction": "0.13", "lockstep": "on"},
+    )
+    driver = next(n for n in graph.nodes if n.name == "mujoco_driver").overrides
+    assert driver["seed"] == 3 and driver["episodes"] == 0 and driver["lockstep"] is True
+    assert driver["speed"] == 1.0 and type(driver["speed"]) is float
+    assert driver["panel_friction"] == 0.13 and driver["variant"] == "real"
 
 
 def test_launch_files_parse_and_read_the_shared_description():

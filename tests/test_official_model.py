@@ -293,8 +293,8 @@ def test_an_imported_model_plans_with_the_official_controller_settings(export, m
     rclpy.init()
     try:
         node = PlannerNode(parameter_overrides=[NodeParameter("checkpoint", value=checkpoint)])
-        assert (node.robot, node.preset) == ("go2", "official")
-        assert node.planner.config == official
+        assert (node.core.robot, node.core.preset) == ("go2", "official")
+        assert node.core.planner.config == official
         node.destroy_node()
         node = PlannerNode(
             parameter_overrides=[
@@ -302,7 +302,7 @@ def test_an_imported_model_plans_with_the_official_controller_settings(export, m
                 NodeParameter("planner_preset", value="go2"),
             ]
         )
-        assert node.preset == "go2" and node.planner.config.temperature == GO2_TEMPERATURE
+        assert node.core.preset == "go2" and node.core.planner.config.temperature == GO2_TEMPERATURE
         node.destroy_node()
     finally:
         rclpy.shutdown()

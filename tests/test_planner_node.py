@@ -383,7 +383,7 @@ def test_parameter_defaults_are_the_planner_config_of_the_robot_the_node_plans_f
                 NodeParameter("wait_for_checkpoint", value=True),
             ]
         )
-        assert node.robot == "go2" and node.params["horizon"] == 25
+        assert node.core.robot == "go2" and node.params["horizon"] == 25
         assert node.params["max_observation_age_s"] == pytest.approx(0.05)
         node.destroy_node()
         mismatch = [
@@ -398,12 +398,12 @@ def test_parameter_defaults_are_the_planner_config_of_the_robot_the_node_plans_f
         node = PlannerNode(
             parameter_overrides=[*mismatch, NodeParameter("wait_for_checkpoint", value=True)]
         )
-        assert node.robot == "ur5e" and node._loaded is None  # refused, the node waits
+        assert node.core.robot == "ur5e" and node.core.loaded is None  # refused, the node waits
         assert node.params["temperature"] == 0.4
         with pytest.raises(
             ValueError, match="is a go2 model; this planner's parameters are ur5e's"
         ):
-            node._planner_config(node.params.values, load_world_model(go2, "cpu"), SPEC)
+            node.core.planner_config(node.params.values, load_world_model(go2, "cpu"), SPEC)
         node.destroy_node()
     finally:
         rclpy.shutdown()

@@ -188,7 +188,7 @@ class IngestionNode(Node):
             stamp_ns = obs.stamp_ns
             for c, image in obs.images.items():
                 self.pub_images[c].publish(ros_msgs.image_to_msg(image, stamp_ns, f"{c}_camera"))
-            if self.pub_height is not None:
+            if self.pub_height is not None and obs.height_map is not None:
                 self.pub_height.publish(ros_msgs.height_map_to_msg(obs.height_map, stamp_ns))
             self.pub_proprio.publish(
                 ros_msgs.pack_proprio(

@@ -272,7 +272,7 @@ class MujocoDriverNode(Node):
             None  # real-time mode: newest command, wall time
         )
         self.dropped = 0
-        self.finished = Future()  # set when `episodes` episodes have run
+        self.finished: Future = Future()  # set when `episodes` episodes have run
         self.diag = Diagnostics(self, hardware_id=f"mujoco:{p['task']}:{p['variant']}")
         self._make_io()
         steady = Clock(clock_type=ClockType.STEADY_TIME)
@@ -360,7 +360,8 @@ class MujocoDriverNode(Node):
                     t,
                 )
             )
-            self.pub_height.publish(ros_msgs.height_map_to_msg(obs.height_map, t))
+            if obs.height_map is not None:
+                self.pub_height.publish(ros_msgs.height_map_to_msg(obs.height_map, t))
         else:
             quat = np.zeros(4)
             mujoco.mju_mat2Quat(quat, np.asarray(priv["tcp_mat"], np.float64).reshape(9))

@@ -14,7 +14,7 @@ import difflib
 import math
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from rcl_interfaces.msg import (
     FloatingPointRange,
@@ -22,6 +22,8 @@ from rcl_interfaces.msg import (
     ParameterDescriptor,
     SetParametersResult,
 )
+
+from robot_drivers.described import Setting
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,21 @@ class Param:
     high: float | None = None
     read_only: bool = False  # structural settings (robot, cameras) fixed at start-up
     choices: tuple = ()  # the allowed values of a string parameter (rqt shows them as constraints)
+
+    @classmethod
+    def of(cls, setting: Setting, read_only: bool = False) -> Param:
+        """The ROS parameter of a config's described setting (robot_drivers.described): its
+        default (a tuple as a list), doc, range and choices."""
+        default = list(setting.default) if isinstance(setting.default, tuple) else setting.default
+        return cls(
+            setting.name,
+            default,
+            setting.doc,
+            setting.low,
+            setting.high,
+            read_only=read_only,
+            choices=setting.choices,
+        )
 
     def descriptor(self) -> ParameterDescriptor:
         d = ParameterDescriptor(description=self.description, read_only=self.read_only)
@@ -52,6 +69,25 @@ class Param:
                 FloatingPointRange(from_value=float(low), to_value=float(high), step=0.0)
             ]
         return d
+
+
+def docs_table(params: tuple[Param, ...] | list[Param]) -> list[str]:
+    """The docs' table of a node's parameters (docs/observation_topics.md, section 7), one row
+    per Param: name, default, range (and read-only), description.
+
+    Args:
+        params: the node's parameters, in the order the table lists them.
+
+    Returns:
+        The Markdown lines, header first.
+    """
+    rows = ["| parameter | default | range | description |", "|---|---|---|---|"]
+    for p in params:
+        span = f"[{p.low}, {p.high}]" if p.low is not None else ""
+        span = f"{span} read-only".strip() if p.read_only else span
+        text = p.description.replace("|", "\\|")
+        rows.append(f"| `{p.name}` | `{p.default}` | {span} | {text} |")
+    return rows
 
 
 def unknown_parameters(node) -> list[str]:
@@ -84,7 +120,7 @@ class NodeParams:
         self._check = check
         self._lock = threading.Lock()
         self._pending: dict[str, object] = {}
-        self.values: dict[str, object] = {}
+        self.values: dict[str, Any] = {}  # a parameter's value is any of its ROS types
         for p in params:
             self.values[p.name] = node.declare_parameter(p.name, p.default, p.descriptor()).value
         unknown = unknown_parameters(node)
@@ -98,7 +134,7 @@ class NodeParams:
                 )
         node.add_on_set_parameters_callback(self._on_set)
 
-    def __getitem__(self, name: str):
+    def __getitem__(self, name: str) -> Any:
         return self.values[name]
 
     def _validate(self, name: str, value, values: dict) -> str | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from robot_drivers.described import setting
 from robot_drivers.interface import Command, CommandKind, RobotSpec
 from robot_drivers.specs import robot_spec
 
@@ -56,22 +57,88 @@ class SafetyConfig:
     action scale) is the robot's RobotSpec's, never a setting here."""
 
     robot: str = "ur5e"  # a robot of robot_drivers.specs; its RobotSpec says what the rest means
-    command_timeout_s: float = 0.5  # no fresh plan for this long -> safe action
-    damp_grace_s: float = 0.2  # Go2: HOLD (stand) this long after a timeout, then DAMP
-    observation_timeout_s: float = 0.5  # newest observation older than this -> safe action
+    # Each setting's description (doc, range) is the supervisor node's parameter
+    # (robot_drivers.described); `group` names the command kind whose limit it is.
+    command_timeout_s: float = field(
+        default=0.5,
+        metadata=setting(
+            "no fresh plan for this long -> safe action (keep above one control period)",
+            low=0.01,
+            high=10.0,
+        ),
+    )
+    damp_grace_s: float = field(
+        default=0.2,
+        metadata=setting(
+            "a robot with a DAMP mode (Go2): stand (HOLD) this long after a plan timeout, "
+            "then DAMP",
+            low=0.0,
+            high=10.0,
+        ),
+    )
+    observation_timeout_s: float = field(
+        default=0.5,
+        metadata=setting("newest observation older than this -> safe action", low=0.01, high=10.0),
+    )
     # A command carries the stamp of the observation it answers. One whose stamp is further than
     # this from the node clock, in the past (a late plan) or the future (a command of another
     # episode after a clock reset, a clock jump), is not forwarded: the safe action goes instead.
-    max_command_age_s: float = 0.5
+    max_command_age_s: float = field(
+        default=0.5,
+        metadata=setting(
+            "a command whose stamp (the observation it answers) is further than this from the "
+            "node clock, late or ahead -> safe action",
+            low=0.001,
+            high=10.0,
+        ),
+    )
     # end-effector deltas (EE_DELTA: the UR5e)
-    max_step_pos: float = 0.03  # m per control step (norm of dx, dy, dz)
-    max_step_rot: float = 0.25  # rad per control step (norm of the rotation vector)
-    workspace_low: tuple[float, float, float] = (-0.45, 0.10, 0.01)  # m, TCP box in the base frame
-    workspace_high: tuple[float, float, float] = (0.55, 0.90, 0.70)
-    # joint targets (JOINT_POSITION: the Go2); () = joint_target_limits of the robot's spec
-    joint_low: tuple[float, ...] = ()
-    joint_high: tuple[float, ...] = ()
-    max_target_step: float = GO2_MAX_TARGET_STEP  # rad per control step between joint targets
+    max_step_pos: float = field(
+        default=0.03,
+        metadata=setting(
+            "max TCP translation per control step (m)", low=0.001, high=0.2, group="ee_delta"
+        ),
+    )
+    max_step_rot: float = field(
+        default=0.25,
+        metadata=setting(
+            "max TCP rotation per control step (rad)", low=0.01, high=1.5, group="ee_delta"
+        ),
+    )
+    workspace_low: tuple[float, float, float] = field(
+        default=(-0.45, 0.10, 0.01),
+        metadata=setting("TCP box lower corner x, y, z (m, base frame)", group="ee_delta"),
+    )
+    workspace_high: tuple[float, float, float] = field(
+        default=(0.55, 0.90, 0.70),
+        metadata=setting("TCP box upper corner x, y, z (m, base frame)", group="ee_delta"),
+    )
+    # joint targets (JOINT_POSITION: the Go2)
+    max_target_step: float = field(
+        default=GO2_MAX_TARGET_STEP,
+        metadata=setting(
+            "max joint-target change per control step (rad)",
+            low=0.01,
+            high=3.0,
+            group="joint_position",
+        ),
+    )
+    joint_low: tuple[float, ...] = field(  # () = joint_target_limits of the robot's spec
+        default=(),
+        metadata=setting(
+            "lower joint-target limits (rad, the robot's joint order): the joint range less a "
+            "margin",
+            group="joint_position",
+        ),
+    )
+    joint_high: tuple[float, ...] = field(
+        default=(),
+        metadata=setting(
+            "upper joint-target limits (rad, the robot's joint order): the joint range plus a "
+            "margin",
+            group="joint_position",
+        ),
+    )
 
     def __post_init__(self) -> None:
         self._spec = robot_spec(self.robot)  # ValueError naming the known robots

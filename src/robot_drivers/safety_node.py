@@ -25,8 +25,8 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import settings
 from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
-from robot_drivers.interface import CommandKind
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.safety import Decision, SafetyConfig, SafetySupervisor
@@ -43,11 +43,12 @@ ROBOT_PARAM = Param(
 
 
 def tunable_params(robot: str) -> tuple[Param, ...]:
-    """The node's parameters after ROBOT_PARAM for `robot`, with SafetyConfig's defaults; the
-    limits are those of what the robot's actions are (RobotSpec.command_kind): the step caps and
-    workspace box of end-effector deltas, the joint-target limits and step of joint targets."""
-    c = SafetyConfig(robot=robot)
-    timing = (
+    """The node's parameters after ROBOT_PARAM for `robot`: its own timing, then SafetyConfig's
+    described settings (robot_drivers.described) with the robot's defaults; of the limits, those
+    of what the robot's actions are (RobotSpec.command_kind: the step caps and workspace box of
+    end-effector deltas, the joint-target limits and step of joint targets)."""
+    config = SafetyConfig(robot=robot)
+    own = (
         Param(
             "watchdog_rate_hz",
             50.0,
@@ -55,36 +56,6 @@ def tunable_params(robot: str) -> tuple[Param, ...]:
             1.0,
             1000.0,
             read_only=True,
-        ),
-        Param(
-            "command_timeout_s",
-            c.command_timeout_s,
-            "no fresh plan for this long -> safe action (keep above one control period)",
-            0.01,
-            10.0,
-        ),
-        Param(
-            "damp_grace_s",
-            c.damp_grace_s,
-            "a robot with a DAMP mode (Go2): stand (HOLD) this long after a plan timeout, "
-            "then DAMP",
-            0.0,
-            10.0,
-        ),
-        Param(
-            "observation_timeout_s",
-            c.observation_timeout_s,
-            "newest observation older than this -> safe action",
-            0.01,
-            10.0,
-        ),
-        Param(
-            "max_command_age_s",
-            c.max_command_age_s,
-            "a command whose stamp (the observation it answers) is further than this from the "
-            "node clock, late or ahead -> safe action",
-            0.001,
-            10.0,
         ),
         Param(
             "answer_timeout_s",
@@ -96,38 +67,8 @@ def tunable_params(robot: str) -> tuple[Param, ...]:
             60.0,
         ),
     )
-    if c.action_kind == CommandKind.EE_DELTA:
-        return timing + (
-            Param("max_step_pos", c.max_step_pos, "max TCP translation per control step (m)",
-                  0.001, 0.2),
-            Param("max_step_rot", c.max_step_rot, "max TCP rotation per control step (rad)",
-                  0.01, 1.5),
-            Param("workspace_low", list(c.workspace_low),
-                  "TCP box lower corner x, y, z (m, base frame)"),
-            Param("workspace_high", list(c.workspace_high),
-                  "TCP box upper corner x, y, z (m, base frame)"),
-        )  # fmt: skip
-    return timing + (
-        Param(
-            "max_target_step",
-            c.max_target_step,
-            "max joint-target change per control step (rad)",
-            0.01,
-            3.0,
-        ),
-        Param(
-            "joint_low",
-            list(c.joint_low),
-            "lower joint-target limits (rad, the robot's joint order): the joint range less a "
-            "margin",
-        ),
-        Param(
-            "joint_high",
-            list(c.joint_high),
-            "upper joint-target limits (rad, the robot's joint order): the joint range plus a "
-            "margin",
-        ),
-    )
+    kind = config.action_kind.value
+    return own + tuple(Param.of(s) for s in settings(config) if s.group in ("", kind))
 
 
 def node_params(robot: str) -> tuple[Param, ...]:
@@ -174,7 +115,7 @@ def _joint_pos_rel(msg: JointState, joints: int) -> list[float] | None:
 class SafetyNode(Node):
     def __init__(self, **kwargs):
         super().__init__("safety_supervisor", **kwargs)
-        self.robot = self.declare_parameter(
+        self.robot: str = self.declare_parameter(
             ROBOT_PARAM.name, ROBOT_PARAM.default, ROBOT_PARAM.descriptor()
         ).value
         if self.robot not in ROBOT_PARAM.choices:

@@ -21,10 +21,12 @@ import rclpy
 import torch
 from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
 from rcl_interfaces.srv import SetParameters
+from rclpy.client import Client
 from rclpy.node import Node
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
+from robot_drivers.described import settings
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.node_spin import spin_until_shutdown
@@ -36,6 +38,11 @@ from simdist_adapter.registry import ModelRegistry, RegistryError
 
 STATUS_TOPIC = "/simdist/adapter/status"
 
+# The round's settings are AdaptConfig's described fields (their doc and range); the node adds
+# its own. max_steps: a node's round defaults to a budget (0 = no cap), so that a robot adapts
+# between episodes; AdaptConfig's None is "epochs full passes".
+ROUND_SETTINGS = tuple(s for s in settings(AdaptConfig()))
+NODE_MAX_STEPS = 2000
 PARAMS = (
     Param(
         "robot", "ur5e", "robot whose observation layout the bags hold (ur5e | go2)", read_only=True
@@ -52,35 +59,13 @@ PARAMS = (
         0,
         100000,
     ),
-    Param("batch_size", 32, "Eq. 3 batch size (official 32)", 1, 4096),
-    Param("lr", 2e-4, "Adam learning rate of f (official 2e-4)", 1e-7, 1.0),
+    *(Param.of(s) for s in ROUND_SETTINGS),
     Param(
-        "warmup_steps", 2000, "linear warm-up steps (capped at a tenth of the round)", 0, 1000000
-    ),
-    Param("epochs", 100, "passes over D_real per round (official 100)", 1, 100000),
-    Param("max_steps", 2000, "cap on optimiser steps per round (0 = no cap)", 0, 10000000),
-    Param("holdout", 0.05, "fraction of episodes held out for the validation gate", 0.01, 0.5),
-    Param("device", "cpu", "torch device of the worker (cpu, cuda, cuda:N)"),
-    Param("train_encoder", False, "ablation: also unfreeze the encoder E"),
-    Param("train_value", False, "ablation: also unfreeze the value function V"),
-    Param(
-        "sim_data",
-        "",
-        "simulation shards (e.g. a sample of the pretraining data): forgetting guard",
-    ),
-    Param(
-        "sim_replay",
-        0.0,
-        "fraction of each batch replayed from sim_data (0 = real windows only)",
-        0.0,
-        0.9,
-    ),
-    Param(
-        "max_sim_loss_increase",
-        0.5,
-        "gate: refuse a candidate whose sim latent loss rose by more",
-        0.0,
-        100.0,
+        "max_steps",
+        NODE_MAX_STEPS,
+        "cap on optimiser steps per round (0 = no cap)",
+        0,
+        10000000,
     ),
     Param(
         "poll_period_s", 1.0, "how often new bags and the worker's progress are checked", 0.05, 60.0
@@ -168,8 +153,8 @@ class AdapterNode(Node):
         self.create_service(Trigger, "~/adapt", self._on_adapt)
         self.create_service(Trigger, "~/rollback", self._on_rollback)
         planner = self.params["planner_node"]
-        self.param_client = self.create_client(SetParameters, f"/{planner}/set_parameters")
-        self.load_client = self.create_client(Trigger, f"/{planner}/load_model")
+        self.param_client: Client = self.create_client(SetParameters, f"/{planner}/set_parameters")
+        self.load_client: Client = self.create_client(Trigger, f"/{planner}/load_model")
         ctx = multiprocessing.get_context("spawn")
         self.pool = concurrent.futures.ProcessPoolExecutor(
             max_workers=1, mp_context=ctx, initializer=_start_worker
@@ -224,22 +209,7 @@ class AdapterNode(Node):
         work = pathlib.Path(self.params["work_dir"]) / f"round{self.round:03d}"
         work.mkdir(parents=True, exist_ok=True)
         p = self.params
-        config = {
-            k: p[k]
-            for k in (
-                "batch_size",
-                "lr",
-                "warmup_steps",
-                "epochs",
-                "holdout",
-                "device",
-                "train_encoder",
-                "train_value",
-                "sim_data",
-                "sim_replay",
-                "max_sim_loss_increase",
-            )
-        }
+        config = {s.name: p[s.name] for s in ROUND_SETTINGS}
         config["max_steps"] = p["max_steps"] or None
         self.progress_file = work / "progress.json"
         self.future = self.pool.submit(

@@ -12,12 +12,13 @@ import copy
 import math
 import time
 from collections.abc import Collection
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from robot_drivers.described import setting
 from simdist_planner.data.reader import ShardedDataset
 from simdist_planner.data.windows import WindowDataset
 from simdist_planner.model.losses import adaptation_loss, freeze_for_adaptation
@@ -26,26 +27,68 @@ from simdist_planner.model.world_model import WorldModel
 
 @dataclass
 class AdaptConfig:
-    batch_size: int = 32
-    lr: float = 2e-4
-    warmup_steps: int = 2000
-    epochs: int = 100
+    """Settings of one adaptation round. A field with `setting` metadata is described once: the
+    adapter node declares its ROS parameter from it (robot_drivers.described)."""
+
+    batch_size: int = field(
+        default=32, metadata=setting("Eq. 3 batch size (official 32)", low=1, high=4096)
+    )
+    lr: float = field(
+        default=2e-4,
+        metadata=setting("Adam learning rate of f (official 2e-4)", low=1e-7, high=1.0),
+    )
+    warmup_steps: int = field(
+        default=2000,
+        metadata=setting(
+            "linear warm-up steps (capped at a tenth of the round)", low=0, high=1000000
+        ),
+    )
+    epochs: int = field(
+        default=100,
+        metadata=setting("passes over D_real per round (official 100)", low=1, high=100000),
+    )
     max_steps: int | None = None  # cap on optimiser steps (None: `epochs` full passes)
-    holdout: float = 0.05  # fraction of episodes held out for the validation gate
+    holdout: float = field(
+        default=0.05,
+        metadata=setting(
+            "fraction of episodes held out for the validation gate", low=0.01, high=0.5
+        ),
+    )
     seed: int = 0
-    device: str = "cpu"
-    train_encoder: bool = False  # ablation: also unfreeze E (the paper: complete failure)
-    train_value: bool = False  # ablation: also unfreeze V (the paper: catastrophic forgetting)
+    device: str = field(
+        default="cpu", metadata=setting("torch device of the worker (cpu, cuda, cuda:N)")
+    )
+    train_encoder: bool = field(  # the paper: complete failure
+        default=False, metadata=setting("ablation: also unfreeze the encoder E")
+    )
+    train_value: bool = field(  # the paper: catastrophic forgetting
+        default=False, metadata=setting("ablation: also unfreeze the value function V")
+    )
     eval_batches: int | None = None  # cap on held-out batches per evaluation (None: all)
     # Forgetting guard (not in the paper; docs/adaptation.md): simulation shards, e.g. a sample
     # of the pretraining data. A few on-policy episodes cover few actions; a fitted f can forget
     # the rest, and the planner then exploits it. With sim_data, the gate also compares the
     # latent loss on sim windows, and `sim_replay` of every batch can be sim windows.
-    sim_data: str = ""
-    sim_replay: float = (
-        0.0  # fraction of each batch from sim_data (0: real windows only, the paper)
+    sim_data: str = field(
+        default="",
+        metadata=setting(
+            "simulation shards (e.g. a sample of the pretraining data): forgetting guard"
+        ),
     )
-    max_sim_loss_increase: float = 0.5  # refuse a candidate whose sim loss rose by more (relative)
+    sim_replay: float = field(  # 0: real windows only, the paper
+        default=0.0,
+        metadata=setting(
+            "fraction of each batch replayed from sim_data (0 = real windows only)",
+            low=0.0,
+            high=0.9,
+        ),
+    )
+    max_sim_loss_increase: float = field(  # relative
+        default=0.5,
+        metadata=setting(
+            "gate: refuse a candidate whose sim latent loss rose by more", low=0.0, high=100.0
+        ),
+    )
     sim_windows: int = 512  # sim windows in the gate's comparison (a fixed, seeded sample)
 
     def __post_init__(self):

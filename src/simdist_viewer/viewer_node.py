@@ -133,7 +133,9 @@ class ViewerNode(Node):
         self._report()
         steady = Clock(clock_type=ClockType.STEADY_TIME)
         self.create_timer(1.0, self._report, clock=steady)
-        self._thread = threading.Thread(target=self._run, name="rerun-logger", daemon=True)
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._run, name="rerun-logger", daemon=True
+        )
         self._thread.start()
 
     def _connect(self, blueprint) -> str:
@@ -220,12 +222,13 @@ class ViewerNode(Node):
 
     def close(self) -> None:
         """Log what is queued, stop the thread, finalise the recording. Idempotent."""
-        if getattr(self, "_thread", None) is None:  # closed, or __init__ failed before it
+        thread = getattr(self, "_thread", None)
+        if thread is None:  # closed, or __init__ failed before it
             return
         with self._cond:
             self._stop = True
             self._cond.notify()
-        self._thread.join(timeout=30)
+        thread.join(timeout=30)
         self._thread = None
         self.rec.flush()
         self.rec.disconnect()

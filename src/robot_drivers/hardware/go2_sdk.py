@@ -278,7 +278,7 @@ class Go2SdkBackend(RobotBackend):
             if i < 12:
                 m.mode, m.q, m.dq, m.tau = (
                     PMSM_MODE,
-                    (POS_STOP if damped else float(target[i])),
+                    (POS_STOP if damped or target is None else float(target[i])),
                     0.0,
                     0.0,
                 )

@@ -383,8 +383,8 @@ def ur5e_planner_config(action_low, action_high, **overrides) -> PlannerConfig:
 
 
 # The one source of the planner's defaults: a preset per robot (its self-pretrained models) and
-# the official controller's (Go2). The planner node's parameter defaults and the `planner:`
-# sections of config/*.yaml are these factories' values (tested value by value).
+# the official controller's (Go2). The planner node's parameter defaults are these factories'
+# values; the `planner:` sections of config/*.yaml name a preset and hold no value of their own.
 PLANNER_CONFIGS = {"go2": go2_planner_config, "ur5e": ur5e_planner_config}
 OFFICIAL_PRESET = "official"
 PLANNER_PRESETS = {**PLANNER_CONFIGS, OFFICIAL_PRESET: official_planner_config}

@@ -32,6 +32,13 @@ class LaunchArg:
     default: str
     description: str
     choices: tuple[str, ...] = ()  # allowed values; ("true", "false") marks a boolean
+    kind: type = str  # the type of the node parameters it sets (BOOL choices: bool)
+
+    def typed(self, value: str):
+        """`value` (validated by resolve_args) as the parameter type it sets."""
+        if self.choices == BOOL:
+            return value == "true"
+        return self.kind(value)
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,7 @@ class NodeSpec:
     name: str  # node name (also the section of config/<graph>.yaml)
     executable: str  # console script declared in setup.py
     when: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (argument, allowed values): all must hold
-    # parameter <- launch argument; the value is typed like the parameter's YAML default
+    # parameter <- launch argument; the value is typed by the argument (LaunchArg.kind)
     arg_params: tuple[tuple[str, str], ...] = ()
     remappings: tuple[tuple[str, str], ...] = ()
     # restarted after RESPAWN_DELAY_S when it exits while the graph runs (launch_ros `respawn`):
@@ -133,8 +140,10 @@ COMMON_ARGS: tuple[LaunchArg, ...] = (
         "robot:=sim only: the simulator advances one control period per command, on /clock",
         BOOL,
     ),
-    LaunchArg("seed", "0", "seed of the first MuJoCo episode (robot:=sim)"),
-    LaunchArg("episodes", "0", "robot:=sim: number of episodes to run, 0 = until stopped"),
+    LaunchArg("seed", "0", "seed of the first MuJoCo episode (robot:=sim)", kind=int),
+    LaunchArg(
+        "episodes", "0", "robot:=sim: number of episodes to run, 0 = until stopped", kind=int
+    ),
     LaunchArg("domain", "", "ROS_DOMAIN_ID for every node (empty: inherit the environment)"),
     LaunchArg(
         "discovery",
@@ -163,11 +172,13 @@ GO2_ARGS = (
         "0",
         "robot:=sim: commanded forward speed in m/s (0: the task's, 0.5); a course's episode "
         "limit follows it",
+        kind=float,
     ),
     LaunchArg(
         "friction",
         "0",
         "robot:=sim variant:=real, go2_slope: the PTFE panels' friction (0: the stand-in's, 0.15)",
+        kind=float,
     ),
 )
 
@@ -382,17 +393,6 @@ def _non_negative_number(value: str) -> bool:
     return math.isfinite(number) and number >= 0
 
 
-def _typed(value: str, like):
-    """A launch-argument string typed like the parameter's default in the YAML file."""
-    if isinstance(like, bool):
-        return value == "true"
-    if isinstance(like, int):
-        return int(value)
-    if isinstance(like, float):
-        return float(value)
-    return value
-
-
 def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
     """The nodes to start for `graph` with these arguments, with their parameters and remappings."""
 
@@ -401,26 +401,21 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
     params_file = pathlib.Path(args["params_file"]) if args["params_file"] else config_path(graph)
     if not params_file.is_file():
         raise ValueError(f"argument params_file:={params_file} is not a file")
-    defaults = yaml.safe_load(params_file.read_text()) or {}
+    changes = yaml.safe_load(params_file.read_text()) or {}
     # lockstep MuJoCo and replay run every node on /clock; hardware runs on the wall clock
     sim_time = args["robot"] == "replay" or (args["robot"] == "sim" and args["lockstep"] == "true")
     task = dict(spec.sim_tasks)[args["variant"]]
+    declared = {a.name: a for a in graph_args(graph)}
     nodes = []
     for node in spec.nodes:
         if any(args[a] not in allowed for a, allowed in node.when):
             continue
-        section = (defaults.get(node.name) or {}).get("ros__parameters")
-        if section is None and node.arg_params:
-            raise ValueError(f"{params_file} has no '{node.name}: ros__parameters:' section")
-        section = section or {}  # a node no argument sets may go without one
+        if not isinstance(changes.get(node.name, {}), dict):
+            raise ValueError(f"{params_file}: section {node.name!r} is not a mapping")
         # replay is the clock's source and paces itself on the wall clock
         overrides: dict = {"use_sim_time": sim_time and node.name != "replay"}
         for param, arg in node.arg_params:
-            if param not in section:
-                raise ValueError(
-                    f"{params_file}: node {node.name!r} has no default for parameter {param!r}"
-                )
-            overrides[param] = _typed(args[arg], section[param])
+            overrides[param] = declared[arg].typed(args[arg])
         if node.name == "planner":
             overrides["lockstep"] = sim_time  # plan once per observation when the simulator waits
         if node.name == "mujoco_driver":

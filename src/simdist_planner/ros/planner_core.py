@@ -1,16 +1,25 @@
 """The planner node's logic without ROS: `PlannerCore` and the model loading it rests on.
 
 `PlannerCore` decides everything a tick of the planner node needs that is not a topic, a thread
-or a diagnostic: which model plans (loading a checkpoint, the checks a hot swap must pass,
-installing it), with which PlannerConfig (parameter values -> a validated config), whether a
-tick runs MPPI or falls back to the base policy (the running latency estimate against the
-deadline, with optional re-probes) and the plan of one observation (a cold start at each new
-episode; non-finite output raises, never becomes an action). `ros/planner_node.py` wraps it in
-rclpy; this module imports no rclpy, so it is tested without ROS (tests/test_planner_core.py).
+or a diagnostic's publication: which model plans (loading a checkpoint, the checks a hot swap
+must pass, installing it), with which PlannerConfig (parameter values -> a validated config),
+which observation a tick plans on (the newest one not yet answered; one older than
+`max_observation_age_s` is not planned on in real time; a lockstep tick re-sent after it was
+answered gets the same answer again), whether a tick runs MPPI or falls back to the base policy
+(the running latency estimate against the deadline, with optional re-probes), the plan of one
+observation (a cold start at each new episode; non-finite output raises, never becomes an
+action), the counters (deadline misses, fallbacks, stale and superseded observations, the share
+answered) and what the planning diagnostic says. `ros/planner_node.py` only moves messages in and
+out of it; this module imports no rclpy, so it is tested without ROS (tests/test_planner_core.py).
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import json
+import threading
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -28,7 +37,11 @@ from simdist_planner.planning.config import (
     default_preset,
     planner_config_for,
 )
-from simdist_planner.planning.observation import ObservationHistory, observation_to_inputs
+from simdist_planner.planning.observation import (
+    ObservationError,
+    ObservationHistory,
+    observation_to_inputs,
+)
 from simdist_planner.planning.planner import Planner, PlannerError, check_precision, make_planner
 
 # The robot whose defaults a node takes when neither `robot` nor a readable checkpoint names one.
@@ -62,6 +75,20 @@ def resolve_preset(preset: str, robot: str, checkpoint: str) -> str:
 
 
 _NEVER = object()  # "no episode planned yet" (differs from every /simdist/episode id, even None)
+
+# Observations the answered share (min_answer_share) is taken over, and the fewest it needs.
+ANSWER_WINDOW = 100
+ANSWER_MIN_SEEN = 20
+# Observations older than this many control periods are not planned on (real-time mode).
+MAX_OBSERVATION_AGE_PERIODS = 2.5
+LATENCY_EMA = 0.2  # default smoothing factor of the latency estimate (parameter latency_ema)
+# Counters the planning diagnostic reports.
+REPORTED_COUNTS = (
+    "ticks", "mppi_ticks", "policy_fallbacks", "deadline_misses", "failed_plans",
+    "stale_observations", "swaps", "republished",
+)  # fmt: skip
+# The planning diagnostic's levels (robot_drivers.diagnostics.Level's values).
+OK, WARN, ERROR = 0, 1, 2
 
 
 class LatencyEstimate:
@@ -236,6 +263,35 @@ class PlannerCore:
         )
         self.planner = make_planner(config, loaded.model, loaded.device)
 
+    def check_param(self, name: str, values: dict) -> str | None:
+        """Why the node's parameter `name` cannot take its value in `values` (None: it can).
+
+        Args:
+            name: the parameter set.
+            values: every parameter's value with the new one.
+
+        Returns:
+            The reason (an unusable device, planner settings the loaded model cannot plan with),
+            or None.
+        """
+        if name == "device":
+            return parse_device(values["device"])
+        if name in PLANNER_FIELDS:
+            return self.check_planner_values(values)
+        return None
+
+    def apply_params(self, changed: dict, values: dict) -> None:
+        """Accepted parameter changes take effect: a planner with the new settings, the latency
+        smoothing factor (`changed`: the parameters changed; `values`: all values)."""
+        if set(changed) & set(PLANNER_FIELDS):
+            self.retune(values)
+        if "latency_ema" in changed:
+            self.latency.alpha = values["latency_ema"]
+
+    def current_path(self) -> str:
+        """The planning model's checkpoint, or 'no model'."""
+        return self.loaded.path if self.loaded else "no model"
+
     # -- models ----------------------------------------------------------------------------------
     def install(self, loaded: LoadedModel, values: dict) -> None:
         """Make `loaded` the planning model; the next plan cold-starts the planner and history."""
@@ -335,3 +391,198 @@ class PlannerCore:
             raise PlannerError("non-finite values in the base-policy chunk; no action returned")
         spec = self._active()[1]
         return np.clip(chunk, spec.action_low, spec.action_high)
+
+
+@dataclass
+class Tick:
+    """What one planning tick decided. The node publishes `chunk` (the action and the plan) when
+    there is one, HOLD when `error` says why there is none, nothing when `skipped` says why the
+    observation was not planned on; `level` and `status` are the planning diagnostic."""
+
+    stamp: int  # ns: the stamp of the observation planned on, which the answer carries
+    period: float = 0.0  # s: the plan's time step (one control period)
+    obs: Observation | None = None
+    chunk: np.ndarray | None = None  # (T, A) action chunk; its first row is the action
+    rewards: np.ndarray | None = None  # predicted along the chunk (MPPI only)
+    values: np.ndarray | None = None
+    use_policy: bool = False  # the base policy planned (MPPI predicted to miss the deadline)
+    error: str = ""  # no plan: HOLD is the answer
+    skipped: str = ""  # not planned on: no answer
+    level: int = OK
+    status: str = ""
+
+
+class TickBook:
+    """Which observation the next tick plans on and what became of each one: answered,
+    superseded by a newer one before a tick took it, or too old to plan on; the counters the
+    planning diagnostic reports. Thread-safe: the node stores observations from its executor and
+    ticks on its planning thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.latest: tuple[int, Observation] | None = None  # (stamp ns, observation)
+        self.answered_stamp = -1  # the stamp of the observation the last tick took
+        self.sent_stamp = -1  # the stamp of the last answer the node sent
+        self.episode: tuple | None = None  # (episode id, seed) of the latest /simdist/episode
+        self.stats: collections.Counter[str] = collections.Counter()
+        # per new observation, in arrival order: was it answered (True) or superseded / stale
+        self.answered: collections.deque[bool] = collections.deque(maxlen=ANSWER_WINDOW)
+        self.last_latency_s = 0.0
+        self.last_age_s = 0.0  # observation stamp -> its answer sent
+
+    def observe(self, stamp: int, obs: Observation, lockstep: bool) -> str:
+        """Store the newest complete observation.
+
+        Args:
+            stamp: its stamp (ns).
+            obs: the observation.
+            lockstep: the simulator waits for each answer (a tick per observation).
+
+        Returns:
+            "republish": a lockstep tick re-sent after it was answered (the simulator may have
+            missed the answer: send it again, plan nothing); "answered": re-sent, but no answer
+            went out for it (nothing to do); "new": stored for the next tick.
+        """
+        if lockstep and stamp == self.answered_stamp:
+            if stamp == self.sent_stamp:
+                self.stats["republished"] += 1
+                return "republish"
+            return "answered"
+        with self._lock:  # against the planning thread taking the previous one now
+            previous = self.latest
+            if previous is not None and stamp != previous[0] != self.answered_stamp:
+                self.answered.append(False)  # superseded before a tick planned on it
+            self.latest = (stamp, obs)
+        return "new"
+
+    def take(self) -> tuple[int, Observation] | None:
+        """The newest observation no tick has taken yet, now taken; None when there is none."""
+        with self._lock:
+            latest = self.latest
+            if latest is None or latest[0] == self.answered_stamp:
+                self.stats["ticks_without_new_observation"] += 1
+                return None
+            self.answered_stamp = latest[0]
+            return latest
+
+    def episode_message(self, data: str) -> str | None:
+        """Read a /simdist/episode message (JSON with `episode` and `seed`); the reason it is
+        unreadable, or None."""
+        try:
+            info = json.loads(data)
+            self.episode = (info["episode"], info.get("seed"))
+        except (ValueError, KeyError, TypeError) as exc:
+            return f"unreadable /simdist/episode message {data!r}: {exc}"
+        return None
+
+    def answer_share(self) -> float | None:
+        """Share of the last ANSWER_WINDOW new observations that got an answer (None before
+        ANSWER_MIN_SEEN)."""
+        answered = list(self.answered)
+        return sum(answered) / len(answered) if len(answered) >= ANSWER_MIN_SEEN else None
+
+
+class PlanningTicks:
+    """One tick of the planner node after another, on a PlannerCore: the observation it takes,
+    whether it is planned on, the plan, the counters and the diagnostic (module docstring)."""
+
+    def __init__(self, core: PlannerCore) -> None:
+        self.core = core
+        self.book = TickBook()
+
+    def tick(self, values: dict, now_ns: int) -> Tick | None:
+        """Plan on the newest observation no tick has taken.
+
+        Args:
+            values: the node's parameter values (lockstep, control_rate_hz,
+                max_observation_age_s and those PlannerCore.should_fall_back reads).
+            now_ns: the node clock now (sim time in lockstep).
+
+        Returns:
+            None when no new observation arrived since the last tick; else the Tick to publish
+            and report (`PlanningTicks.sent` once its answer went out).
+        """
+        core, book = self.core, self.book
+        taken = book.take()
+        if taken is None:
+            return None
+        stamp, obs = taken
+        loaded = core.loaded
+        if loaded is None or core.spec is None:
+            reason = "no model loaded: no action published (call ~/load_model)"
+            return Tick(stamp, skipped=reason, level=ERROR, status=reason)
+        lockstep = values["lockstep"]
+        period = 1.0 / (core.spec.control_rate_hz if lockstep else values["control_rate_hz"])
+        if not lockstep:
+            age = now_ns * 1e-9 - stamp * 1e-9
+            if age > values["max_observation_age_s"]:
+                book.stats["stale_observations"] += 1
+                book.answered.append(False)
+                reason = (
+                    f"observation is {age:.3f} s old (> {values['max_observation_age_s']} s): "
+                    "not planned on"
+                )
+                return Tick(stamp, period, obs, skipped=reason, level=WARN, status=reason)
+        start = time.perf_counter()
+        use_policy = core.should_fall_back(values, period)
+        try:
+            chunk, rewards, plan_values = core.plan(obs, book.episode, use_policy, loaded)
+        except (PlannerError, ObservationError, RuntimeError, ValueError) as exc:  # never act on it
+            book.stats["failed_plans"] += 1
+            return Tick(
+                stamp,
+                period,
+                obs,
+                error=str(exc),
+                level=ERROR,
+                status=f"no plan for stamp {stamp}, HOLD sent: {exc}",
+            )
+        latency = time.perf_counter() - start
+        book.last_latency_s = latency
+        if not use_policy:
+            core.latency.update(latency)
+        book.stats["ticks"] += 1
+        book.stats["policy_fallbacks" if use_policy else "mppi_ticks"] += 1
+        if latency > period:
+            book.stats["deadline_misses"] += 1
+        return Tick(stamp, period, obs, chunk, rewards, plan_values, use_policy)
+
+    def sent(self, tick: Tick, now_ns: int, min_answer_share: float) -> None:
+        """The node sent `tick`'s answer (its plan, or HOLD) at node time `now_ns`: a plan's
+        first action joins the history, the observation counts as answered, and `tick.level` /
+        `tick.status` become the planning diagnostic (WARN when the base policy planned or fewer
+        than `min_answer_share` of the recent observations got an answer)."""
+        book = self.book
+        book.sent_stamp = tick.stamp
+        if tick.chunk is None or tick.obs is None:
+            return  # HOLD: the diagnostic says why already
+        book.last_age_s = (now_ns - tick.stamp) * 1e-9  # observation -> action
+        self.core._active()[3].push(tick.obs, tick.chunk[0])
+        book.answered.append(True)
+        what = "base policy (MPPI predicted to miss the deadline)" if tick.use_policy else "MPPI"
+        tick.level = WARN if tick.use_policy else OK
+        tick.status = f"planning with {what}"
+        share = book.answer_share()
+        if share is not None and share < min_answer_share:
+            tick.level = WARN
+            tick.status += (
+                f"; answered {sum(book.answered)} of the last {len(book.answered)} "
+                f"observations (< min_answer_share {min_answer_share})"
+            )
+
+    def report(self) -> dict:
+        """The planning diagnostic's key-values: the counters, latencies, the answered share, the
+        checkpoint and the planner's settings."""
+        core, book = self.core, self.book
+        cfg = dataclasses.asdict(core.planner.config) if core.loaded and core.planner else {}
+        share = book.answer_share()
+        return {
+            **{k: book.stats[k] for k in REPORTED_COUNTS},
+            "last_latency_ms": f"{1e3 * book.last_latency_s:.2f}",
+            "observation_to_action_ms": f"{1e3 * book.last_age_s:.2f}",
+            "latency_estimate_ms": f"{1e3 * core.latency.predict():.2f}",
+            "last_stamp": book.answered_stamp,
+            "answer_share": "n/a" if share is None else f"{share:.2f}",
+            "checkpoint": core.current_path(),
+            **{f: cfg.get(f) for f in PLANNER_FIELDS},
+        }

@@ -19,25 +19,25 @@ and values along it (`/simdist/values`), all stamped with the observation's stam
 - Hot swap: `~/load_model` (std_srvs/Trigger) loads the `checkpoint` parameter's directory in a
   background thread, validates it (same inputs/outputs, finite plan on the latest observation)
   and swaps it in between two ticks; the control loop keeps ticking meanwhile.
-- Logic: loading, hot-swap checks, parameter values -> PlannerConfig, the deadline fallback and
-  the plan itself live in `planner_core.PlannerCore` (no rclpy, tested without ROS); this node
-  adds the topics, the planning and loader threads, locks and diagnostics.
+- Logic: every decision (loading, hot-swap checks, parameter values -> PlannerConfig, which
+  observation a tick plans on, stale observations, the deadline fallback, the plan, latency,
+  deadline misses, the answered share, what the diagnostics say) lives in
+  `planner_core.PlannerCore` and `planner_core.PlanningTicks` (no rclpy, tested without ROS);
+  this node adds the topics, timers, the planning and loader threads and the publishing.
 - Parameters: every tunable is declared with a range (the MPPI settings from
   planning.config.PLANNER_PARAMS); a set is validated (by building the
   PlannerConfig it implies) and applied at the start of the next tick. The MPPI parameters and
   the control rate default to the planner preset's (`planner_preset`, else `official` for an
   imported official model, else the robot's: `robot`, else the start-up checkpoint's):
-  planning.config.PLANNER_PRESETS and RobotSpec, the one source config/*.yaml repeats.
+  planning.config.PLANNER_PRESETS and RobotSpec (config/*.yaml names the preset, no value).
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import json
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import rclpy
@@ -51,24 +51,25 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.interface import Command, CommandKind, Observation
+from robot_drivers.interface import Command, CommandKind
 from robot_drivers.node_params import NodeParams, Param
 from robot_drivers.node_spin import spin_quietly, spin_until_shutdown
 from robot_drivers.specs import robot_spec
 from simdist_planner.planning.config import (
     PLANNER_CONFIGS,
-    PLANNER_FIELDS,
     PLANNER_PARAMS,
     PLANNER_PRESETS,
     planner_config_for,
 )
-from simdist_planner.planning.observation import ObservationError
-from simdist_planner.planning.planner import PlannerError
 from simdist_planner.ros.planner_core import (
+    ANSWER_WINDOW,
+    LATENCY_EMA,
+    MAX_OBSERVATION_AGE_PERIODS,
     LoadedModel,
     PlannerCore,
+    PlanningTicks,
+    Tick,
     load_world_model,
-    parse_device,
     resolve_preset,
     resolve_robot,
 )
@@ -79,10 +80,6 @@ QOS = QoSProfile(
     reliability=ReliabilityPolicy.RELIABLE,
     durability=DurabilityPolicy.VOLATILE,
 )
-
-# Observations older than this many control periods are not planned on (real-time mode).
-MAX_OBSERVATION_AGE_PERIODS = 2.5
-LATENCY_EMA = 0.2  # default smoothing factor of the latency estimate (parameter latency_ema)
 
 # Declared before the others, which take their defaults from the robot these two name.
 STARTUP_PARAMS = (
@@ -179,17 +176,6 @@ def node_params(robot: str, preset: str = "") -> tuple[Param, ...]:
     return (*STARTUP_PARAMS, *tunable_params(robot, preset))
 
 
-# Observations the answered share (min_answer_share) is taken over, and the fewest it needs.
-ANSWER_WINDOW = 100
-ANSWER_MIN_SEEN = 20
-
-# Counters the planning diagnostic reports.
-REPORTED_COUNTS = (
-    "ticks", "mppi_ticks", "policy_fallbacks", "deadline_misses", "failed_plans",
-    "stale_observations", "swaps", "republished",
-)  # fmt: skip
-
-
 class PlannerNode(Node):
     def __init__(self, **kwargs):
         super().__init__("planner", **kwargs)
@@ -201,9 +187,10 @@ class PlannerNode(Node):
         self._planning_thread = threading.Thread(
             target=self._planning_loop, name="planning", daemon=True
         )
-        robot, checkpoint, wait_for_checkpoint, preset = (
+        startup: list[Any] = [
             self.declare_parameter(q.name, q.default, q.descriptor()).value for q in STARTUP_PARAMS
-        )
+        ]
+        robot, checkpoint, wait_for_checkpoint, preset = startup
         for q, value in zip(STARTUP_PARAMS, (robot, checkpoint, wait_for_checkpoint, preset)):
             if q.choices and value not in q.choices:
                 raise ValueError(
@@ -212,8 +199,11 @@ class PlannerNode(Node):
         robot = resolve_robot(robot, checkpoint, preset)
         # the latency smoothing follows the parameter from the first tick (_apply_params)
         self.core = PlannerCore(robot, resolve_preset(preset, robot, checkpoint), LATENCY_EMA)
+        self.ticks = PlanningTicks(self.core)
         self.params = NodeParams(
-            self, tunable_params(self.robot, self.preset), check=self._check_param
+            self,
+            tunable_params(self.core.robot, self.core.preset),
+            check=lambda name, value, values: self.core.check_param(name, values),
         )
         p = self.params.values
         self.core.latency.alpha = p["latency_ema"]
@@ -222,16 +212,7 @@ class PlannerNode(Node):
             threading.Lock()
         )  # held for a whole tick; a hot swap takes it between ticks
         self._loading = threading.Lock()  # one background load at a time
-        self._stats = collections.Counter()
-        self._last_latency_s = 0.0
-        self._last_age_s = 0.0
-        self._latest: tuple[int, Observation] | None = None  # (stamp ns, observation)
-        self._answered_stamp = -1
-        self._episode: tuple | None = None  # (episode id, seed) of the latest /simdist/episode
         self._answer: tuple | None = None  # (action, plan) messages of the last answered tick
-        # per new observation, in arrival order: was it answered (True) or superseded / stale
-        self._answered = collections.deque(maxlen=ANSWER_WINDOW)
-        self._latest_lock = threading.Lock()
 
         load_error = None
         try:
@@ -246,8 +227,8 @@ class PlannerNode(Node):
         self._pub_action = self.create_publisher(JointTrajectory, "/simdist/action", QOS)
         self._pub_plan = self.create_publisher(JointTrajectory, "/simdist/plan", QOS)
         self._pub_values = self.create_publisher(JointTrajectory, "/simdist/values", QOS)
-        if self._loaded is not None:
-            self._subscribe(self._loaded)
+        if self.core.loaded is not None:
+            self._subscribe(self.core.loaded)
         self.create_subscription(String, "/simdist/episode", self._on_episode, QOS)
         # ~/load_model is served by a node of its own that the node spins on a thread of its own
         # (`_loader_executor`), so that a load never holds up the observation callbacks (not
@@ -266,42 +247,22 @@ class PlannerNode(Node):
         if load_error:
             self.diag.set("model", Level.ERROR, load_error)
         else:
-            self.diag.set("model", Level.OK, f"loaded {self._loaded.path}", path=self._loaded.path)
+            path = self.core.current_path()
+            self.diag.set("model", Level.OK, f"loaded {path}", path=path)
         self.diag.set("planning", Level.WARN, "waiting for the first observation")
         self._planning_thread.start()
         self._loader_executor = SingleThreadedExecutor(context=self.context)
         self._loader_executor.add_node(self.loader)
         threading.Thread(target=self._serve_loads, name="loader", daemon=True).start()
 
-    # The core's state, read by the node and its tests under the names it had in the node.
-    robot = property(lambda self: self.core.robot)
-    preset = property(lambda self: self.core.preset)
-    planner = property(lambda self: self.core.planner)
-    _loaded = property(lambda self: self.core.loaded)
-    _spec = property(lambda self: self.core.spec)
-
     # -- parameters ------------------------------------------------------------------------------
-    def _check_param(self, name: str, value, values: dict) -> str | None:
-        if name == "device":
-            return parse_device(value)
-        if name in PLANNER_FIELDS:
-            return self.core.check_planner_values(values)
-        return None
-
-    def _planner_config(self, values: dict, loaded: LoadedModel, spec):
-        """The PlannerConfig these parameter values imply; ValueError says what is wrong."""
-        return self.core.planner_config(values, loaded, spec)
-
     def _apply_params(self) -> None:
         """Called at the start of a tick: accepted parameter changes take effect now."""
         changed = self.params.apply()
         if not changed:
             return
         p = self.params.values
-        if set(changed) & set(PLANNER_FIELDS):
-            self.core.retune(p)
-        if "latency_ema" in changed:
-            self.core.latency.alpha = p["latency_ema"]
+        self.core.apply_params(changed, p)
         if "control_rate_hz" in changed:
             self._timer.timer_period_ns = int(1e9 / p["control_rate_hz"])
             self._timer.reset()
@@ -317,7 +278,7 @@ class PlannerNode(Node):
     def _subscribe(self, loaded: LoadedModel) -> None:
         # with the spec, the proprio element names are checked: a layout change is an error
         self._assembler = ros_msgs.ObservationAssembler(
-            loaded.cameras, loaded.has_height_map, spec=self._spec
+            loaded.cameras, loaded.has_height_map, spec=self.core.spec
         )
         prefix = "/simdist/observation"
         for cam in loaded.cameras:
@@ -359,18 +320,19 @@ class PlannerNode(Node):
             except Exception as exc:  # noqa: BLE001 - a bad checkpoint is refused, the old model stays
                 message = (
                     f"refused checkpoint {path!r}: {exc}; "
-                    f"still planning with {self._current_path()}"
+                    f"still planning with {self.core.current_path()}"
                 )
-                self.diag.set("model", Level.WARN if self._loaded else Level.ERROR, message)
+                self.diag.set("model", Level.WARN if self.core.loaded else Level.ERROR, message)
                 return False, message
-            first = self._loaded is None
+            first = self.core.loaded is None
             with self._tick_lock:  # between two ticks: no tick is dropped, none sees half a swap
                 self._install(candidate)
                 if first:
                     self._subscribe(candidate)
-            self._stats["swaps"] += 1
+            stats = self.ticks.book.stats
+            stats["swaps"] += 1
             message = f"now planning with {path} on {device}"
-            self.diag.set("model", Level.OK, message, path=path, swaps=self._stats["swaps"])
+            self.diag.set("model", Level.OK, message, path=path, swaps=stats["swaps"])
             self.get_logger().info(message)
             return True, message
         finally:
@@ -378,11 +340,8 @@ class PlannerNode(Node):
 
     def _validate_candidate(self, candidate: LoadedModel) -> None:
         """Same interface as the running model, a valid planner config, a finite plan."""
-        latest = self._latest
+        latest = self.ticks.book.latest
         self.core.validate(candidate, self.params.values, None if latest is None else latest[1])
-
-    def _current_path(self) -> str:
-        return self._loaded.path if self._loaded else "no model"
 
     # -- inputs ------------------------------------------------------------------------------
     def _on_obs(self, add, *args) -> None:
@@ -390,32 +349,24 @@ class PlannerNode(Node):
         try:
             obs = add(*args)
         except ros_msgs.MessageError as exc:
-            self._stats["bad_observations"] += 1
+            self.ticks.book.stats["bad_observations"] += 1
             self.diag.set("observation", Level.ERROR, f"rejected observation message: {exc}")
             return
         if obs is None:
             return
         stamp = ros_msgs.stamp_ns(msg.header.stamp)
         self.diag.set("observation", Level.OK, "receiving complete observations")
-        if self.params["lockstep"] and stamp == self._answered_stamp:
-            self._republish()  # the simulator re-sent a waiting tick: our answer may have been lost
-            return
-        with self._latest_lock:  # against the planning thread taking the previous one now
-            previous = self._latest
-            if previous is not None and stamp != previous[0] != self._answered_stamp:
-                self._answered.append(False)  # superseded before a tick planned on it
-            self._latest = (stamp, obs)
-        if self.params["lockstep"]:
+        lockstep = self.params["lockstep"]
+        what = self.ticks.book.observe(stamp, obs, lockstep)
+        if what == "republish":  # the simulator re-sent a waiting tick: our answer may be lost
+            self._republish()
+        elif what == "new" and lockstep:
             self._request_tick()
 
     def _on_episode(self, msg: String) -> None:
-        try:
-            info = json.loads(msg.data)
-            self._episode = (info["episode"], info.get("seed"))
-        except (ValueError, KeyError, TypeError) as exc:
-            self.diag.set(
-                "episode", Level.WARN, f"unreadable /simdist/episode message {msg.data!r}: {exc}"
-            )
+        problem = self.ticks.book.episode_message(msg.data)
+        if problem:
+            self.diag.set("episode", Level.WARN, problem)
 
     def _on_timer(self) -> None:
         if not self.params["lockstep"]:
@@ -444,7 +395,7 @@ class PlannerNode(Node):
             except Exception as exc:  # noqa: BLE001 - a failed tick sends nothing; the next may plan
                 if not self.context.ok():
                     return  # Ctrl-C shut the context down mid-tick: nothing can be sent any more
-                self._stats["failed_plans"] += 1
+                self.ticks.book.stats["failed_plans"] += 1
                 self.get_logger().error(f"tick failed: {exc!r}")
                 self.diag.set("planning", Level.ERROR, f"tick failed, nothing sent: {exc}")
 
@@ -477,80 +428,19 @@ class PlannerNode(Node):
             self._step()
 
     def _step(self) -> None:
-        with self._latest_lock:
-            latest, loaded = self._latest, self._loaded
-            if latest is None or latest[0] == self._answered_stamp:
-                self._stats["ticks_without_new_observation"] += 1
-                return
-            stamp, obs = latest
-            self._answered_stamp = stamp
-        if loaded is None:
-            self.diag.set(
-                "planning", Level.ERROR, "no model loaded: no action published (call ~/load_model)"
-            )
-            return
         p = self.params.values
-        period = 1.0 / (self._spec.control_rate_hz if p["lockstep"] else p["control_rate_hz"])
-        if not p["lockstep"]:
-            age = self.get_clock().now().nanoseconds * 1e-9 - stamp * 1e-9
-            if age > p["max_observation_age_s"]:
-                self._stats["stale_observations"] += 1
-                self._answered.append(False)
-                self.diag.set(
-                    "planning",
-                    Level.WARN,
-                    f"observation is {age:.3f} s old (> {p['max_observation_age_s']} s): "
-                    "not planned on",
-                )
-                return
-        start = time.perf_counter()
-        use_policy = self.core.should_fall_back(p, period)
-        try:
-            chunk, rewards, values = self.core.plan(obs, self._episode, use_policy, loaded)
-        except (PlannerError, ObservationError, RuntimeError, ValueError) as exc:  # never act on it
-            self._stats["failed_plans"] += 1
-            self._publish_hold(stamp, period)
-            self.diag.set(
-                "planning",
-                Level.ERROR,
-                f"no plan for stamp {stamp}, HOLD sent: {exc}",
-                **self._report(),
-            )
+        tick = self.ticks.tick(p, self.get_clock().now().nanoseconds)
+        if tick is None:
             return
-        latency = time.perf_counter() - start
-        self._last_latency_s = latency
-        if not use_policy:
-            self.core.latency.update(latency)
-        self._stats["ticks"] += 1
-        self._stats["policy_fallbacks" if use_policy else "mppi_ticks"] += 1
-        if latency > period:
-            self._stats["deadline_misses"] += 1
-        self._publish(stamp, chunk, rewards, values, period)
-        self._last_age_s = (
-            self.get_clock().now().nanoseconds - stamp
-        ) * 1e-9  # observation -> action
-        self.core.history.push(obs, chunk[0])
-        self._answered.append(True)
-        level = Level.WARN if use_policy else Level.OK
-        what = "base policy (MPPI predicted to miss the deadline)" if use_policy else "MPPI"
-        text = f"planning with {what}"
-        share = self.answer_share()
-        if share is not None and share < p["min_answer_share"]:
-            level = Level.WARN
-            text += (
-                f"; answered {sum(self._answered)} of the last {len(self._answered)} "
-                f"observations (< min_answer_share {p['min_answer_share']})"
-            )
-        self.diag.set("planning", level, text, **self._report())
-
-    def answer_share(self) -> float | None:
-        """Share of the last ANSWER_WINDOW new observations that got an answer (None before
-        ANSWER_MIN_SEEN)."""
-        answered = list(self._answered)
-        return sum(answered) / len(answered) if len(answered) >= ANSWER_MIN_SEEN else None
-
-    def _command_kind(self) -> CommandKind:
-        return self._spec.command_kind
+        if tick.skipped:
+            self.diag.set("planning", Level(tick.level), tick.status)
+            return
+        if tick.chunk is None:
+            self._publish_hold(tick.stamp, tick.period)  # tick.error says why there is no plan
+        else:
+            self._publish(tick, tick.chunk)
+        self.ticks.sent(tick, self.get_clock().now().nanoseconds, p["min_answer_share"])
+        self.diag.set("planning", Level(tick.level), tick.status, **self.ticks.report())
 
     def _await_matched(self, timeout_s: float = 2.0) -> None:
         """Lockstep: wait (bounded) until every subscriber the graph knows is matched to our
@@ -565,11 +455,15 @@ class PlannerNode(Node):
         ):
             time.sleep(0.005)
 
-    def _publish(self, stamp: int, chunk: np.ndarray, rewards, values, period: float) -> None:
+    def _publish(self, tick: Tick, chunk: np.ndarray) -> None:
+        """The action (chunk[0]), the plan and, from MPPI, the rewards and values along it."""
         if self.params["lockstep"]:
             self._await_matched()
-        names = ros_msgs.action_names(self._spec.name)
-        kind = self._command_kind()
+        stamp, rewards, values, period = tick.stamp, tick.rewards, tick.values, tick.period
+        spec = self.core.spec
+        if spec is None:
+            raise RuntimeError("no model installed: nothing to publish")
+        names, kind = ros_msgs.action_names(spec.name), spec.command_kind
         action = ros_msgs.command_to_msg(Command(kind, chunk[0]), names, stamp, period)
         self._pub_action.publish(action)
         plan = ros_msgs.command_to_msg(Command(kind, chunk[0]), names, stamp, period)
@@ -582,7 +476,7 @@ class PlannerNode(Node):
         ]
         self._pub_plan.publish(plan)
         self._answer = (action, plan)
-        if rewards is not None:
+        if rewards is not None and values is not None:
             msg = JointTrajectory(joint_names=["reward", "value"])
             msg.header.stamp = ros_msgs.stamp_msg(stamp)
             msg.header.frame_id = "mppi"
@@ -599,33 +493,17 @@ class PlannerNode(Node):
         """The explicit safe answer to an observation that could not be planned on (no plan is
         sent)."""
         hold = ros_msgs.command_to_msg(
-            Command(CommandKind.HOLD), ros_msgs.action_names(self._spec.name), stamp, period
+            Command(CommandKind.HOLD), ros_msgs.action_names(self.core.robot), stamp, period
         )
         self._pub_action.publish(hold)
         self._answer = (hold, None)
 
     def _republish(self) -> None:
-        if (
-            self._answer is not None
-            and ros_msgs.stamp_ns(self._answer[0].header.stamp) == self._answered_stamp
-        ):
+        """Send the last answer again (its stamp is the re-sent tick's: TickBook.observe)."""
+        if self._answer is not None:
             self._pub_action.publish(self._answer[0])
             if self._answer[1] is not None:
                 self._pub_plan.publish(self._answer[1])
-            self._stats["republished"] += 1
-
-    def _report(self) -> dict:
-        cfg = dataclasses.asdict(self.planner.config) if self._loaded else {}
-        return {
-            **{k: self._stats[k] for k in REPORTED_COUNTS},
-            "last_latency_ms": f"{1e3 * self._last_latency_s:.2f}",
-            "observation_to_action_ms": f"{1e3 * self._last_age_s:.2f}",
-            "latency_estimate_ms": f"{1e3 * self.core.latency.predict():.2f}",
-            "last_stamp": self._answered_stamp,
-            "answer_share": "n/a" if (share := self.answer_share()) is None else f"{share:.2f}",
-            "checkpoint": self._current_path(),
-            **{f: cfg.get(f) for f in PLANNER_FIELDS},
-        }
 
 
 def main(args=None):
