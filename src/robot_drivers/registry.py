@@ -98,24 +98,52 @@ TASKS: dict[str, TaskEntry] = {
 
 
 def entry(name: str) -> TaskEntry:
-    """The registry entry of task `name` (ValueError listing the known tasks otherwise)."""
+    """The registry entry of a task.
+
+    Args:
+        name: a task name (a key of TASKS).
+
+    Returns:
+        Its TaskEntry; ValueError listing the known tasks for an unknown name.
+    """
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
     return TASKS[name]
 
 
 def robot_of(name: str) -> str:
-    """The robot task `name` runs on."""
+    """The robot a task runs on.
+
+    Args:
+        name: a task name.
+
+    Returns:
+        The robot's name (a key of robot_drivers.specs.ROBOT_SPECS).
+    """
     return entry(name).robot
 
 
 def tasks_of(robot: str) -> tuple[str, ...]:
-    """The registered tasks of `robot`, in registry order."""
+    """The tasks of a robot.
+
+    Args:
+        robot: a robot name.
+
+    Returns:
+        Its registered task names, in registry order (() for a robot with none).
+    """
     return tuple(name for name, e in TASKS.items() if e.robot == robot)
 
 
 def task_spec(name: str) -> RobotSpec:
-    """The RobotSpec of the robot task `name` runs on (default backend settings)."""
+    """The spec of a task's robot.
+
+    Args:
+        name: a task name.
+
+    Returns:
+        The RobotSpec of the robot it runs on, with the default backend settings.
+    """
     return entry(name).spec
 
 
@@ -125,22 +153,47 @@ def _factory(name: str):
 
 
 def make_task(name: str, variant: str = "sim", **overrides) -> Task:
+    """Build a task.
+
+    Args:
+        name: a task name.
+        variant: "sim" (the training world) or "real" (its real-world stand-in).
+        **overrides: the task factory's settings (e.g. from `episode_overrides`).
+
+    Returns:
+        The task, ready for `reset(seed)`; ValueError for a bad name or variant.
+    """
     if variant not in ("sim", "real"):
         raise ValueError(f"variant must be 'sim' or 'real', got {variant!r}")
     return _factory(name)(name, variant, **overrides)
 
 
 def task_options(name: str) -> tuple[str, ...]:
-    """The episode options (`episode_overrides` keywords) task `name` takes; () = none."""
+    """The episode options a task takes.
+
+    Args:
+        name: a task name.
+
+    Returns:
+        The `episode_overrides` keywords its task module accepts; () for none.
+    """
     module = importlib.import_module(entry(name).module)
     return tuple(getattr(module, "EPISODE_OPTIONS", ()))
 
 
 def episode_overrides(name: str, **options) -> dict:
-    """`make_task` overrides from the stack's episode options (None: not set): `max_steps`,
-    `region`, `image_size`, `cameras`, `speed`, `panel_friction`. The task module turns them into
-    its own overrides (e.g. the Go2's episode length in seconds); an option set for a task that
-    lacks it is a ValueError."""
+    """`make_task` overrides from the stack's episode options. The task module turns them into
+    its own overrides (e.g. the Go2's episode length in seconds).
+
+    Args:
+        name: a task name.
+        **options: `max_steps`, `region`, `image_size`, `cameras`, `speed`, `panel_friction`;
+            None: not set.
+
+    Returns:
+        The overrides for `make_task(name, ...)`; ValueError for an option set for a task that
+        lacks it.
+    """
     given = {k: v for k, v in options.items() if v is not None}
     known = task_options(name)
     foreign = [k for k in given if k not in known]
@@ -160,17 +213,39 @@ def _experts(task: Task):
 
 
 def expert_ladder(task: Task) -> list[Policy]:
-    """The expert first, then its sub-optimal checkpoints (best to worst)."""
+    """A task's experts.
+
+    Args:
+        task: a task built by `make_task`.
+
+    Returns:
+        The expert first, then its sub-optimal checkpoints (best to worst), as Policies.
+    """
     return _experts(task).expert_ladder(task)
 
 
 def expert_value(task: Task):
-    """V^e as a callable Observation -> float (privileged inputs allowed)."""
+    """A task's expert value function.
+
+    Args:
+        task: a task built by `make_task`.
+
+    Returns:
+        V^e as a callable Observation -> float (it may read privileged inputs).
+    """
     return _experts(task).expert_value(task)
 
 
 def step_phases(name: str, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The named phases of task `name` in one logged episode's rows ({} when it names none)."""
+    """The named phases of a logged episode.
+
+    Args:
+        name: a task name.
+        rows: one episode's stored rows (actions, task state, ...) by key.
+
+    Returns:
+        Phase name -> a boolean mask over the rows; {} for a task that names none.
+    """
     module = importlib.import_module(entry(name).module)
     phases = getattr(module, "step_phases", None)
     return phases(rows) if phases else {}

@@ -121,31 +121,81 @@ class Planner(Protocol):
     config: PlannerConfig
 
     @property
-    def evaluator(self) -> str: ...  # how it scores candidates: "fast" or "eager"
+    def evaluator(self) -> str:
+        """How it scores candidates: "fast" or "eager"."""
+        ...
 
-    def reset(self, seed: int | None = None) -> None: ...
+    def reset(self, seed: int | None = None) -> None:
+        """Start an episode: no warm start, the RNG re-seeded.
+
+        Args:
+            seed: the RNG seed; None: the config's.
+        """
+        ...
 
     def plan(
         self,
         obs: dict[str, torch.Tensor],
         proprio_history: torch.Tensor,
         action_history: torch.Tensor,
-    ) -> PlanResult: ...
+    ) -> PlanResult:
+        """Plan one control step.
 
-    def score(
-        self, obs, proprio_history, action_history, chunks: torch.Tensor
-    ) -> torch.Tensor: ...  # the objective's returns (N,) of given chunks (N, T, A)
+        Args:
+            obs: the observation batch (batch 1; docs/architecture.md, "Model inputs").
+            proprio_history: (1, H, P) the last H proprio vectors.
+            action_history: (1, H, A) the last H actions.
+
+        Returns:
+            The PlanResult: the mean chunk (its first row is the action), predicted rewards and
+            values, timings. Raises PlannerError instead of returning a non-finite plan.
+        """
+        ...
+
+    def score(self, obs, proprio_history, action_history, chunks: torch.Tensor) -> torch.Tensor:
+        """The objective's returns of given chunks from one observation.
+
+        Args:
+            obs: the observation batch (batch 1).
+            proprio_history: (1, H, P).
+            action_history: (1, H, A).
+            chunks: (N, T, A) candidate action chunks.
+
+        Returns:
+            (N,) returns.
+        """
+        ...
 
     def objective(
         self, latents: torch.Tensor, actions: torch.Tensor, command=None
-    ) -> tuple[torch.Tensor, ...]: ...  # (returns, rewards, values) of latent trajectories
+    ) -> tuple[torch.Tensor, ...]:
+        """The return of latent trajectories.
+
+        Args:
+            latents: (N, T + 1, D) predicted latents, the current one first.
+            actions: (N, T, A) the chunks that lead along them.
+            command: the Go2's velocity command (batch 1 or N); None for the UR5e.
+
+        Returns:
+            (returns (N,), rewards (N, T), values (N, T)).
+        """
+        ...
 
 
 def make_planner(
     config: PlannerConfig, model: WorldModelLike, device: str | torch.device = "cpu"
 ) -> Planner:
-    """The planner `config` describes, over `model` on `device`: the one place the stack builds
-    one (MPPI is the only algorithm; a variant with another algorithm branches here)."""
+    """The one place the stack builds a planner (MPPI is the only algorithm; a variant with
+    another algorithm branches here).
+
+    Args:
+        config: the planner's settings.
+        model: the world model it plans with (raw units in and out).
+        device: where it plans.
+
+    Returns:
+        A Planner (reset it at each episode start).
+    """
     return MPPIPlanner(model, config, device)
 
 
