@@ -57,7 +57,8 @@ OFFICIAL_EXPORT = pathlib.Path(
 )
 PROGRESS_PERIOD_S = 20.0  # seconds between two progress lines
 
-# Demo-sized overrides of config/go2_slope.yaml (the defaults' single source); the rest as there.
+# Demo-sized overrides of the go2_slope graph's parameters (the nodes' declared defaults with
+# config/go2_slope.yaml's changes); the rest as there.
 DEMO_PARAMS = {
     "planner": {"num_samples": 64, "iterations": 2, "num_elites": 16},
     "adapter": {"batch_size": 32, "lr": 1e-3, "warmup_steps": 50, "max_steps": 300, "holdout": 0.2},
