@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from simdist_adapter.episodes import Episode, EpisodeStore
 from simdist_adapter.experiment import Experiment, ExperimentConfig, parse_args
 from simdist_adapter.finetune import AdaptConfig, real_windows
 from simdist_adapter.results import format_table, run_summary
@@ -337,3 +338,34 @@ def test_a_killed_run_committed_to_git_continues_from_a_fresh_clone(uninterrupte
     with pytest.raises(ValueError, match="another pretrained checkpoint"):
         other = save_checkpoint(small_model(seed=1), tmp / "other")
         Experiment(dataclasses.replace(cfg, out=str(clone / "run"), checkpoint=str(other)))
+
+
+def test_a_zero_shot_evaluation_cut_short_is_summarised_from_the_stored_episodes(tmp_path):
+    """A run killed during its zero-shot evaluation has no zero_shot.json yet: the summary counts
+    the pretrained model's stored planner episodes on evaluation seeds, per speed, and nothing
+    else (another model's, pi's, or collected episodes)."""
+    config = {
+        "command": "simdist-adapt-experiment ...",
+        "checkpoint_digest": "pre",
+        "planner": {
+            "num_samples": 450, "mixture_coef": 0.05, "iterations": 8, "num_elites": 64,
+            "replan_period": 2, "evaluator": "fast", "precision": "bfloat16",
+        },
+        "config": {"methods": ["simdist"], "rounds": 6, "eval_episodes": 20},
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    store = EpisodeStore(tmp_path / "episodes")
+    jobs = [
+        ({"checkpoint": "pre", "agent": "planner", "seed": 0, "course": {"speed": 0.3}}, True),
+        ({"checkpoint": "pre", "agent": "planner", "seed": 1, "course": {"speed": 0.3}}, False),
+        ({"checkpoint": "pre", "agent": "planner", "seed": 0, "course": {"speed": 0.1}}, False),
+        ({"checkpoint": "pre", "agent": "policy", "seed": 2, "course": {"speed": 0.3}}, True),
+        ({"checkpoint": "v1", "agent": "planner", "seed": 2, "course": {"speed": 0.3}}, True),
+        ({"checkpoint": "pre", "agent": "planner", "seed": 100_000, "record": True,
+          "course": {"speed": 0.3}}, True),
+    ]  # fmt: skip
+    for identity, success in jobs:
+        store.save(store.key(identity), Episode(success, 1.0, 10, ""), identity)
+    summary = run_summary(tmp_path)
+    assert "zero-shot evaluation in progress" in summary
+    assert "zero-shot so far: 0/1 at 0.1 m/s, 1/2 at 0.3 m/s" in summary

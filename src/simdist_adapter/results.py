@@ -54,21 +54,39 @@ def run_summary(out: str | os.PathLike) -> str:
             "rounds": [r["report"] for r in done],
         }
     planned = config["config"]["rounds"]
-    state = (
-        ", ".join(
-            f"{name} {len(m['rounds'])}/{planned} rounds"
-            for name, m in methods.items()
-            if m["rounds"]
-        )
-        or "zero-shot only"
-    )
+    state = ", ".join(
+        f"{name} {len(m['rounds'])}/{planned} rounds" for name, m in methods.items() if m["rounds"]
+    ) or ("zero-shot only" if methods else "zero-shot evaluation in progress")
     lines = [
         f"run folder: {out} ({state})",
         f"command:    {config['command']}",
         f"planner:    {setting}",
     ]
-    lines.append(format_table({"methods": methods}) if methods else "(nothing evaluated yet)")
+    if methods:
+        lines.append(format_table({"methods": methods}))
+    else:
+        lines.append(f"zero-shot so far: {_zero_shot_so_far(out, config) or 'no episode yet'}")
     return "\n".join(lines)
+
+
+def _zero_shot_so_far(out: pathlib.Path, config: dict) -> str:
+    """The pretrained model's planner episodes on evaluation seeds that the store holds, per
+    commanded speed: what a zero-shot evaluation cut short has measured."""
+    per_speed: dict[float, list[bool]] = {}
+    for file in (out / "episodes").glob("*.json"):
+        data = json.loads(file.read_text())
+        job = data["job"]
+        if (
+            job.get("checkpoint") == config["checkpoint_digest"]
+            and job.get("agent") == "planner"
+            and not job.get("record")
+            and job.get("seed", -1) < config["config"]["eval_episodes"]
+        ):
+            speed = job.get("course", {}).get("speed")
+            per_speed.setdefault(speed, []).append(bool(data["episode"]["success"]))
+    return ", ".join(
+        f"{sum(v)}/{len(v)} at {k:g} m/s" for k, v in sorted(per_speed.items(), key=str)
+    )
 
 
 def fraction(score: dict | None) -> str:
