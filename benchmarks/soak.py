@@ -122,8 +122,9 @@ def soak(args, workdir: pathlib.Path) -> dict:
     robot = desc.GRAPHS[args.graph].robot
     params = yaml.safe_load(desc.config_path(args.graph).read_text())
     planner = params["planner"]["ros__parameters"]
+    preset = preset_config(robot, planner)  # before the overrides: it validates them together
     planner["num_samples"] = args.samples
-    planner["num_elites"] = min(preset_config(robot, planner).num_elites, args.samples)
+    planner["num_elites"] = min(preset.num_elites, args.samples)
     planner["iterations"] = args.iterations
     adapter = params.get("adapter", {}).get("ros__parameters")
     if adapter is not None:  # the adapter's registry and scratch space stay in the temp dir
