@@ -595,16 +595,24 @@ def screenshot_url(
 ) -> None:
     """`viewer_url` in headless Chromium (1280 x 800), saved as a PNG after `delay_s`; with
     `until` (PNG path -> bool), taken again every `every_s` until it holds or `timeout_s` more
-    seconds have passed (the last one is kept either way)."""
+    seconds have passed (the last one is kept either way). Within those `timeout_s`, a capture
+    Chromium does not answer in 120 s (its renderer busy on a loaded machine) is asked again;
+    a late answer to it is skipped by its id."""
     chromium = HeadlessChromium(tmp_path)
     try:
         chromium.open(viewer_url)
         time.sleep(delay_s)
-        chromium.screenshot(out_png)
         end = time.monotonic() + timeout_s
-        while until is not None and not until(out_png) and time.monotonic() < end:
+        while True:
+            try:
+                chromium.screenshot(out_png)
+            except AssertionError as missed:
+                if time.monotonic() >= end or "did not answer" not in str(missed):
+                    raise
+                continue
+            if until is None or until(out_png) or time.monotonic() >= end:
+                break
             time.sleep(every_s)
-            chromium.screenshot(out_png)
     finally:
         chromium.close()
 
