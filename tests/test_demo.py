@@ -25,11 +25,12 @@ def node():
     rclpy.shutdown()
 
 
-def tick(episode, step, done=False, success=False):
+def tick(episode, step, done=False, success=False, reward=0.5, distance=0.0, fallen=False):
     return String(
         data=json.dumps(
             {"episode": episode, "seed": episode, "step": step, "truncated": done,
-             "success": success}
+             "success": success, "reward": reward,
+             "info": {"distance": distance, "fallen": fallen}}
         )
     )  # fmt: skip
 
@@ -51,7 +52,7 @@ def test_progress_reports_episode_step_elapsed_and_an_upper_estimate_of_what_is_
     assert demo._minutes(per_step * 350) in line
     w._on_episode(tick(0, 100, done=True, success=True))
     w._on_episode(tick(0, 100, done=True, success=True))  # a re-sent last tick counts once
-    assert w.results["zero_shot"] == [True] and w.episodes_left() == 3
+    assert [o.success for o in w.results["zero_shot"]] == [True] and w.episodes_left() == 3
     assert len(w.tick_rates) == 1 and w.tick_rates[0] > 0  # ticks per wall second, per episode
     w._on_episode(tick(1, 3))
     line = w.progress(first + 3 * demo.PROGRESS_PERIOD_S)
@@ -96,3 +97,26 @@ def test_the_demo_prints_the_committed_headline_run_or_says_there_is_none(tmp_pa
         assert config["command"] in text and "replan period" in text
         assert f"--friction {CHOSEN_STAND_IN.friction:g}" in config["command"]
         assert f"--speed {CHOSEN_STAND_IN.speed:g}" in config["command"]
+
+
+def test_each_finished_episode_keeps_its_distance_return_and_fall(node, tmp_path):
+    """The demo's summary and plot show what adaptation changes (distance, return, falls), not
+    only success: each phase's episodes keep them, a re-sent tick counting once."""
+    w = demo.Watcher(node, episodes=2, max_steps=100)
+    for k in range(1, 11):
+        w._on_episode(tick(0, k, reward=1.0, distance=0.1 * k))
+    w._on_episode(tick(0, 10, reward=1.0, distance=1.0))  # re-sent: its reward counts once
+    w._on_episode(tick(0, 11, done=True, reward=-2.0, distance=1.05, fallen=True))
+    w._on_episode(tick(0, 11, done=True, reward=-2.0, distance=1.05, fallen=True))
+    w.phase = "adapted"
+    for k in range(1, 5):
+        w._on_episode(tick(1, k, reward=0.25, distance=0.5 * k, done=k == 4, success=k == 4))
+    (fell,), (crossed,) = w.results["zero_shot"], w.results["adapted"]
+    assert fell == demo.Outcome(False, 1.05, 8.0, True, 11)
+    assert crossed == demo.Outcome(True, 2.0, 1.0, False, 4)
+    assert demo.summarise(w.results["zero_shot"]) == (
+        "0/1, mean distance 1.05 m, mean return 8.0, fell 1/1"
+    )
+    assert demo.summarise([]) == "n/a"
+    png = demo.plot(tmp_path, w)
+    assert png.is_file() and png.stat().st_size > 10_000

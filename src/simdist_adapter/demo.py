@@ -14,8 +14,9 @@
 3. This process watches `/simdist/episode` and `/simdist/adapter/status`: the first
    `--episodes` episodes run zero-shot and are recorded; the adapter then re-fits f on their bags
    (automatically, every `--episodes` bags), gates and hot-swaps the planner; the next
-   `--episodes` episodes run with the adapted model. It prints zero-shot vs adapted success, the
-   held-out latent loss before/after and where the bags, the model registry and the plot are.
+   `--episodes` episodes run with the adapted model. It prints, per phase, success, mean
+   distance, mean return and falls, the held-out latent loss before/after and where the bags,
+   the model registry and the plot (distance, return and fall per episode) are.
    While it runs it prints the episode, its step, the elapsed time and an upper estimate of the
    time left (from the measured time per step and the steps the planned episodes can still take).
 
@@ -38,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 
 import rclpy
 import yaml
@@ -190,6 +192,17 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One finished episode as the driver reported it on `/simdist/episode`."""
+
+    success: bool
+    distance: float  # m along the course at the last tick (the task's `info["distance"]`)
+    episode_return: float  # the sum of the per-tick rewards
+    fell: bool  # the task's `info["fallen"]` at the last tick
+    steps: int
+
+
 class Watcher:
     """Counts finished episodes per phase from the graph's own topics, and reports progress."""
 
@@ -203,7 +216,7 @@ class Watcher:
         self.tick_rates: list[float] = []  # lockstep ticks per wall second, per finished episode
         self._last_progress = self.start
         self.phase = "zero_shot"
-        self.results: dict[str, list[bool]] = {
+        self.results: dict[str, list[Outcome]] = {
             "zero_shot": [],
             "during_adaptation": [],
             "adapted": [],
@@ -212,6 +225,8 @@ class Watcher:
         self.swapped = False
         self.exit_code: int | None = None
         self._current: int | None = None
+        self._return = 0.0  # the running episode's summed reward
+        self._rewarded: tuple[int, int] | None = None  # (episode, step) of the last reward summed
         node.create_subscription(String, "/simdist/episode", self._on_episode, 100)
         node.create_subscription(String, "/simdist/adapter/status", self._on_status, 10)
 
@@ -224,6 +239,12 @@ class Watcher:
             if tick.get("step", 0) <= 1 or self._episode_start is None:
                 self._episode_start = now  # the episode's first tick
             self.step = int(tick.get("step", 0))
+            key = (int(tick["episode"]), self.step)
+            if key != self._rewarded:  # a re-sent tick adds its reward once
+                if self._rewarded is None or self._rewarded[0] != key[0]:
+                    self._return = 0.0  # a new episode
+                self._return += float(tick.get("reward") or 0.0)
+                self._rewarded = key
         if tick.get("terminated") or tick.get("truncated"):
             if tick["episode"] != self._current:
                 self._current = tick["episode"]
@@ -233,11 +254,20 @@ class Watcher:
                 rate = self.step / seconds if seconds > 0 else math.inf
                 self.tick_rates.append(rate)
                 self.step, self._episode_start = 0, None
-                self.results[self.phase].append(bool(tick.get("success")))
+                info = tick.get("info") or {}
+                outcome = Outcome(
+                    success=bool(tick.get("success")),
+                    distance=float(info.get("distance", math.nan)),
+                    episode_return=self._return,
+                    fell=bool(info.get("fallen", False)),
+                    steps=int(tick.get("step", 0)),
+                )
+                self.results[self.phase].append(outcome)
                 print(
                     f"[demo] episode {tick['episode']} ({self.phase}, seed {tick['seed']}): "
-                    f"{'success' if tick.get('success') else 'failure'}, "
-                    f"{tick.get('step', 0)} steps, {rate:.1f} ticks/s",
+                    f"{'success' if outcome.success else 'failure'}, {outcome.steps} steps, "
+                    f"{outcome.distance:.2f} m, return {outcome.episode_return:.1f}"
+                    f"{', fell' if outcome.fell else ''}, {rate:.1f} ticks/s",
                     flush=True,
                 )
 
@@ -369,27 +399,51 @@ def run_graph(
 
 
 def plot(out: pathlib.Path, watcher: Watcher) -> pathlib.Path:
+    """Per episode, in the order they ran: distance covered, return and whether it fell (success
+    marked), one colour per phase: what adaptation changes shows even where success does not."""
     import matplotlib  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415 - plots only; matplotlib is heavy to import
 
-    fig, ax = plt.subplots(figsize=(7, 3))
+    fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True)
+    panels = (
+        ("distance (m)", lambda o: o.distance),
+        ("return", lambda o: o.episode_return),
+        ("fell", lambda o: float(o.fell)),
+    )
     x = 0
     for i, (phase, outcomes) in enumerate(watcher.results.items()):
-        ax.scatter(range(x, x + len(outcomes)), outcomes, label=phase, color=f"C{i}")
+        xs = range(x, x + len(outcomes))
+        for ax, (label, value) in zip(axes, panels):
+            ys = [value(o) for o in outcomes]
+            ax.scatter(xs, ys, color=f"C{i}", label=phase)
+            won = [(xi, y) for xi, y, o in zip(xs, ys, outcomes) if o.success]
+            if won:
+                ax.scatter(*zip(*won), s=120, facecolors="none", edgecolors="k")
+            ax.set_ylabel(label)
         x += len(outcomes)
-    ax.set(
-        xlabel="episode",
-        ylabel="success",
-        yticks=[0, 1],
-        title=f"Slippery Slope {stand_in()}: zero-shot -> adapted",
-    )
-    ax.legend()
+    axes[2].set(yticks=[0, 1], yticklabels=["no", "yes"], xlabel="episode (ringed: success)")
+    axes[0].set_title(f"Slippery Slope {stand_in()}: zero-shot -> adapted")
+    axes[0].legend(fontsize=8)
     path = out / "demo_episodes.png"
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
     return path
+
+
+def summarise(outcomes: list[Outcome]) -> str:
+    """`successes/episodes, mean distance, mean return, falls` of one phase ("n/a" if none)."""
+    if not outcomes:
+        return "n/a"
+    n = len(outcomes)
+    return (
+        f"{sum(o.success for o in outcomes)}/{n}, "
+        f"mean distance {sum(o.distance for o in outcomes) / n:.2f} m, "
+        f"mean return {sum(o.episode_return for o in outcomes) / n:.1f}, "
+        f"fell {sum(o.fell for o in outcomes)}/{n}"
+    )
 
 
 def stand_in() -> str:
@@ -442,11 +496,10 @@ def main(argv=None) -> int:
         checkpoint = pretrained_checkpoint(out, a.sim_episodes, a.pretrain_steps)
     watcher = run_graph(out, checkpoint, a.episodes, a.timeout, overrides)
     r = watcher.results
-    rate = lambda xs: f"{sum(xs)}/{len(xs)}" if xs else "n/a"  # noqa: E731
     print(f"\n== SimDist-ROS demo: Slippery Slope (MuJoCo 'real' stand-in, {stand_in()}) ==")
-    print(f"zero-shot success        {rate(r['zero_shot'])}")
-    print(f"during adaptation        {rate(r['during_adaptation'])}")
-    print(f"adapted success          {rate(r['adapted'])}")
+    print(f"zero-shot success        {summarise(r['zero_shot'])}")
+    print(f"during adaptation        {summarise(r['during_adaptation'])}")
+    print(f"adapted success          {summarise(r['adapted'])}")
     for rd in watcher.rounds:
         if "heldout_deployed" in rd:
             print(
@@ -468,7 +521,11 @@ def main(argv=None) -> int:
     print(headline_result())
     (out / "demo_results.json").write_text(
         json.dumps(
-            {"results": r, "rounds": watcher.rounds, "ticks_per_s": watcher.tick_rates},
+            {
+                "results": {phase: [asdict(o) for o in v] for phase, v in r.items()},
+                "rounds": watcher.rounds,
+                "ticks_per_s": watcher.tick_rates,
+            },
             indent=1,
             default=str,
         )
