@@ -19,7 +19,7 @@ import time
 import pytest
 
 from simdist_adapter.episodes import Episode, EpisodeStore
-from simdist_adapter.experiment import Experiment, ExperimentConfig, parse_args
+from simdist_adapter.experiment import Experiment, ExperimentConfig, _score, parse_args
 from simdist_adapter.finetune import AdaptConfig, real_windows
 from simdist_adapter.results import format_table, run_summary
 from simdist_planner.data.reader import ShardedDataset
@@ -369,3 +369,22 @@ def test_a_zero_shot_evaluation_cut_short_is_summarised_from_the_stored_episodes
     summary = run_summary(tmp_path)
     assert "zero-shot evaluation in progress" in summary
     assert "zero-shot so far: 0/1 at 0.1 m/s, 1/2 at 0.3 m/s" in summary
+
+
+def test_falls_are_episodes_ended_early_without_success_and_their_length_is_the_time_to_fall():
+    dt, limit = 0.02, 100
+    episodes = [
+        Episode(True, 1.9, 60, ""),  # crossed early: a success, not a fall
+        Episode(False, 1.2, 40, ""),  # fell after 0.8 s
+        Episode(False, 0.7, 20, ""),  # fell after 0.4 s
+        Episode(False, 0.9, 100, ""),  # stood to the limit
+        Episode(False, math.nan, 3, "planner raised"),  # an error, not a fall
+    ]
+    score = _score(episodes, dt, limit)
+    assert score["falls"] == 2 and score["mean_time_to_fall_s"] == pytest.approx(0.6)
+    assert score["mean_distance"] == pytest.approx((1.9 + 1.2 + 0.7 + 0.9) / 4)
+    assert _score(episodes[:1] + episodes[3:4], dt, limit)["mean_time_to_fall_s"] is None
+    table = format_table({"methods": {"simdist": {"curve": [{"real_episodes": 0, **score}],
+                                                  "rounds": []}}})  # fmt: skip
+    header, row = table.splitlines()
+    assert "fell  to fall" in header and "    2    0.6 s" in row

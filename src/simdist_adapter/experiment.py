@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from robot_drivers.registry import make_task
+from robot_drivers.tasks.base import Task
 from simdist_adapter.adapter import adapt_on_dataset
 from simdist_adapter.episodes import (
     COLLECT_SEED,
@@ -64,22 +65,36 @@ METHODS: dict[str, dict[str, Any] | None] = {  # AdaptConfig overrides; None: no
 }
 
 
-def _score(episodes: list[Episode], dt: float) -> dict:
-    """Success, return, distance, errors and throughput (successes per minute of robot time,
-    the paper's Fig. 6) of one evaluation's episodes."""
+def _score(episodes: list[Episode], dt: float, limit: int) -> dict:
+    """Success, return, distance, falls, errors and throughput (successes per minute of robot
+    time, the paper's Fig. 6) of one evaluation's episodes, whose step limit is `limit`.
+
+    A fall is an episode that ended before its limit without success or error: the tasks end
+    early only on success or failure (the Go2 fell; the UR5e dropped its object or diverged).
+    An episode ends at its first fall, so its length is the time to that fall."""
     dist = [e.distance for e in episodes if not math.isnan(e.distance)]
     minutes = sum(e.steps for e in episodes) * dt / 60.0
     successes = sum(e.success for e in episodes)
+    falls = [e.steps * dt for e in episodes if not (e.success or e.error) and e.steps < limit]
     return {
         "success_rate": float(np.mean([e.success for e in episodes])),
         "successes": int(successes),
         "episodes": len(episodes),
         "mean_return": float(np.mean([e.episode_return for e in episodes])),
         "mean_distance": float(np.mean(dist)) if dist else None,
+        "falls": len(falls),
+        "mean_time_to_fall_s": float(np.mean(falls)) if falls else None,
         "errors": sum(bool(e.error) for e in episodes),
         "robot_minutes": minutes,
         "successes_per_minute": successes / minutes if minutes > 0 else 0.0,
     }
+
+
+def _figure(score: dict, key: str) -> float:
+    """One figure of a score for a plot: NaN where it is undefined (no distance on the UR5e, no
+    time to a fall without falls) or absent (a score written before the figure existed)."""
+    value = score.get(key)
+    return math.nan if value is None else float(value)
 
 
 @dataclass
@@ -170,9 +185,9 @@ class Experiment:
         self._record_config(command)
         overrides = task_overrides(config.task, config.region, config.max_steps, self.pretrained)
         self.course = course(speed=config.speed, panel_friction=config.panel_friction)
-        probe = make_task(config.task, "real", **overrides, **dict(self.course))
-        self.spec = probe.spec
-        probe.close()
+        self._overrides = overrides
+        self._limits: dict[float | None, int] = {}  # speed -> the episode's step limit
+        self.spec = self._probe(config.speed).spec
         self.layout = StepLayout.from_spec(self.spec)
         self.pool = EpisodePool(
             config.task,
@@ -209,6 +224,19 @@ class Experiment:
     def _course(self, speed: float | None) -> tuple:
         return course(**{**dict(self.course), "speed": speed}) if speed else self.course
 
+    def _probe(self, speed: float | None) -> Task:
+        """The task at `speed` (closed; its spec and step limit stay), its limit noted."""
+        task = make_task(self.cfg.task, "real", **self._overrides, **dict(self._course(speed)))
+        task.close()
+        self._limits[speed] = task.max_steps
+        return task
+
+    def _limit(self, speed: float | None) -> int:
+        """The episode's step limit at `speed` (the Go2 tasks' limit follows the speed)."""
+        if speed not in self._limits:
+            self._probe(speed)
+        return self._limits[speed]
+
     def evaluate(
         self, checkpoint, planner: bool = True, point: int = 0
     ) -> tuple[dict, list[Episode]]:
@@ -230,7 +258,7 @@ class Experiment:
         dt = 1.0 / self.spec.control_rate_hz
         by_speed, k = {}, 0
         for speed, n in speeds:
-            by_speed[speed] = _score(episodes[k : k + n], dt)
+            by_speed[speed] = _score(episodes[k : k + n], dt, self._limit(speed))
             k += n
         headline = by_speed.pop(cfg.speed)
         if by_speed:
@@ -434,18 +462,27 @@ class Experiment:
                 "successes per minute of robot time",
                 "throughput (paper Fig. 6)",
             ),
+            ("return_vs_episodes.png", "mean_return", "mean return", "return vs real data"),
+            ("distance_vs_episodes.png", "mean_distance", "mean distance (m)", "distance"),
+            ("falls_vs_episodes.png", "falls", "episodes that fell", "falls vs real data"),
+            (
+                "time_to_fall_vs_episodes.png",
+                "mean_time_to_fall_s",
+                "mean time to the fall (s)",
+                "time to the first fall",
+            ),
         ):
             fig, ax = plt.subplots(figsize=(6, 4))
             for m, (name, r) in enumerate(results["methods"].items()):
                 xs = [c["real_episodes"] for c in r["curve"]]
-                ys = [c[key] for c in r["curve"]]
+                ys = [_figure(c, key) for c in r["curve"]]
                 if name == "base_policy" and rounds_x:  # pi never changes: flat over the rounds
                     xs, ys = rounds_x, ys * len(rounds_x)
                 ax.plot(xs, ys, marker="o", color=f"C{m}", label=f"{name}{headline}")
                 for k, speed in enumerate(r["curve"][0].get("other_speeds", {})):
                     points = [c for c in r["curve"] if speed in c.get("other_speeds", {})]
                     other_x = [c["real_episodes"] for c in points]
-                    other = [c["other_speeds"][speed][key] for c in points]
+                    other = [_figure(c["other_speeds"][speed], key) for c in points]
                     if name == "base_policy" and rounds_x:
                         other_x, other = rounds_x, other * len(rounds_x)
                     style = ("--", ":", "-.")[k % 3]

@@ -95,7 +95,8 @@ def fraction(score: dict | None) -> str:
 
 def format_table(results: dict) -> str:
     """One row per evaluation: success k / n at the headline speed (and at each other speed),
-    successes per minute of robot time, return, distance, the round's held-out latent loss."""
+    successes per minute of robot time, return, distance, falls and the mean time to the fall,
+    the round's held-out latent loss ("-": undefined, or a score from before the figure)."""
     other = sorted(
         {
             s
@@ -108,7 +109,8 @@ def format_table(results: dict) -> str:
     lines = [
         f"{'method':18} {'real eps':>8} {'success':>8} "
         + "".join(f"{s + ' m/s':>9} " for s in other)
-        + f"{'succ/min':>8} {'return':>8} {'distance':>9} {'held-out loss before->after':>30}"
+        + f"{'succ/min':>8} {'return':>8} {'distance':>9} {'fell':>5} {'to fall':>8} "
+        + f"{'held-out loss before->after':>30}"
     ]
     for name, r in results["methods"].items():
         for k, c in enumerate(r["curve"]):
@@ -118,10 +120,13 @@ def format_table(results: dict) -> str:
                 refused = "" if rd["deployed"] else " (refused)"
                 loss = f"{rd['heldout_deployed']:.4f} -> {rd['heldout_candidate']:.4f}{refused}"
             dist = "-" if c["mean_distance"] is None else f"{c['mean_distance']:.2f}"
+            falls = "-" if c.get("falls") is None else str(c["falls"])
+            to_fall = c.get("mean_time_to_fall_s")
+            to_fall = "-" if to_fall is None else f"{to_fall:.1f} s"
             speeds = "".join(f"{fraction(c.get('other_speeds', {}).get(s)):>9} " for s in other)
             lines.append(
                 f"{name:18} {c['real_episodes']:8d} {fraction(c):>8} "
                 f"{speeds}{c['successes_per_minute']:8.2f} {c['mean_return']:8.2f} {dist:>9} "
-                f"{loss:>30}"
+                f"{falls:>5} {to_fall:>8} {loss:>30}"
             )
     return "\n".join(lines)
