@@ -369,6 +369,13 @@ def test_a_zero_shot_evaluation_cut_short_is_summarised_from_the_stored_episodes
     summary = run_summary(tmp_path)
     assert "zero-shot evaluation in progress" in summary
     assert "zero-shot so far: 0/1 at 0.1 m/s, 1/2 at 0.3 m/s" in summary
+    # the zero-shot evaluation done, no round evaluated yet: its row, with every figure
+    zero = _score([Episode(True, 1.9, 60, ""), Episode(False, 1.0, 40, "")], 0.02, 100)
+    (tmp_path / "zero_shot.json").write_text(json.dumps(zero))
+    summary = run_summary(tmp_path)
+    assert "(zero-shot only)" in summary and "zero-shot so far" not in summary
+    (row,) = [line for line in summary.splitlines() if line.startswith("zero_shot")]
+    assert row.split()[1:3] == ["0", "1/2"] and "    1    0.8 s" in row
 
 
 def test_falls_are_episodes_ended_early_without_success_and_their_length_is_the_time_to_fall():

@@ -53,6 +53,9 @@ def run_summary(out: str | os.PathLike) -> str:
             + [{"real_episodes": r["collected"], **r["score"]} for r in done],
             "rounds": [r["report"] for r in done],
         }
+    if not methods and zero_file.is_file():  # zero-shot done, no round evaluated yet
+        zero = json.loads(zero_file.read_text())
+        methods["zero_shot"] = {"curve": [{"real_episodes": 0, **zero}], "rounds": []}
     planned = config["config"]["rounds"]
     state = ", ".join(
         f"{name} {len(m['rounds'])}/{planned} rounds" for name, m in methods.items() if m["rounds"]
