@@ -12,7 +12,14 @@ from robot_drivers.registry import expert_ladder, expert_value, make_task
 from simdist_planner.cli.probe import main
 from simdist_planner.evaluation.agents import Agent, policy_chunk
 from simdist_planner.evaluation.evaluate import task_overrides
-from simdist_planner.evaluation.probe import EXPERT, PI, ChunkProbe, ProbeConfig, rank_correlation
+from simdist_planner.evaluation.probe import (
+    EXPERT,
+    PI,
+    STAND,
+    ChunkProbe,
+    ProbeConfig,
+    rank_correlation,
+)
 from simdist_planner.model.checkpoint import save_checkpoint
 from simdist_planner.model.config import ImageEncoderConfig, go2_config, ur5e_small_config
 from simdist_planner.model.world_model import WorldModel
@@ -55,7 +62,8 @@ def test_probing_leaves_the_rollout_alone_and_its_truth_is_the_real_continuation
     probed_qpos = task.backend.data.qpos.copy()
     assert [p.step for p in points] == [5, 10]
     for p in points:
-        assert len(p.truth) == len(p.model["m"]) == len(p.oracle["m"]) == 4  # expert, pi, 2 noised
+        # expert, pi, stand, 2 noised
+        assert len(p.truth) == len(p.model["m"]) == len(p.oracle["m"]) == 5
         assert np.all(np.isfinite(p.truth + p.model["m"] + p.oracle["m"])) and not any(p.failed)
 
     # The same episode without the probe: the expert drives 12 steps.
@@ -84,6 +92,18 @@ def test_probing_leaves_the_rollout_alone_and_its_truth_is_the_real_continuation
             observation_to_inputs(seen[0], ref.spec)["command"],
         )
     assert points[0].oracle["m"][EXPERT] == pytest.approx(float(oracle[0]), rel=1e-5)
+    # The stand candidate: the zero chunk (the default stance held) from the same state.
+    still = go2_flat(20)
+    obs, walker = still.reset(3), expert_ladder(still)[0]
+    for _ in range(5):
+        obs = still.step(walker.act(obs)).obs
+    ret = 0.0
+    for i in range(3):
+        r = still.step(np.zeros(still.spec.action_dim, np.float32))
+        ret += gamma**i * r.reward
+    ret += gamma**3 * critic(r.obs)
+    assert points[0].truth[STAND] == pytest.approx(ret, rel=1e-6)
+    still.close()
     # ... and the driven episode is exactly the unprobed one.
     ref2 = go2_flat(20)
     obs = ref2.reset(3)
@@ -104,7 +124,7 @@ def test_the_policy_driver_runs_pi_as_the_agent_does():
         **SMALL_PLANNER,
     )
     points = probe.run(seed=1, max_steps=8)
-    assert [p.step for p in points] == [2, 6] and len(points[0].truth) == 2 + 3
+    assert [p.step for p in points] == [2, 6] and len(points[0].truth) == 3 + 3
     ref = go2_flat(20)
     agent = Agent(model, ref.spec)
     obs = ref.reset(1)
@@ -167,7 +187,7 @@ def test_cli_prints_a_row_per_model_and_writes_every_state(tmp_path, capsys):
         == 0
     )
     text = capsys.readouterr().out
-    assert "go2_flat sim: 4 states along the expert's rollouts, seeds 0,1; 17 candidates" in text
+    assert "go2_flat sim: 4 states along the expert's rollouts, seeds 0,1; 18 candidates" in text
     assert [line.split()[0] for line in text.strip().splitlines()[-2:]] == ["pre", "adapted"]
     data = json.loads(out.read_text())
     assert [s["model"] for s in data["summaries"]] == ["pre", "adapted"]
@@ -220,7 +240,7 @@ def test_the_twin_replays_the_episode_to_look_ahead_in_a_task_that_cannot_be_cop
     )
     points = probe.run(seed=2, max_steps=9)
     driven = task.backend.data.qpos.copy()
-    assert [p.step for p in points] == [4] and len(points[0].truth) == 4
+    assert [p.step for p in points] == [4] and len(points[0].truth) == 5
 
     ref = make_task("peg", **overrides)
     expert, critic = expert_ladder(ref)[0], expert_value(ref)

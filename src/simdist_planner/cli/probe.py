@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             summaries,
             f"{args.task} {args.variant}: {len(points)} states along the {args.driver}'s "
             f"rollouts, seeds {args.seeds}; {len(points[0].truth) if points else 0} "
-            f"candidates each (expert, pi, noised pi)",
+            f"candidates each (expert, pi, stand, noised pi)",
         )
     )
     if args.out:

@@ -15,7 +15,10 @@ three ways:
   keeps frozen).
 
 Candidates: the expert's own next T actions (a look-ahead in a copy of the task), the first
-model's pi chunk, and noised pi chunks. Simulation tasks only. A look-ahead starts from a deep
+model's pi chunk, the zero-action chunk (standing: the Go2 holds its default stance), and noised
+pi chunks. Whether the objective ranks the expert's walk above standing, with f's latents and
+with the oracle's, says whether the frozen R and V reward the motion the task needs.
+Simulation tasks only. A look-ahead starts from a deep
 copy of the task; a task that cannot be copied (the UR5e's holds an MjSpec) needs a `twin` built
 the same way, which replays the episode's seed and actions (MuJoCo steps deterministically; a
 replay that does not reproduce the driver's observation raises).
@@ -42,7 +45,7 @@ from simdist_planner.planning.observation import ObservationHistory, observation
 from simdist_planner.planning.planner import Planner, make_planner
 
 DRIVERS = ("expert", "policy")
-EXPERT, PI = 0, 1  # candidate indices; noised pi chunks follow
+EXPERT, PI, STAND = 0, 1, 2  # candidate indices; noised pi chunks follow
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class ProbeConfig:
 
 @dataclass
 class ProbePoint:
-    """One probe state: the scores of every candidate (index EXPERT, PI, then noised pi)."""
+    """One probe state: the scores of every candidate (index EXPERT, PI, STAND, then noised pi)."""
 
     episode_seed: int
     step: int
@@ -242,7 +245,12 @@ class ChunkProbe:
             for _ in range(self.config.per_noise)
         ]
         chunks = np.stack(
-            [expert_chunk(self._fork(obs), obs, self.expert, self.horizon), pi, *noised]
+            [
+                expert_chunk(self._fork(obs), obs, self.expert, self.horizon),
+                pi,
+                np.zeros_like(pi),
+                *noised,
+            ]
         )
         return np.clip(chunks, self._low, self._high).astype(np.float32)
 
@@ -300,6 +308,10 @@ class ProbeSummary:
     )
     oracle_prefers_expert: float
     truth_prefers_expert: float
+    # fraction of states where the expert's chunk ranks above standing (the zero chunk)
+    walk_over_stand: float
+    oracle_walk_over_stand: float
+    truth_walk_over_stand: float
     pick_quantile: (
         float  # mean truth quantile of the objective's top candidate (1 = the truly best)
     )
@@ -322,6 +334,9 @@ def summarize(name: str, points: list[ProbePoint]) -> ProbeSummary:
         prefers_expert=mean(p.model[name][EXPERT] > p.model[name][PI] for p in points),
         oracle_prefers_expert=mean(p.oracle[name][EXPERT] > p.oracle[name][PI] for p in points),
         truth_prefers_expert=mean(p.truth[EXPERT] > p.truth[PI] for p in points),
+        walk_over_stand=mean(p.model[name][EXPERT] > p.model[name][STAND] for p in points),
+        oracle_walk_over_stand=mean(p.oracle[name][EXPERT] > p.oracle[name][STAND] for p in points),
+        truth_walk_over_stand=mean(p.truth[EXPERT] > p.truth[STAND] for p in points),
         pick_quantile=mean(quantile(p) for p in points),
     )
 
@@ -329,13 +344,16 @@ def summarize(name: str, points: list[ProbePoint]) -> ProbeSummary:
 def format_table(summaries: list[ProbeSummary], title: str) -> str:
     head = (
         f"{'model':<16} {'states':>6} {'rank corr':>9} {'oracle f':>8} {'expert>pi':>9} "
-        f"{'oracle f':>8} {'truth':>6} {'pick quantile':>13}"
+        f"{'oracle f':>8} {'truth':>6} {'walk>stand':>10} {'oracle f':>8} {'truth':>6} "
+        f"{'pick quantile':>13}"
     )
     lines = [title, head, "-" * len(head)]
     for s in summaries:
         lines.append(
             f"{s.model:<16} {s.points:>6d} {s.rank_corr:>9.3f} {s.oracle_rank_corr:>8.3f} "
             f"{s.prefers_expert:>9.2f} {s.oracle_prefers_expert:>8.2f} "
-            f"{s.truth_prefers_expert:>6.2f} {s.pick_quantile:>13.2f}"
+            f"{s.truth_prefers_expert:>6.2f} {s.walk_over_stand:>10.2f} "
+            f"{s.oracle_walk_over_stand:>8.2f} {s.truth_walk_over_stand:>6.2f} "
+            f"{s.pick_quantile:>13.2f}"
         )
     return "\n".join(lines)
