@@ -10,6 +10,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -98,6 +99,16 @@ def test_real_and_replay_graphs_swap_the_robot_side():
     assert [n.name for n in replay.nodes] == ["replay", "ingestion", "planner"]
     assert replay.nodes[0].overrides == {"use_sim_time": False, "bag": "/bags/ep0"}
     assert replay.nodes[2].overrides["use_sim_time"] is True
+    recorded = desc.resolve(
+        "peg", {"robot": "replay", "bag": "/bags/ep0", "checkpoint": "/ck", "record": "true"}
+    )  # the replay's first tick waits for the recorder, as the lockstep simulator's does
+    assert recorded.nodes[0].overrides["wait_for_ready"] == desc.RECORDER_READY_TOPIC
+    recorder = next(n for n in recorded.nodes if n.name == "recorder")
+    assert "safety_supervisor" not in {n.name for n in recorded.nodes}
+    assert recorder.overrides["ready_topics"] == [
+        "/simdist/episode", "/simdist/robot/proprio", "/simdist/observation/proprio",
+        "/simdist/action",
+    ]  # fmt: skip
     # the sim task depends on the variant: Go2 slope trains on go2_slope, runs on slippery_slope
     sim = desc.resolve("go2_slope", {"checkpoint": "/ck", "variant": "sim"})
     assert sim.nodes[0].overrides["task"] == "go2_slope"
@@ -518,5 +529,112 @@ def test_replay_skips_listed_topics_the_bag_lacks_and_refuses_a_list_it_has_none
                     Parameter("topics", value=["/tcp_pose"]),
                 ]
             )
+    finally:
+        rclpy.shutdown()
+
+
+def _tick_bag(path, ticks: int, period_ns: int):
+    """A bag of `ticks` driver ticks: proprio (JointState) stamped with its own bag time."""
+    t = TYPESTORE.types
+    with EpisodeBagWriter(path, EpisodeMeta(task="peg")) as bag:
+        bag.add_topic("/simdist/robot/proprio", "sensor_msgs/msg/JointState")
+        for k in range(ticks):
+            ns = 1_000_000_000 + k * period_ns
+            stamp = t["builtin_interfaces/msg/Time"](sec=ns // 10**9, nanosec=ns % 10**9)
+            msg = t["sensor_msgs/msg/JointState"](
+                header=t["std_msgs/msg/Header"](stamp=stamp, frame_id=""),
+                name=["a"], position=np.zeros(1), velocity=np.zeros(0), effort=np.zeros(0),
+            )  # fmt: skip
+            bag.write("/simdist/robot/proprio", ns, msg)
+
+
+def test_lockstep_replay_waits_for_each_ticks_answer_and_goes_on_after_a_missing_one(
+    tmp_path, ros_domain
+):
+    """With answer_topic set, a tick's successor is published only after its answer came (here
+    0.2 s late, where the bag spaces ticks 20 ms apart); a tick left unanswered costs
+    answer_timeout_s, is counted, and replay goes on; the last tick is not waited for."""
+    from rclpy.executors import SingleThreadedExecutor  # noqa: PLC0415
+    from sensor_msgs.msg import JointState  # noqa: PLC0415
+    from trajectory_msgs.msg import JointTrajectory  # noqa: PLC0415
+
+    ticks, skipped = 6, 2
+    _tick_bag(tmp_path / "ep", ticks, 20_000_000)
+    rclpy.init()  # on ros_domain (ROS_DOMAIN_ID)
+    events: list[tuple[str, int]] = []
+    try:
+        answerer = rclpy.create_node("answerer")
+        pub = answerer.create_publisher(JointTrajectory, "/simdist/action", 100)
+
+        def answer(stamp_msg, ns: int) -> None:
+            out = JointTrajectory()
+            out.header.stamp = stamp_msg
+            events.append(("answer", ns))
+            pub.publish(out)
+
+        def on_tick(m: JointState) -> None:
+            ns = ros_msgs.stamp_ns(m.header.stamp)
+            events.append(("tick", ns))
+            k = len([e for e in events if e[0] == "tick"]) - 1
+            if k not in (skipped, ticks - 1):  # one tick and the last left unanswered
+                threading.Timer(0.2, answer, (m.header.stamp, ns)).start()
+
+        answerer.create_subscription(JointState, "/simdist/robot/proprio", on_tick, 100)
+        executor = SingleThreadedExecutor()
+        executor.add_node(answerer)
+        spinner = threading.Thread(target=executor.spin, daemon=True)
+        spinner.start()
+        node = ReplayNode(
+            parameter_overrides=[
+                Parameter("bag", value=str(tmp_path / "ep")),
+                Parameter("answer_topic", value="/simdist/action"),
+                Parameter("answer_timeout_s", value=1.0),
+                Parameter("start_delay_s", value=0.0),
+                Parameter("wait_for_subscribers", value=["/simdist/robot/proprio@answerer"]),
+            ],
+        )
+        assert node.play() == ticks and node.unanswered == 1
+        time.sleep(0.5)
+        node.destroy_node()
+        executor.shutdown()
+    finally:
+        rclpy.shutdown()
+    tick_stamps = [ns for kind, ns in events if kind == "tick"]
+    assert len(tick_stamps) == ticks
+    for k, ns in enumerate(tick_stamps[:-1]):
+        later = events.index(("tick", tick_stamps[k + 1]))
+        if k == skipped:
+            assert ("answer", ns) not in events[:later]
+        else:  # the next tick only after this one's answer
+            assert events.index(("answer", ns)) < later, events
+
+
+def test_a_replay_waiting_for_ready_plays_only_once_it_says_true(tmp_path, ros_domain):
+    from std_msgs.msg import Bool  # noqa: PLC0415
+
+    _replay_bag(tmp_path / "ep", seconds=1)
+    rclpy.init()
+    try:
+        params = [
+            Parameter("bag", value=str(tmp_path / "ep")),
+            Parameter("wait_for_ready", value=desc.RECORDER_READY_TOPIC),
+            Parameter("wait_timeout_s", value=1.0),
+            Parameter("start_delay_s", value=0.0),
+        ]
+        node = ReplayNode(parameter_overrides=params)
+        with pytest.raises(TimeoutError, match="true on /simdist/recorder/ready"):
+            node.play()
+        assert node.published == 0
+        latched = rclpy.qos.QoSProfile(
+            depth=1, durability=rclpy.qos.DurabilityPolicy.TRANSIENT_LOCAL
+        )
+        ready = rclpy.create_node("ready")
+        ready.create_publisher(Bool, desc.RECORDER_READY_TOPIC, latched).publish(Bool(data=True))
+        node.destroy_node()
+        params[2] = Parameter("wait_timeout_s", value=60.0)  # discovery under load
+        node = ReplayNode(parameter_overrides=params)
+        assert node.play() == 1
+        node.destroy_node()
+        ready.destroy_node()
     finally:
         rclpy.shutdown()

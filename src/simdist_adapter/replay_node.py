@@ -11,6 +11,13 @@ list of which the bag has none is an error. Messages come in time order; a jump 
 time by more than `max_gap_s` (a bag cut from two runs) is replayed on from the new time at once
 and reported (WARN) instead of waited out; the nodes on /clock see the jump. The node exits 0
 when the bag is done (the launcher then stops the graph).
+
+With `answer_topic` set (the graphs set `/simdist/action`), replay runs in lockstep instead of
+at `rate`: after a tick's message on `tick_topic` (the driver's proprio, which completes a tick)
+it publishes nothing of a later time until a message on `answer_topic` carries that tick's
+stamp, so a planner slower than the recording answers every observation, as it did live, on any
+machine. An answer that does not come within `answer_timeout_s` is reported (WARN, counted) and
+replay goes on. The bag's last tick is not waited for (the episode's end goes unanswered live).
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ import rclpy
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.serialization import deserialize_message
 from rosgraph_msgs.msg import Clock
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Bool
+from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
 from robot_drivers.diagnostics import Diagnostics, Level
@@ -62,6 +73,26 @@ PARAMS = (
         3600.0,
     ),
     Param(
+        "answer_topic",
+        "",
+        "lockstep: wait for a JointTrajectory stamped with each tick before replaying on "
+        "(empty: replay at rate, not waiting)",
+        read_only=True,
+    ),
+    Param(
+        "tick_topic",
+        "/simdist/robot/proprio",
+        "lockstep: the JointState topic whose message completes a tick (its stamp is answered)",
+        read_only=True,
+    ),
+    Param(
+        "answer_timeout_s",
+        10.0,
+        "lockstep: longest wait for a tick's answer (then WARN, counted, and replay goes on)",
+        0.1,
+        600.0,
+    ),
+    Param(
         "start_delay_s",
         1.0,
         "wall time to wait before the first message (after wait_for_subscribers)",
@@ -73,6 +104,13 @@ PARAMS = (
         [""],
         "'<topic>' or '<topic>@<node>': must have a subscriber (that node) before playing, "
         "up to wait_timeout_s",
+        read_only=True,
+    ),
+    Param(
+        "wait_for_ready",
+        "",
+        "latched std_msgs/Bool topic that must say true before playing (the launch description "
+        "sets the recorder's when recording), up to wait_timeout_s; '' = do not wait",
         read_only=True,
     ),
     Param(
@@ -111,7 +149,32 @@ class ReplayNode(Node):
         self._clock_pub = self.create_publisher(Clock, "/clock", QOS)
         self.published = 0
         self.clock_jumps = 0
+        self.unanswered = 0  # lockstep: ticks whose answer did not come in answer_timeout_s
         self._period_s = None
+        self._answered: set[int] = set()  # lockstep: stamps the answer topic carried
+        self._ready = not self.params["wait_for_ready"]
+        if not self._ready:
+            latched = QoSProfile(
+                depth=1,
+                reliability=ReliabilityPolicy.RELIABLE,
+                durability=DurabilityPolicy.TRANSIENT_LOCAL,
+            )
+            self.create_subscription(Bool, self.params["wait_for_ready"], self._on_ready, latched)
+        self.lockstep = bool(self.params["answer_topic"])
+        if self.lockstep:
+            self.create_subscription(
+                JointTrajectory,
+                self.params["answer_topic"],
+                lambda m: self._answered.add(ros_msgs.stamp_ns(m.header.stamp)),
+                QOS,
+            )
+            tick = self.params["tick_topic"]
+            replayed = tick in self.topics
+            self._ticks = sum(1 for _ in self.bag.raw_messages([tick])) if replayed else 0
+            if not self._ticks:
+                raise ValueError(
+                    f"answer_topic is set but the replayed topics have no tick_topic {tick!r}"
+                )
 
     def period_s(self) -> float:
         """The bag's usual message spacing (median of the first 100 gaps), paced after a jump."""
@@ -127,11 +190,17 @@ class ReplayNode(Node):
         time.sleep(self.params["start_delay_s"])
         anchor_ns, start_wall, last_clock = None, time.monotonic(), None
         previous_ns: int | None = None
+        pending: tuple[int, int] | None = None  # lockstep: (bag time, stamp) of the open tick
+        ticks_seen = 0
         for msg in self.bag.raw_messages(self.topics):
             if should_stop():
                 break
             rclpy.spin_once(self, timeout_sec=0.0)  # parameter sets (rate) and services stay live
             self.params.apply()
+            if pending is not None and msg.stamp_ns > pending[0]:
+                self._await_answer(pending[1], should_stop)
+                pending = None
+                anchor_ns, start_wall = msg.stamp_ns, time.monotonic()  # no catching up
             gap = None if previous_ns is None else (msg.stamp_ns - previous_ns) * 1e-9
             if anchor_ns is None or gap > self.params["max_gap_s"]:
                 # The bag's time jumps: replay on from here without the long wait; nodes on
@@ -159,27 +228,56 @@ class ReplayNode(Node):
                 last_clock = msg.stamp_ns
             self._pubs[msg.topic].publish(msg.data)
             self.published += 1
+            if self.lockstep and msg.topic == self.params["tick_topic"]:
+                ticks_seen += 1
+                if ticks_seen < self._ticks:  # the last tick goes unanswered live
+                    stamp = deserialize_message(msg.data, JointState).header.stamp
+                    pending = (msg.stamp_ns, ros_msgs.stamp_ns(stamp))
         self.diag.set(
             "replay", Level.OK, f"replayed {self.published} messages from {self.bag.path}"
         )
         return self.published
 
+    def _await_answer(self, stamp: int, should_stop) -> None:
+        """Lockstep: spin until the answer topic carries `stamp` or answer_timeout_s passes."""
+        deadline = time.monotonic() + self.params["answer_timeout_s"]
+        while stamp not in self._answered and not should_stop():
+            if time.monotonic() > deadline:
+                self.unanswered += 1
+                self.diag.set(
+                    "lockstep",
+                    Level.WARN,
+                    f"no answer on {self.params['answer_topic']} to the tick stamped {stamp} ns "
+                    f"in {self.params['answer_timeout_s']} s: replaying on",
+                    unanswered=self.unanswered,
+                )
+                return
+            rclpy.spin_once(self, timeout_sec=0.01)
+        self._answered.discard(stamp)
+
     def _subscribed(self, topic: str, node: str) -> bool:
         names = [info.node_name for info in self.get_subscriptions_info_by_topic(topic)]
         return node in names if node else bool(names)
 
+    def _on_ready(self, msg: Bool) -> None:
+        self._ready = self._ready or bool(msg.data)
+
     def _wait_for_subscribers(self, should_stop) -> None:
+        """Until every wait_for_subscribers entry has its subscriber and wait_for_ready said
+        true (a recorder that would otherwise miss the first ticks), up to wait_timeout_s."""
         wanted = [
             entry.partition("@")[::2] for entry in self.params["wait_for_subscribers"] if entry
         ]
         deadline = time.monotonic() + self.params["wait_timeout_s"]
         while not should_stop():
             missing = [f"{t}@{n}" if n else t for t, n in wanted if not self._subscribed(t, n)]
+            if not self._ready:
+                missing.append(f"true on {self.params['wait_for_ready']}")
             if not missing:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"no subscriber on {missing} after {self.params['wait_timeout_s']} s"
+                    f"still waiting for {missing} after {self.params['wait_timeout_s']} s"
                 )
             rclpy.spin_once(self, timeout_sec=0.05)
 

@@ -103,6 +103,7 @@ class ResolvedGraph:
 # Latched std_msgs/Bool: the recorder hears the whole loop. Set on the driver here, published by
 # the recorder (which imports it), so the name is written once.
 RECORDER_READY_TOPIC = "/simdist/recorder/ready"
+SUPERVISOR_TOPICS = ("/simdist/safe_command",)  # published by the safety supervisor alone
 # keystore:=DIR runs node <name> in the SROS2 enclave ENCLAVE_ROOT/<name>.
 ENCLAVE_ROOT = "/simdist"
 
@@ -424,12 +425,19 @@ def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:
                 args["record"] == "true" and sim_time
             ):  # lockstep: the first tick waits until every tick is recorded
                 overrides["wait_for_ready"] = RECORDER_READY_TOPIC
+        if node.name == "replay" and args["record"] == "true":
+            overrides["wait_for_ready"] = RECORDER_READY_TOPIC  # the first tick is recorded too
         if node.name == "viewer":
             overrides["graph"] = graph  # its layout
         if node.name == "recorder":
             overrides["task"] = task if args["robot"] == "sim" else graph
             # only simulation announces episodes (/simdist/episode); hardware records a bag per run
             overrides["split_episodes"] = args["robot"] != "real"
+            if args["robot"] == "replay":  # no supervisor: its topics would never be matched
+                section = changes.get("recorder", {}).get("ros__parameters", {})
+                ready = section.get("ready_topics")
+                if ready:
+                    overrides["ready_topics"] = [t for t in ready if t not in SUPERVISOR_TOPICS]
         nodes.append(
             ResolvedNode(
                 node.name,
