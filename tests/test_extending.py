@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import inspect
 import pathlib
 import re
 
@@ -16,10 +17,10 @@ import pytest
 import rerun as rr
 
 from robot_drivers import registry
-from robot_drivers.go2.config import Go2Config
 from robot_drivers.interface import Command, CommandKind
 from robot_drivers.safety import SafetyConfig, SafetySupervisor
 from robot_drivers.specs import ROBOT_SPECS, robot_spec
+from robot_drivers.tasks.options import TaskOptions
 from simdist_planner.evaluation.datagen import ROBOT_DATA_CONFIGS
 from simdist_planner.evaluation.evaluate import AgentSummary
 from simdist_planner.planning.config import PLANNER_CONFIGS
@@ -29,8 +30,6 @@ from simdist_viewer.core import ViewerLogger
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "extending.md"
-# The episode options the stack passes (registry.episode_overrides); a task module takes a subset.
-STACK_OPTIONS = {"max_steps", "region", "image_size", "cameras", "speed", "panel_friction"}
 HEADLINES = {f.name for f in dataclasses.fields(AgentSummary)}
 
 
@@ -46,11 +45,10 @@ def entry_problems(name: str, entry: registry.TaskEntry) -> list[str]:
         return [*problems, f"factory module {module_name!r} does not import: {exc}"]
     if not callable(getattr(module, factory, None)):
         problems.append(f"factory {entry.factory!r} is not a function")
-    options = getattr(module, "EPISODE_OPTIONS", None)
-    if options is None or not callable(getattr(module, "episode_overrides", None)):
-        problems.append(f"{module_name} lacks EPISODE_OPTIONS / episode_overrides")
-    elif not set(options) <= STACK_OPTIONS:
-        problems.append(f"{module_name}.EPISODE_OPTIONS {options} has options the stack lacks")
+    elif "options" not in inspect.signature(getattr(module, factory)).parameters:
+        problems.append(f"factory {entry.factory!r} takes no `options` (its TaskOptions)")
+    if not (isinstance(entry.options, type) and issubclass(entry.options, TaskOptions)):
+        problems.append(f"options {entry.options!r} is not a TaskOptions dataclass")
     experts = importlib.import_module(entry.experts or module_name)
     for fn in ("expert_ladder", "expert_value"):
         if not callable(getattr(experts, fn, None)):
@@ -112,14 +110,13 @@ def test_every_graph_runs_registered_tasks_of_one_robot(graph):
     assert {registry.robot_of(task) for task in tasks} == {GRAPHS[graph].robot}
 
 
-def test_episode_options_become_the_task_modules_overrides():
+def test_episode_options_are_checked_by_the_tasks_options():
     assert registry.episode_overrides("peg", max_steps=10, image_size=(32, 32)) == {
-        "region": "wide",
         "max_steps": 10,
         "image_size": (32, 32),
     }
     assert registry.episode_overrides("go2_flat", max_steps=10, speed=0.3, region=None) == {
-        "episode_s": 10 * Go2Config().control_dt,
+        "max_steps": 10,
         "speed": 0.3,
     }
     with pytest.raises(ValueError, match="speed: not an option of task 'peg'"):
