@@ -41,7 +41,6 @@ from robot_drivers.interface import Command, CommandKind, Observation
 from robot_drivers.tasks.base import Policy, StepResult, Task
 from robot_drivers.tasks.options import Go2Options
 
-GO2_TASKS = ("go2_flat", "go2_slope", "slippery_slope", "foam")
 # The commanded forward speeds of the paper's real-world trials (m/s), five trials each.
 PAPER_SPEEDS = {"slippery_slope": (0.1, 0.3, 0.5), "foam": (0.2, 0.7, 1.2)}
 # A course's episode limit: this many times the time its success distance takes at the command.
@@ -107,6 +106,26 @@ SLOPE_COURSE = TerrainConfig(
     plateau_length=10.0,
 )
 FOAM_COURSE = TerrainConfig(pads_start_x=(0.5, 1.5), pad_length=1.5, pad_thickness=0.05)
+
+
+@dataclass(frozen=True)
+class Go2Course:
+    """What makes one Go2 task: its ground, its success test and its hardware stand-in."""
+
+    terrain: TerrainConfig = TerrainConfig()
+    success_distance: float | None = None  # m along the start heading; None: survive / walk
+    walk_tolerance: float | None = None  # with no distance: |speed - vx| at the end (None: survive)
+    real_gap: Go2Gap | None = None  # the "real" variant's changes; None: no "real" variant
+
+
+# The Go2 tasks, one course each: the one table make_go2_task builds from (a new Go2 task is a
+# row here and an entry in robot_drivers.registry.TASKS; docs/extending.md).
+GO2_COURSES: dict[str, Go2Course] = {
+    "go2_flat": Go2Course(walk_tolerance=0.2),
+    "go2_slope": Go2Course(SLOPE_COURSE, success_distance=1.82),
+    "slippery_slope": Go2Course(SLOPE_COURSE, success_distance=1.82, real_gap=SLIPPERY_SLOPE_GAP),
+    "foam": Go2Course(FOAM_COURSE, success_distance=3.0, real_gap=FOAM_GAP),
+}
 
 
 @dataclass(frozen=True)
@@ -317,7 +336,7 @@ def rollout(
 def make_go2_task(
     name: str, variant: str = "sim", options: Go2Options | None = None, **overrides
 ) -> Go2Task:
-    """Build one of GO2_TASKS.
+    """Build one of the GO2_COURSES.
 
     Args:
         name: the task's name.
@@ -333,29 +352,24 @@ def make_go2_task(
         or an option that does not apply (Go2Options.check).
     """
     options = options or Go2Options()
-    if name not in GO2_TASKS:
-        raise ValueError(f"unknown Go2 task {name!r}; expected one of {GO2_TASKS}")
+    if name not in GO2_COURSES:
+        raise ValueError(f"unknown Go2 task {name!r}; expected one of {tuple(GO2_COURSES)}")
     if variant not in ("sim", "real"):
         raise ValueError(f"variant must be 'sim' or 'real', got {variant!r}")
-    if variant == "real" and name in ("go2_flat", "go2_slope"):
+    course = GO2_COURSES[name]
+    if variant == "real" and course.real_gap is None:
+        stand_ins = [t for t, c in GO2_COURSES.items() if c.real_gap is not None]
         raise ValueError(
             f"{name} has no 'real' variant; the Go2 hardware stand-ins are "
-            "'slippery_slope' and 'foam' (variant='real')"
+            f"{', '.join(map(repr, stand_ins))} (variant='real')"
         )
     options.check(name, variant)
-    courses: dict[str, dict[str, Any]] = {
-        "go2_flat": dict(walk_tolerance=0.2),
-        "go2_slope": dict(terrain=SLOPE_COURSE, success_distance=1.82),
-        "slippery_slope": dict(
-            terrain=SLOPE_COURSE,
-            success_distance=1.82,
-            gap=SLIPPERY_SLOPE_GAP if variant == "real" else None,
-        ),
-        "foam": dict(
-            terrain=FOAM_COURSE, success_distance=3.0, gap=FOAM_GAP if variant == "real" else None
-        ),
-    }
-    base = courses[name]
+    base: dict[str, Any] = dict(
+        terrain=course.terrain,
+        success_distance=course.success_distance,
+        walk_tolerance=course.walk_tolerance,
+        gap=course.real_gap if variant == "real" else None,
+    )
     known = {f.name for f in dataclasses.fields(Go2TaskConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
