@@ -130,10 +130,7 @@ PARAMS = (
     Param(
         "task",
         "peg",
-        "; ".join(
-            f"{' | '.join(registry.tasks_of(r))} ({r})"
-            for r in dict.fromkeys(e.robot for e in registry.TASKS.values())
-        ),
+        registry.task_list(),
         read_only=True,
     ),
     Param("variant", "sim", "sim (training) or real (the hardware stand-in)", read_only=True),

@@ -145,6 +145,16 @@ def tasks_of(robot: str) -> tuple[str, ...]:
     return tuple(name for name, e in TASKS.items() if e.robot == robot)
 
 
+def task_list() -> str:
+    """The registered tasks by robot, in words (help strings and parameter descriptions).
+
+    Returns:
+        E.g. "peg | table_leg (ur5e); go2_flat | ... (go2)", in registry order.
+    """
+    robots = dict.fromkeys(e.robot for e in TASKS.values())
+    return "; ".join(f"{' | '.join(tasks_of(r))} ({r})" for r in robots)
+
+
 def task_spec(name: str) -> RobotSpec:
     """The spec of a task's robot.
 
@@ -297,6 +307,7 @@ __all__ = [
     "robot_options",
     "step_phases",
     "task_options",
+    "task_list",
     "task_spec",
     "tasks_of",
 ]

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from robot_drivers.registry import make_task
+from robot_drivers.registry import make_task, task_list
 from simdist_adapter.adapter import adapt_on_dataset
 from simdist_adapter.episodes import (
     COLLECT_SEED,
@@ -51,7 +51,6 @@ from simdist_planner.cli.common import (
     add_task_option_arguments,
     checked_task_options,
     planner_overrides,
-    task_help,
 )
 from simdist_planner.data.schema import StepLayout, shard_name
 from simdist_planner.data.writer import ShardWriter, episode_record
@@ -586,7 +585,7 @@ def parse_args(argv=None) -> ExperimentConfig:
     p.add_argument(
         "--task",
         default="slippery_slope",
-        help=f"a task with a real variant: {task_help()} (default slippery_slope)",
+        help=f"a task with a real variant: {task_list()} (default slippery_slope)",
     )
     p.add_argument(
         "--checkpoint", required=True, help="pretrained world-model checkpoint (simdist-pretrain)"

@@ -37,16 +37,10 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         )
 
 
-def task_help(robot: str = "") -> str:
-    """The `--task` flag's help: the registered tasks (of `robot`, else of every robot)."""
-    robots = (robot,) if robot else tuple(dict.fromkeys(e.robot for e in registry.TASKS.values()))
-    return "; ".join(f"{' | '.join(registry.tasks_of(r))} ({r})" for r in robots)
-
-
 def add_task_option_arguments(p: argparse.ArgumentParser) -> None:
     """The task options that have a flag (robot_drivers.tasks.options: `--region`,
     `--max-steps`, `--speed`, `--friction`, ...), each from its one description; unset by
-    default (the task's own). `task_options` checks the values given."""
+    default (the task's own). `checked_task_options` checks the values given."""
     for o in registry.all_options():
         if not o.flag:
             continue

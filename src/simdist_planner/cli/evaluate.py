@@ -19,13 +19,12 @@ import pathlib
 
 import torch
 
-from robot_drivers.registry import make_task, task_options
+from robot_drivers.registry import make_task, task_list, task_options
 from simdist_planner.cli.common import (
     add_planner_arguments,
     add_task_option_arguments,
     checked_task_options,
     planner_overrides,
-    task_help,
 )
 from simdist_planner.evaluation.agents import AGENTS, build_agents
 from simdist_planner.evaluation.evaluate import evaluate, format_table, task_overrides
@@ -38,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--task", default="peg", help=f"{task_help()} (default peg)")
+    p.add_argument("--task", default="peg", help=f"{task_list()} (default peg)")
     p.add_argument(
         "--variant",
         default="sim",
