@@ -101,8 +101,10 @@ class VideoPredictionNode(Node):
             )
         self.camera = p["camera"]
         self.predictor = VideoPredictor(p["checkpoint"], p["device"])
+        # the robot mask of guidance: from the measured joints, which name it needs
+        self._mask: JointStateMaskRenderer | None = None
         if p["mask_task"]:
-            self.predictor.segmenter = self._make_segmenter(p["mask_task"])
+            self._mask = self.predictor.segmenter = self._make_segmenter(p["mask_task"])
         self._lock = threading.Lock()
         self._image: tuple[np.ndarray, int] | None = None
         self._plan: tuple[np.ndarray, int] | None = None
@@ -132,7 +134,7 @@ class VideoPredictionNode(Node):
             f"predicting {self.predictor.num_frames - 1} frames of {self.camera!r} from {topic}"
         )
 
-    def _make_segmenter(self, task: str):
+    def _make_segmenter(self, task: str) -> JointStateMaskRenderer:
         """Robot mask from the measured joints through the task's calibrated ("real") camera."""
 
         calibrated = make_task(
@@ -223,8 +225,8 @@ class VideoPredictionNode(Node):
             if "device" in changed:
                 self.predictor.to(p["device"])
             joint_pos = None
-            if self.predictor.segmenter is not None and p["guidance"] > 0:
-                names = self.predictor.segmenter.backend.spec.joint_names
+            if self._mask is not None and p["guidance"] > 0:
+                names = self._mask.backend.spec.joint_names
                 missing = [n for n in names if n not in joints]
                 if missing:
                     raise RequestError(
