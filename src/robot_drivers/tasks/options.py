@@ -100,7 +100,11 @@ class Option:
         return UNSET[self.kind]
 
     def span(self) -> str:
-        """Its range or choices in words, e.g. "> 0 and <= 2"; "" when unbounded."""
+        """Its range or choices in words.
+
+        Returns:
+            E.g. "> 0 and <= 2" or "one of narrow, wide"; "" when unbounded.
+        """
         if self.choices:
             return "one of " + ", ".join(self.choices)
         bounds = (("> ", self.above), (">= ", self.low), ("<= ", self.high))
@@ -175,14 +179,22 @@ class TaskOptions:
 
     @classmethod
     def described(cls) -> tuple[Option, ...]:
-        """Its options' descriptions, in field order."""
+        """Its options' descriptions.
+
+        Returns:
+            One Option per described field, in field order.
+        """
         return tuple(
             Option(f.name, **f.metadata) for f in dataclasses.fields(cls) if "doc" in f.metadata
         )
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        """Its options' names, in field order."""
+        """Its options' names.
+
+        Returns:
+            The field names, in field order.
+        """
         return tuple(o.name for o in cls.described())
 
     @classmethod
@@ -238,7 +250,11 @@ class TaskOptions:
                 )
 
     def given(self) -> dict[str, Any]:
-        """The options set, by name (what `make_task` takes as keywords)."""
+        """The options set.
+
+        Returns:
+            Name -> value of each option not None (what `make_task` takes as keywords).
+        """
         return {n: getattr(self, n) for n in self.names() if getattr(self, n) is not None}
 
 
