@@ -93,7 +93,7 @@ def test_the_flags_parameters_and_arguments_come_from_the_descriptions():
     assert set(params) == {name for name, o in described.items() if o.scalar}
     assert set(params) <= {q.name for q in mujoco_driver_node.PARAMS}
     for name, q in params.items():
-        assert q.default == described[name].unset_value and described[name].doc in q.description
+        assert q.default == described[name].unset_value and described[name].doc in q.doc
     go2_args = {a.name: a for a in desc.ROBOT_LAUNCH["go2"].args}
     assert go2_args["friction"].kind is float and go2_args["friction"].default == "0.0"
     assert desc.ROBOT_LAUNCH["go2"].course == (("speed", "speed"), ("panel_friction", "friction"))

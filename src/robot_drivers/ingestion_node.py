@@ -16,9 +16,10 @@ from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
 from robot_drivers.ingestion import Ingestion, IngestionConfig, StreamError
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from robot_drivers.node_spin import spin_until_shutdown
 
 PARAMS = (

@@ -32,9 +32,10 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import registry, ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import CommandSourceWatch, Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.tasks.base import Task
 from robot_drivers.tasks.options import Option

@@ -33,7 +33,8 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.described import Param
+from robot_drivers.node_params import NodeParams
 from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.registry import make_task
 from sim_video_world_model.paired_data import JointStateMaskRenderer

@@ -34,8 +34,9 @@ from rosbags.interfaces import Nodetype
 from std_msgs.msg import Bool
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from simdist_adapter.bags import (
     TYPESTORE,
     BagError,

@@ -26,8 +26,9 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rosgraph_msgs.msg import Clock
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from simdist_adapter.bags import BagError, EpisodeBag
 
 QOS = QoSProfile(
