@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from robot_drivers.described import setting
+
 
 class StreamError(ValueError):
     """A sample that must not reach the planner (wrong size, NaN, layout change)."""
@@ -25,11 +27,37 @@ class IngestionConfig:
     image_size: tuple[int, int] = (224, 224)  # (height, width) the model expects
     camera_size: tuple[int, int] = (0, 0)  # expected raw (height, width); (0, 0) accepts any
     height_map_shape: tuple[int, int] | None = None
-    proprio_dim: int = 0  # expected proprio length; 0 accepts any (but it may not change)
-    align_tolerance_s: float = 0.02
-    proprio_timeout_s: float = 0.5
-    camera_timeout_s: float = 0.5
-    height_map_timeout_s: float = 0.5
+    # Each described setting (doc, range) is the ingestion node's parameter of that name.
+    proprio_dim: int = field(
+        default=0,
+        metadata=setting(
+            "expected proprio length; 0 accepts any fixed length", low=0, high=100_000
+        ),
+    )
+    align_tolerance_s: float = field(
+        default=0.02,
+        metadata=setting(
+            "max |stamp difference| between a stream sample and the proprio stamp",
+            low=0.0,
+            high=1.0,
+        ),
+    )
+    proprio_timeout_s: float = field(
+        default=0.5,
+        metadata=setting("proprio older than this is stale -> no observation", low=0.01, high=10.0),
+    )
+    camera_timeout_s: float = field(
+        default=0.5,
+        metadata=setting(
+            "a camera image older than this is stale -> no observation", low=0.01, high=10.0
+        ),
+    )
+    height_map_timeout_s: float = field(
+        default=0.5,
+        metadata=setting(
+            "a height map older than this is stale -> no observation", low=0.01, high=10.0
+        ),
+    )
     buffer: int = 16  # samples kept per stream for alignment
 
     def __post_init__(self) -> None:
