@@ -2,15 +2,16 @@
 length, the Go2's commanded speed and panel friction, the UR5e's start region, ...).
 
 Each task family lists its options once, as the fields of a frozen `TaskOptions` dataclass whose
-metadata (`option(...)`) describes each: its doc, what holds when it is not set, its range or
-choices, the tasks it applies to, and the names it has outside Python (a command-line flag, a
-launch argument). That dataclass is the one validator: building it checks every value, and
-`check(task, variant)` checks that each option set applies to the task. Everything else is built
-from it: the task registry's `make_task` and `episode_overrides` (robot_drivers.registry), the
-MuJoCo driver's parameters (robot_drivers.mujoco_driver_node), the launch arguments
-(simdist_planner.ros.launch_description) and the commands' flags (simdist_planner.cli.common),
-so a bad option gets the same error whichever way it comes in. Imports nothing heavy: the
-launcher and the commands read the descriptions without loading a simulator.
+metadata (`option(...)`, a `described.setting` with more) describes each as an `Option` (a
+`described.Param`): its doc, what holds when it is not set, its range or choices, the tasks it
+applies to, and the names it has outside Python (a command-line flag, a launch argument). That
+dataclass is the one validator: building it checks every value, and `check(task, variant)` checks
+that each option set applies to the task. Everything else is built from it: the task registry's
+`make_task` and `episode_overrides` (robot_drivers.registry), the MuJoCo driver's parameters
+(robot_drivers.mujoco_driver_node), the launch arguments (simdist_planner.ros.launch_description)
+and the commands' flags (simdist_planner.cli.common), so a bad option gets the same error whichever
+way it comes in. Imports nothing heavy: the launcher and the commands read the descriptions without
+loading a simulator.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from robot_drivers.described import Param, setting
 
 UNSET = {float: 0.0, int: 0, str: ""}  # a scalar option's "not set" where None cannot be said
 
@@ -56,38 +59,27 @@ def option(
     Returns:
         The dataclass field.
     """
-    meta = dict(
-        doc=doc,
-        kind=kind,
-        unset=unset,
-        low=low,
-        above=above,
-        high=high,
-        choices=tuple(choices),
-        size=size,
-        only=tuple(only),
-        flag=flag,
-        launch=launch,
-    )
+    meta = setting(doc, low=low, high=high, choices=choices, flag=flag, type_=kind)
+    meta.update(unset=unset, above=above, size=size, only=tuple(only), launch=launch)
     return field(default=None, metadata=meta)
 
 
 @dataclass(frozen=True)
-class Option:
-    """The description of one task option (the field's metadata, read back)."""
+class Option(Param):
+    """The description of one task option: a Param (its `type` the value's, or each item's, type;
+    default None: not set) with what an option adds."""
 
-    name: str
-    doc: str
-    kind: type
-    unset: str
-    low: float | None
-    above: float | None
-    high: float | None
-    choices: tuple[str, ...]
-    size: int
-    only: tuple[tuple[str, str], ...]
-    flag: str
-    launch: bool
+    unset: str = ""  # what holds when it is not set
+    above: float | None = None  # a bound a number must exceed (exclusive)
+    size: int = 0  # a tuple value's length (0: a scalar; -1: any length)
+    only: tuple[tuple[str, str], ...] = ()  # the (task, variant) pairs it applies to; (): all
+    launch: bool = False  # the robot's launch graphs take it as `{flag}:=`
+
+    @property
+    def kind(self) -> type:
+        """The type of its value (of each item of a tuple)."""
+        assert self.type is not None  # option() always records it
+        return self.type
 
     @property
     def scalar(self) -> bool:
@@ -185,7 +177,23 @@ class TaskOptions:
             One Option per described field, in field order.
         """
         return tuple(
-            Option(f.name, **f.metadata) for f in dataclasses.fields(cls) if "doc" in f.metadata
+            Option(
+                f.name,
+                None,
+                m["doc"],
+                m["low"],
+                m["high"],
+                choices=m["choices"],
+                flag=m["flag"],
+                type=m["type"],
+                unset=m["unset"],
+                above=m["above"],
+                size=m["size"],
+                only=m["only"],
+                launch=m["launch"],
+            )
+            for f in dataclasses.fields(cls)
+            if "doc" in (m := f.metadata)
         )
 
     @classmethod
