@@ -37,12 +37,22 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         )
 
 
-def add_task_option_arguments(p: argparse.ArgumentParser) -> None:
+def add_task_option_arguments(
+    p: argparse.ArgumentParser, names: tuple[str, ...] | None = None
+) -> None:
     """The task options that have a flag (robot_drivers.tasks.options: `--region`,
     `--max-steps`, `--speed`, `--friction`, ...), each from its one description; unset by
-    default (the task's own). `checked_task_options` checks the values given."""
+    default (the task's own). `checked_task_options` checks the values given.
+
+    Args:
+        p: the command's parser.
+        names: the options the command takes (None: every option with a flag).
+
+    Returns:
+        None.
+    """
     for o in registry.all_options():
-        if not o.flag:
+        if not o.flag or (names is not None and o.name not in names):
             continue
         span = f"; {o.span()}" if o.span() else ""
         p.add_argument(
