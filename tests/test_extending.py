@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import inspect
 import pathlib
 import re
 
@@ -16,21 +17,22 @@ import pytest
 import rerun as rr
 
 from robot_drivers import registry
-from robot_drivers.go2.config import Go2Config
+from robot_drivers.go2.scene import SlopePanel, TerrainConfig
 from robot_drivers.interface import Command, CommandKind
 from robot_drivers.safety import SafetyConfig, SafetySupervisor
 from robot_drivers.specs import ROBOT_SPECS, robot_spec
+from robot_drivers.tasks import go2_tasks
+from robot_drivers.tasks.go2_tasks import Go2Course
+from robot_drivers.tasks.options import Go2Options, TaskOptions
 from simdist_planner.evaluation.datagen import ROBOT_DATA_CONFIGS
 from simdist_planner.evaluation.evaluate import AgentSummary
 from simdist_planner.planning.config import PLANNER_CONFIGS
-from simdist_planner.ros.launch_description import GRAPHS, ROBOT_LAUNCH
+from simdist_planner.ros.launch_description import GRAPHS, ROBOT_LAUNCH, _nodes
 from simdist_planner.training.config import PRETRAIN_PRESETS
 from simdist_viewer.core import ViewerLogger
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "extending.md"
-# The episode options the stack passes (registry.episode_overrides); a task module takes a subset.
-STACK_OPTIONS = {"max_steps", "region", "image_size", "cameras", "speed", "panel_friction"}
 HEADLINES = {f.name for f in dataclasses.fields(AgentSummary)}
 
 
@@ -46,11 +48,10 @@ def entry_problems(name: str, entry: registry.TaskEntry) -> list[str]:
         return [*problems, f"factory module {module_name!r} does not import: {exc}"]
     if not callable(getattr(module, factory, None)):
         problems.append(f"factory {entry.factory!r} is not a function")
-    options = getattr(module, "EPISODE_OPTIONS", None)
-    if options is None or not callable(getattr(module, "episode_overrides", None)):
-        problems.append(f"{module_name} lacks EPISODE_OPTIONS / episode_overrides")
-    elif not set(options) <= STACK_OPTIONS:
-        problems.append(f"{module_name}.EPISODE_OPTIONS {options} has options the stack lacks")
+    elif "options" not in inspect.signature(getattr(module, factory)).parameters:
+        problems.append(f"factory {entry.factory!r} takes no `options` (its TaskOptions)")
+    if not (isinstance(entry.options, type) and issubclass(entry.options, TaskOptions)):
+        problems.append(f"options {entry.options!r} is not a TaskOptions dataclass")
     experts = importlib.import_module(entry.experts or module_name)
     for fn in ("expert_ladder", "expert_value"):
         if not callable(getattr(experts, fn, None)):
@@ -112,14 +113,13 @@ def test_every_graph_runs_registered_tasks_of_one_robot(graph):
     assert {registry.robot_of(task) for task in tasks} == {GRAPHS[graph].robot}
 
 
-def test_episode_options_become_the_task_modules_overrides():
+def test_episode_options_are_checked_by_the_tasks_options():
     assert registry.episode_overrides("peg", max_steps=10, image_size=(32, 32)) == {
-        "region": "wide",
         "max_steps": 10,
         "image_size": (32, 32),
     }
     assert registry.episode_overrides("go2_flat", max_steps=10, speed=0.3, region=None) == {
-        "episode_s": 10 * Go2Config().control_dt,
+        "max_steps": 10,
         "speed": 0.3,
     }
     with pytest.raises(ValueError, match="speed: not an option of task 'peg'"):
@@ -239,3 +239,66 @@ def test_a_new_robots_spec_flows_through_safety_and_viewer(monkeypatch, like):
     np.testing.assert_array_equal(
         viewer._chunk_display(chunk)[0], reference._chunk_display(chunk)[0]
     )
+
+
+def test_a_new_go2_task_by_the_guides_steps_runs_an_episode(monkeypatch):
+    """docs/extending.md, "A Go2 task": a course row in GO2_COURSES and a registry entry, and
+    nothing else, make a task the stack runs (here a single 4 deg ramp, one short episode with
+    the official expert; no graph of its own)."""
+    ramp = TerrainConfig(panels=(SlopePanel(1.0, 4.0),), panels_start_x=0.3, plateau_length=2.0)
+    monkeypatch.setitem(go2_tasks.GO2_COURSES, "go2_ramp", Go2Course(ramp, success_distance=1.0))
+    monkeypatch.setitem(
+        registry.TASKS,
+        "go2_ramp",
+        registry.TaskEntry(
+            "go2",
+            f"{registry.GO2_TASK_MODULE}:make_go2_task",
+            experts="robot_drivers.experts.go2",
+            headline="mean_return",
+            options=Go2Options,
+        ),
+    )
+    assert entry_problems("go2_ramp", registry.TASKS["go2_ramp"]) == []
+    assert "go2_ramp" in registry.tasks_of("go2")
+    overrides = registry.episode_overrides("go2_ramp", max_steps=60, speed=0.5)
+    task = registry.make_task("go2_ramp", "sim", **overrides)
+    try:
+        assert task.backend.terrain == ramp and task.max_steps == 60
+        expert = registry.expert_ladder(task)[0]
+        out = go2_tasks.rollout(task, expert, seed=0)
+        assert out.steps == 60 and not out.last.info["fallen"]
+        assert out.last.info["distance"] > 0.3  # it walked onto the ramp at ~0.5 m/s
+    finally:
+        task.close()
+
+
+def _node_scripts() -> dict[str, str]:
+    """setup.py's ROS 2 node executables -> their module."""
+    text = (ROOT / "setup.py").read_text().split("# ROS 2 nodes", 1)[1]
+    return dict(re.findall(r'"(\w+_node) = ([\w.]+):main"', text))
+
+
+def test_every_node_has_what_the_guides_node_steps_add():
+    """docs/extending.md, "A node": its module, its console script, its place in the
+    import-linter layers and a NodeSpec that starts it (tests/test_launch.py checks its section
+    in every graph's parameter file)."""
+    scripts = _node_scripts()
+    assert len(scripts) >= 10
+    layers = (ROOT / "pyproject.toml").read_text()
+    launched = {spec.executable for robot in ROBOT_LAUNCH for spec in _nodes(robot)}
+    for executable, module in scripts.items():
+        package, _, name = module.rpartition(".")
+        assert (ROOT / "src" / f"{module.replace('.', '/')}.py").is_file(), module
+        # in its package's layers by name, or through its sub-package (simdist_planner.ros)
+        inner = package.split(".")[-1] if "." in package else name
+        assert any(re.search(rf'"[^"\n]*\b{n}\b[^"\n]*"', layers) for n in (name, inner)), (
+            f"{module} is in no import-linter layer"
+        )
+        assert executable in launched, f"no NodeSpec starts {executable}"
+
+
+def test_every_go2_course_has_its_row_in_the_go2_docs():
+    """docs/extending.md, "A Go2 task", step 3: docs/go2_sim.md's task table has a row each."""
+    rows = re.findall(r"^\| (\w+) \|", (ROOT / "docs" / "go2_sim.md").read_text(), re.M)
+    missing = set(go2_tasks.GO2_COURSES) - set(rows)
+    assert not missing, f"docs/go2_sim.md's task table lacks {sorted(missing)}"

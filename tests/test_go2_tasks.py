@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from robot_drivers import registry
 from robot_drivers.experts.go2 import (
     TorchScriptGo2Policy,
     experts_dir,
@@ -12,7 +13,7 @@ from robot_drivers.experts.go2 import (
     load_go2_ladder,
 )
 from robot_drivers.registry import expert_ladder, expert_value, make_task
-from robot_drivers.tasks.go2_tasks import FOAM_GAP, GO2_TASKS, SLIPPERY_SLOPE_GAP, rollout
+from robot_drivers.tasks.go2_tasks import FOAM_GAP, GO2_COURSES, SLIPPERY_SLOPE_GAP, rollout
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,10 @@ def test_bad_task_arguments_raise_clearly():
     task.reset(0)
     with pytest.raises(ValueError, match="shape"):
         task.step(np.zeros(3))
-    assert set(GO2_TASKS) == {"go2_flat", "go2_slope", "slippery_slope", "foam"}
+    # every course is a registered Go2 task and every registered Go2 task a course
+    assert set(GO2_COURSES) == set(registry.tasks_of("go2"))
+    with pytest.raises(ValueError, match="stand-ins are 'slippery_slope', 'foam'"):
+        make_task("go2_slope", "real")
 
 
 def test_command_override_and_heading_hold():

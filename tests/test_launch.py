@@ -69,11 +69,11 @@ def test_go2_graphs_take_the_stand_ins_speed_and_panel_friction():
     assert "-p" in launcher.command_line(driver) and "speed:=0.3" in launcher.command_line(driver)
     default = desc.resolve("go2_flat", {"checkpoint": "/ck"}).nodes[0]
     assert default.overrides["speed"] == 0.0 and default.overrides["panel_friction"] == 0.0
-    with pytest.raises(ValueError, match="friction:= sets the Slippery Slope"):
+    with pytest.raises(ValueError, match="friction:=0.12: panel_friction applies to slippery"):
         desc.resolve("go2_flat", {"checkpoint": "/ck", "friction": "0.12"})
-    with pytest.raises(ValueError, match="friction:= sets the Slippery Slope"):
+    with pytest.raises(ValueError, match="friction:=0.12: panel_friction applies to slippery"):
         desc.resolve("go2_slope", {"checkpoint": "/ck", "variant": "sim", "friction": "0.12"})
-    with pytest.raises(ValueError, match="speed:='fast' must be a number"):
+    with pytest.raises(ValueError, match="speed:='fast' must be a float"):
         desc.resolve("go2_slope", {"checkpoint": "/ck", "speed": "fast"})
     with pytest.raises(ValueError, match="unknown argument"):  # the UR5e graphs have neither
         desc.resolve("peg", {"checkpoint": "/ck", "speed": "0.3"})

@@ -21,8 +21,9 @@ from robot_drivers import (  # noqa: E402
     safety_node,
     ur5e_rtde_driver_node,
 )
+from robot_drivers.described import Param  # noqa: E402
 from robot_drivers.hardware.realtime_driver import COMMON_PARAMS  # noqa: E402
-from robot_drivers.node_params import Param, docs_table  # noqa: E402
+from robot_drivers.node_params import docs_table  # noqa: E402
 from simdist_adapter import adapter_node  # noqa: E402
 
 DOC = ROOT / "docs" / "observation_topics.md"

@@ -17,11 +17,11 @@ from nav_msgs.msg import Odometry
 from sensor_msgs.msg import Imu
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import Level
 from robot_drivers.hardware.go2_sdk import Go2SdkBackend, Go2SdkConfig, connect_go2
 from robot_drivers.hardware.realtime_driver import RealtimeDriverNode
 from robot_drivers.interface import CommandKind
-from robot_drivers.node_params import Param
 from robot_drivers.node_spin import spin_until_shutdown
 
 PARAMS = (

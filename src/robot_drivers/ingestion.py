@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from robot_drivers.described import setting
+
 
 class StreamError(ValueError):
     """A sample that must not reach the planner (wrong size, NaN, layout change)."""
@@ -25,11 +27,37 @@ class IngestionConfig:
     image_size: tuple[int, int] = (224, 224)  # (height, width) the model expects
     camera_size: tuple[int, int] = (0, 0)  # expected raw (height, width); (0, 0) accepts any
     height_map_shape: tuple[int, int] | None = None
-    proprio_dim: int = 0  # expected proprio length; 0 accepts any (but it may not change)
-    align_tolerance_s: float = 0.02
-    proprio_timeout_s: float = 0.5
-    camera_timeout_s: float = 0.5
-    height_map_timeout_s: float = 0.5
+    # Each described setting (doc, range) is the ingestion node's parameter of that name.
+    proprio_dim: int = field(
+        default=0,
+        metadata=setting(
+            "expected proprio length; 0 accepts any fixed length", low=0, high=100_000
+        ),
+    )
+    align_tolerance_s: float = field(
+        default=0.02,
+        metadata=setting(
+            "max |stamp difference| between a stream sample and the proprio stamp",
+            low=0.0,
+            high=1.0,
+        ),
+    )
+    proprio_timeout_s: float = field(
+        default=0.5,
+        metadata=setting("proprio older than this is stale -> no observation", low=0.01, high=10.0),
+    )
+    camera_timeout_s: float = field(
+        default=0.5,
+        metadata=setting(
+            "a camera image older than this is stale -> no observation", low=0.01, high=10.0
+        ),
+    )
+    height_map_timeout_s: float = field(
+        default=0.5,
+        metadata=setting(
+            "a height map older than this is stale -> no observation", low=0.01, high=10.0
+        ),
+    )
     buffer: int = 16  # samples kept per stream for alignment
 
     def __post_init__(self) -> None:
@@ -53,6 +81,14 @@ class IngestionConfig:
             raise ValueError(f"IngestionConfig.buffer must be >= 1, got {self.buffer}")
 
     def timeout(self, stream: str) -> float:
+        """How old a stream's newest sample may be before the stream is stale.
+
+        Args:
+            stream: "proprio", "height_map" or a camera name.
+
+        Returns:
+            The limit in seconds.
+        """
         if stream == "proprio":
             return self.proprio_timeout_s
         return self.height_map_timeout_s if stream == "height_map" else self.camera_timeout_s
@@ -69,7 +105,15 @@ class AlignedObservation:
 
 
 def resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """(H, W, 3) uint8 -> size; exact block averaging for integer down-scales, else bilinear."""
+    """Resize an image: exact block averaging for integer down-scales, else bilinear.
+
+    Args:
+        image: (H, W, 3) uint8.
+        size: (height, width) wanted.
+
+    Returns:
+        The (height, width, 3) uint8 image (`image` itself when it has that size).
+    """
     h, w = image.shape[:2]
     th, tw = size
     if (h, w) == (th, tw):
@@ -119,6 +163,18 @@ class Ingestion:
     def add_proprio(
         self, stamp: int, proprio: np.ndarray, command: np.ndarray | None, names: list[str]
     ) -> None:
+        """Buffer a proprio sample and queue its stamp for alignment (a lockstep republish of a tick
+        re-emits its observation, so a late-joining planner still gets it).
+
+        Args:
+            stamp: its stamp, ns.
+            proprio: the proprio vector.
+            command: the command vector the robot reports, or None.
+            names: the proprio's value names (the layout must not change).
+
+        Returns:
+            None; StreamError (the sample dropped) for a wrong size, NaN / Inf or a changed layout.
+        """
         proprio = np.asarray(proprio, dtype=np.float32)
         if self.config.proprio_dim and proprio.shape != (self.config.proprio_dim,):
             raise StreamError(
@@ -135,6 +191,16 @@ class Ingestion:
             self._pending.append(stamp)  # so a late-joining planner still gets it
 
     def add_image(self, camera: str, stamp: int, image: np.ndarray) -> None:
+        """Buffer a camera image, resized to the model's resolution.
+
+        Args:
+            camera: a configured camera's name.
+            stamp: its stamp, ns.
+            image: (H, W, 3) uint8 at the configured camera size.
+
+        Returns:
+            None; StreamError (the sample dropped) for an unknown camera or a wrong shape or type.
+        """
         if camera not in self.config.cameras:
             raise StreamError(
                 f"camera {camera!r} is not configured; cameras: {self.config.cameras}"
@@ -152,6 +218,16 @@ class Ingestion:
         self._store(camera, stamp, resize(image, self.config.image_size))
 
     def add_height_map(self, stamp: int, height_map: np.ndarray) -> None:
+        """Buffer a height map.
+
+        Args:
+            stamp: its stamp, ns.
+            height_map: the grid, of the configured height_map_shape.
+
+        Returns:
+            None; StreamError (the sample dropped) when none is configured, for a wrong shape or
+            NaN / Inf.
+        """
         shape = self.config.height_map_shape
         if shape is None:
             raise StreamError("height map received but height_map_shape is not configured")
@@ -181,7 +257,14 @@ class Ingestion:
 
     # --- outputs ------------------------------------------------------------------------------
     def stale(self, now_ns: int) -> dict[str, str]:
-        """stream -> why it is stale (never received, or last sample too old)."""
+        """The streams that are stale now.
+
+        Args:
+            now_ns: the node clock, ns.
+
+        Returns:
+            Stream -> why it is stale (never received, or its last sample too old); {} when none is.
+        """
         out = {}
         for s in self.streams:
             last, limit = self.last_stamp[s], self.config.timeout(s)
@@ -202,7 +285,13 @@ class Ingestion:
         return round(self.config.align_tolerance_s * 1e9)
 
     def pop_aligned(self) -> list[AlignedObservation]:
-        """Complete observations for pending proprio stamps, oldest first; drops unmatched ones."""
+        """Complete observations for the pending proprio stamps, oldest first; a stamp that can no
+        longer complete (a newer sample of a missing stream already passed) is dropped and counted
+        in `unmatched`.
+
+        Returns:
+            The AlignedObservations completed since the last call.
+        """
         out = []
         tol = self._tol_ns()
         while self._pending:

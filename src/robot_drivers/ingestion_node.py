@@ -10,15 +10,17 @@ observation stop takes over; the node never crashes on input.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import rclpy
 from rclpy.node import Node
 from sensor_msgs.msg import Image, JointState
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param, settings
 from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
 from robot_drivers.ingestion import Ingestion, IngestionConfig, StreamError
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from robot_drivers.node_spin import spin_until_shutdown
 
 PARAMS = (
@@ -48,38 +50,8 @@ PARAMS = (
         read_only=True,
     ),
     Param("height_map_cols", 0, "height map columns (Go2: 15)", 0, 1024, read_only=True),
-    Param(
-        "proprio_dim",
-        0,
-        "expected proprio length; 0 accepts any fixed length",
-        0,
-        100000,
-        read_only=True,
-    ),
-    Param(
-        "align_tolerance_s",
-        0.02,
-        "max |stamp difference| between a stream sample and the proprio stamp",
-        0.0,
-        1.0,
-    ),
-    Param(
-        "proprio_timeout_s", 0.5, "proprio older than this is stale -> no observation", 0.01, 10.0
-    ),
-    Param(
-        "camera_timeout_s",
-        0.5,
-        "a camera image older than this is stale -> no observation",
-        0.01,
-        10.0,
-    ),
-    Param(
-        "height_map_timeout_s",
-        0.5,
-        "a height map older than this is stale -> no observation",
-        0.01,
-        10.0,
-    ),
+    # IngestionConfig's described settings (proprio_dim fixed at start-up)
+    *(replace(s, read_only=s.name == "proprio_dim") for s in settings(IngestionConfig())),
 )
 TUNABLE = ("align_tolerance_s", "proprio_timeout_s", "camera_timeout_s", "height_map_timeout_s")
 

@@ -32,11 +32,13 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import registry, ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import CommandSourceWatch, Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind, FaultLevel, Observation
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.tasks.base import Task
+from robot_drivers.tasks.options import Option
 from robot_drivers.ur5e.config import SceneConfig
 
 CLOCK_START_NS = 1_000_000_000  # sim time starts at 1 s: ROS treats time 0 as "not set"
@@ -106,6 +108,19 @@ class SimEpisode:
         )
 
 
+def _option_param(o: Option) -> Param:
+    """The read-only parameter of a scalar task option (robot_drivers.tasks.options): its "not
+    set" value (0, '') as the default; its range lives in the option's validator (`_check`)."""
+    span = f" ({o.span()})" if o.span() else ""
+    return Param(
+        o.name, o.unset_value, f"{o.doc}{span}; {o.unset_value!r}: {o.unset}", read_only=True
+    )
+
+
+# The task options a parameter sets (every registered option that is one value); the others
+# are the UR5e scene's image size and cameras, the parameters below.
+OPTION_PARAMS = tuple(_option_param(o) for o in registry.all_options() if o.scalar)
+
 PARAMS = (
     Param(
         "robot",
@@ -116,11 +131,10 @@ PARAMS = (
     Param(
         "task",
         "peg",
-        "peg | table_leg (UR5e); go2_flat | go2_slope | slippery_slope | foam (Go2)",
+        registry.task_list(),
         read_only=True,
     ),
     Param("variant", "sim", "sim (training) or real (the hardware stand-in)", read_only=True),
-    Param("region", "wide", "UR5e initial region: narrow or wide", read_only=True),
     Param(
         "cameras",
         ["wrist", "overhead", "side"],
@@ -143,31 +157,7 @@ PARAMS = (
         1024,
         read_only=True,
     ),
-    Param(
-        "max_steps",
-        0,
-        "episode length in control steps; 0 = the task's own limit",
-        0,
-        1_000_000,
-        read_only=True,
-    ),
-    Param(
-        "speed",
-        0.0,
-        "Go2: commanded forward speed vx (m/s); 0 = the task's own (0.5); a course's episode "
-        "limit follows it",
-        0.0,
-        2.0,
-        read_only=True,
-    ),
-    Param(
-        "panel_friction",
-        0.0,
-        "slippery_slope, variant real: the PTFE panels' friction; 0 = the stand-in's own (0.15)",
-        0.0,
-        2.0,
-        read_only=True,
-    ),
+    *OPTION_PARAMS,
     Param("seed", 0, "seed of the next ~/reset (and of the first episode)", 0, 2**31 - 1),
     Param(
         "lockstep",
@@ -244,21 +234,9 @@ class MujocoDriverNode(Node):
         super().__init__("mujoco_driver", **kwargs)
         self.params = NodeParams(self, PARAMS, _check)
         p = self.params
-        # Every episode option the node has a parameter for (0: not set); the task takes those
-        # it knows (registry.task_options; _check refuses a set option the task lacks).
-        options = dict(
-            region=p["region"],
-            cameras=tuple(c for c in p["cameras"] if c),
-            image_size=(p["image_height"], p["image_width"]),
-            max_steps=p["max_steps"] or None,
-            speed=p["speed"] or None,
-            panel_friction=p["panel_friction"] or None,
+        self.episode = SimEpisode(
+            registry.make_task(p["task"], p["variant"], **_task_options(p.values))
         )
-        known = registry.task_options(p["task"])
-        overrides = registry.episode_overrides(
-            p["task"], **{k: v for k, v in options.items() if k in known}
-        )
-        self.episode = SimEpisode(registry.make_task(p["task"], p["variant"], **overrides))
         self.spec = self.episode.task.spec
         self.period_ns = round(1e9 / self.spec.control_rate_hz)
         self.lockstep = p["lockstep"]
@@ -557,13 +535,32 @@ def _check(name, value, values) -> str | None:
             )
     if name == "variant" and value not in ("sim", "real"):
         return f"variant must be 'sim' or 'real', got {value!r}"
-    if name in ("speed", "panel_friction") and value:
-        task = values["task"]
-        if task not in registry.TASKS or name not in registry.task_options(task):
-            return f"{name} is not an option of task {task!r} (leave it 0)"
-    if name == "region" and value not in ("narrow", "wide"):
-        return f"region must be 'narrow' or 'wide', got {value!r}"
+    task = values.get("task")
+    if name in OPTION_NAMES and value != OPTION_NAMES[name] and task in registry.TASKS:
+        # the task options' one validator (robot_drivers.tasks.options); 0 / '' is "not set"
+        try:
+            registry.entry(values["task"]).options.of(
+                values["task"], values.get("variant"), **{name: value}
+            )
+        except ValueError as e:
+            return str(e)
     return None
+
+
+OPTION_NAMES = {q.name: q.default for q in OPTION_PARAMS}  # option parameter -> "not set"
+
+
+def _task_options(values: dict) -> dict:
+    """The task's options from the parameters: each option parameter set (not 0 / ''), the UR5e
+    scene's image size and cameras where the task takes them."""
+    task = values["task"]
+    known = registry.task_options(task)
+    given = {k: values[k] for k, unset in OPTION_NAMES.items() if k in known and values[k] != unset}
+    if "image_size" in known:
+        given["image_size"] = (values["image_height"], values["image_width"])
+    if "cameras" in known:
+        given["cameras"] = tuple(c for c in values["cameras"] if c)
+    return given
 
 
 def main(args=None):

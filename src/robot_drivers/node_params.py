@@ -1,8 +1,9 @@
 """Declared, ranged, validated ROS parameters applied between ticks (for the robot-side nodes).
 
-Each node lists its tunables once as `Param`s; `NodeParams` declares them with a description and
-a range (rqt_reconfigure shows sliders), rejects bad values at set time with the reason, and
-queues accepted ones so the node applies them at the start of its next tick, never mid-tick.
+Each node lists its tunables once as `Param`s (robot_drivers.described); `NodeParams` declares
+them with a description and a range (rqt_reconfigure shows sliders), rejects bad values at set
+time with the reason, and queues accepted ones so the node applies them at the start of its next
+tick, never mid-tick.
 A value given for a parameter the node does not declare (a misspelt key in a parameter file or a
 `-p name:=value`) is an error that names it and the closest declared name: ROS 2 would otherwise
 ignore it silently.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import difflib
 import math
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from rcl_interfaces.msg import (
@@ -23,52 +23,38 @@ from rcl_interfaces.msg import (
     SetParametersResult,
 )
 
-from robot_drivers.described import Setting
+from robot_drivers.described import Param
 
 
-@dataclass(frozen=True)
-class Param:
-    """One tunable: default, description, inclusive range for numbers or choices for a string."""
+def ros_default(p: Param) -> Any:
+    """A parameter's default as ROS takes it (a tuple as a list)."""
+    return list(p.default) if isinstance(p.default, tuple) else p.default
 
-    name: str
-    default: object
-    description: str
-    low: float | None = None
-    high: float | None = None
-    read_only: bool = False  # structural settings (robot, cameras) fixed at start-up
-    choices: tuple = ()  # the allowed values of a string parameter (rqt shows them as constraints)
 
-    @classmethod
-    def of(cls, setting: Setting, read_only: bool = False) -> Param:
-        """The ROS parameter of a config's described setting (robot_drivers.described): its
-        default (a tuple as a list), doc, range and choices."""
-        default = list(setting.default) if isinstance(setting.default, tuple) else setting.default
-        return cls(
-            setting.name,
-            default,
-            setting.doc,
-            setting.low,
-            setting.high,
-            read_only=read_only,
-            choices=setting.choices,
-        )
+def descriptor(p: Param) -> ParameterDescriptor:
+    """The ROS descriptor of a parameter: its description, read-only flag, range and choices.
 
-    def descriptor(self) -> ParameterDescriptor:
-        d = ParameterDescriptor(description=self.description, read_only=self.read_only)
-        if self.choices:
-            d.additional_constraints = "one of: " + ", ".join(map(str, self.choices))
-        low, high = self.low, self.high
-        if (low is None) != (high is None):
-            raise TypeError(f"parameter {self.name}: a range takes both low and high")
-        if low is not None and isinstance(self.default, bool):
-            raise TypeError(f"parameter {self.name}: a bool takes no range")
-        if low is not None and high is not None and isinstance(self.default, int):
-            d.integer_range = [IntegerRange(from_value=int(low), to_value=int(high), step=1)]
-        elif low is not None and high is not None:
-            d.floating_point_range = [
-                FloatingPointRange(from_value=float(low), to_value=float(high), step=0.0)
-            ]
-        return d
+    Args:
+        p: the parameter.
+
+    Returns:
+        The ParameterDescriptor; TypeError for a range with one bound or on a bool.
+    """
+    d = ParameterDescriptor(description=p.doc, read_only=p.read_only)
+    if p.choices:
+        d.additional_constraints = "one of: " + ", ".join(map(str, p.choices))
+    low, high = p.low, p.high
+    if (low is None) != (high is None):
+        raise TypeError(f"parameter {p.name}: a range takes both low and high")
+    if low is not None and isinstance(p.default, bool):
+        raise TypeError(f"parameter {p.name}: a bool takes no range")
+    if low is not None and high is not None and isinstance(p.default, int):
+        d.integer_range = [IntegerRange(from_value=int(low), to_value=int(high), step=1)]
+    elif low is not None and high is not None:
+        d.floating_point_range = [
+            FloatingPointRange(from_value=float(low), to_value=float(high), step=0.0)
+        ]
+    return d
 
 
 def docs_table(params: tuple[Param, ...] | list[Param]) -> list[str]:
@@ -85,8 +71,8 @@ def docs_table(params: tuple[Param, ...] | list[Param]) -> list[str]:
     for p in params:
         span = f"[{p.low}, {p.high}]" if p.low is not None else ""
         span = f"{span} read-only".strip() if p.read_only else span
-        text = p.description.replace("|", "\\|")
-        rows.append(f"| `{p.name}` | `{p.default}` | {span} | {text} |")
+        text = p.doc.replace("|", "\\|")
+        rows.append(f"| `{p.name}` | `{ros_default(p)}` | {span} | {text} |")
     return rows
 
 
@@ -122,7 +108,9 @@ class NodeParams:
         self._pending: dict[str, object] = {}
         self.values: dict[str, Any] = {}  # a parameter's value is any of its ROS types
         for p in params:
-            self.values[p.name] = node.declare_parameter(p.name, p.default, p.descriptor()).value
+            self.values[p.name] = node.declare_parameter(
+                p.name, ros_default(p), descriptor(p)
+            ).value
         unknown = unknown_parameters(node)
         if unknown:
             raise ValueError(f"{node.get_name()}: " + "; ".join(unknown))

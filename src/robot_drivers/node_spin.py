@@ -36,7 +36,7 @@ def spin_quietly(spin: Callable[[], object], context: Context) -> None:
 def spin_until_shutdown(
     node: Node,
     spin: Callable[[], object] | None = None,
-    on_exit: Callable[[], None] | None = None,
+    on_exit: Callable[[], object] | None = None,
 ) -> None:
     """Run `spin` (default `rclpy.spin(node)`) until shutdown (`spin_quietly`), then `on_exit`,
     then destroy the node; an error that is not the shutdown propagates after the clean-up."""

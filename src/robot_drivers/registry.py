@@ -18,6 +18,7 @@ import numpy as np
 
 from robot_drivers.interface import RobotSpec
 from robot_drivers.tasks.base import Policy, Task
+from robot_drivers.tasks.options import Go2Options, Option, TaskOptions, Ur5eOptions
 
 UR5E_TASK_MODULE = "robot_drivers.tasks.ur5e_tasks"
 GO2_TASK_MODULE = "robot_drivers.tasks.go2_tasks"
@@ -36,6 +37,9 @@ class TaskEntry:
     pretrain_preset: str = ""
     # The summary figure tables judge it by (a simdist_planner AgentSummary field).
     headline: str = "success_rate"
+    # Its episode options (robot_drivers.tasks.options): what make_task takes besides the
+    # factory's own settings, validated there; the driver, launcher and commands read them.
+    options: type[TaskOptions] = TaskOptions
 
     @property
     def module(self) -> str:
@@ -56,6 +60,7 @@ TASKS: dict[str, TaskEntry] = {
         experts="robot_drivers.experts.ur5e",
         graph="peg",
         pretrain_preset="ur5e_peg",
+        options=Ur5eOptions,
     ),
     "table_leg": TaskEntry(
         "ur5e",
@@ -63,6 +68,7 @@ TASKS: dict[str, TaskEntry] = {
         experts="robot_drivers.experts.ur5e",
         graph="table_leg",
         pretrain_preset="ur5e_peg",
+        options=Ur5eOptions,
     ),
     "go2_flat": TaskEntry(
         "go2",
@@ -71,6 +77,7 @@ TASKS: dict[str, TaskEntry] = {
         graph="go2_flat",
         pretrain_preset="go2",
         headline="mean_return",
+        options=Go2Options,
     ),
     "go2_slope": TaskEntry(
         "go2",
@@ -79,6 +86,7 @@ TASKS: dict[str, TaskEntry] = {
         graph="go2_slope",
         pretrain_preset="go2",
         headline="mean_return",
+        options=Go2Options,
     ),
     "slippery_slope": TaskEntry(
         "go2",
@@ -86,6 +94,7 @@ TASKS: dict[str, TaskEntry] = {
         experts="robot_drivers.experts.go2",
         graph="go2_slope",
         headline="mean_return",
+        options=Go2Options,
     ),
     "foam": TaskEntry(
         "go2",
@@ -93,6 +102,7 @@ TASKS: dict[str, TaskEntry] = {
         experts="robot_drivers.experts.go2",
         graph="go2_foam",
         headline="mean_return",
+        options=Go2Options,
     ),
 }
 
@@ -135,6 +145,16 @@ def tasks_of(robot: str) -> tuple[str, ...]:
     return tuple(name for name, e in TASKS.items() if e.robot == robot)
 
 
+def task_list() -> str:
+    """The registered tasks by robot, in words (help strings and parameter descriptions).
+
+    Returns:
+        E.g. "peg | table_leg (ur5e); go2_flat | ... (go2)", in registry order.
+    """
+    robots = dict.fromkeys(e.robot for e in TASKS.values())
+    return "; ".join(f"{' | '.join(tasks_of(r))} ({r})" for r in robots)
+
+
 def task_spec(name: str) -> RobotSpec:
     """The spec of a task's robot.
 
@@ -152,20 +172,25 @@ def _factory(name: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def make_task(name: str, variant: str = "sim", **overrides) -> Task:
+def make_task(name: str, variant: str = "sim", **settings) -> Task:
     """Build a task.
 
     Args:
         name: a task name.
         variant: "sim" (the training world) or "real" (its real-world stand-in).
-        **overrides: the task factory's settings (e.g. from `episode_overrides`).
+        **settings: its episode options (the entry's `options`, e.g. from `episode_overrides`)
+            and the task factory's own settings (e.g. a Go2 task's `command`).
 
     Returns:
-        The task, ready for `reset(seed)`; ValueError for a bad name or variant.
+        The task, ready for `reset(seed)`; ValueError for a bad name, variant or option (the
+        options' message, robot_drivers.tasks.options).
     """
     if variant not in ("sim", "real"):
         raise ValueError(f"variant must be 'sim' or 'real', got {variant!r}")
-    return _factory(name)(name, variant, **overrides)
+    options_type = entry(name).options
+    given = {k: settings.pop(k) for k in options_type.names() if k in settings}
+    options = options_type.of(name, variant, **given)
+    return _factory(name)(name, variant, options, **settings)
 
 
 def task_options(name: str) -> tuple[str, ...]:
@@ -175,36 +200,54 @@ def task_options(name: str) -> tuple[str, ...]:
         name: a task name.
 
     Returns:
-        The `episode_overrides` keywords its task module accepts; () for none.
+        The names of its entry's options (robot_drivers.tasks.options), in field order.
     """
-    module = importlib.import_module(entry(name).module)
-    return tuple(getattr(module, "EPISODE_OPTIONS", ()))
+    return entry(name).options.names()
 
 
 def episode_overrides(name: str, **options) -> dict:
-    """`make_task` overrides from the stack's episode options. The task module turns them into
-    its own overrides (e.g. the Go2's episode length in seconds).
+    """`make_task` keywords from the stack's episode options, validated.
 
     Args:
         name: a task name.
-        **options: `max_steps`, `region`, `image_size`, `cameras`, `speed`, `panel_friction`;
+        **options: option values (`max_steps`, `region`, `speed`, `panel_friction`, ...);
             None: not set.
 
     Returns:
-        The overrides for `make_task(name, ...)`; ValueError for an option set for a task that
-        lacks it.
+        The options set, by name; ValueError for an option the task lacks or a bad value (the
+        variant's check comes with `make_task`).
     """
-    given = {k: v for k, v in options.items() if v is not None}
-    known = task_options(name)
-    foreign = [k for k in given if k not in known]
-    if foreign:
-        raise ValueError(
-            f"{', '.join(foreign)}: not an option of task {name!r}; its options: {list(known)}"
-        )
-    if not given:
-        return {}
-    module = importlib.import_module(entry(name).module)
-    return module.episode_overrides(name, **given)
+    return entry(name).options.of(name, **options).given()
+
+
+def robot_options(robot: str) -> type[TaskOptions]:
+    """The options class of a robot's tasks.
+
+    Args:
+        robot: a robot name with registered tasks.
+
+    Returns:
+        The TaskOptions subclass its tasks share; ValueError when they do not share one.
+    """
+    kinds = {TASKS[t].options for t in tasks_of(robot)}
+    if len(kinds) != 1:
+        raise ValueError(f"robot {robot!r}: its tasks must share one options class, got {kinds}")
+    return kinds.pop()
+
+
+def all_options() -> tuple[Option, ...]:
+    """Every registered task option, once by name (an option every family inherits, such as
+    `max_steps`, is described once), in registry order: the MuJoCo driver's parameters and the
+    commands' flags.
+
+    Returns:
+        The Option descriptions.
+    """
+    seen: dict[str, Option] = {}
+    for e in TASKS.values():
+        for o in e.options.described():
+            seen.setdefault(o.name, o)
+    return tuple(seen.values())
 
 
 def _experts(task: Task):
@@ -254,14 +297,17 @@ def step_phases(name: str, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]
 __all__ = [
     "TASKS",
     "TaskEntry",
+    "all_options",
     "entry",
     "episode_overrides",
     "expert_ladder",
     "expert_value",
     "make_task",
     "robot_of",
+    "robot_options",
     "step_phases",
     "task_options",
+    "task_list",
     "task_spec",
     "tasks_of",
 ]

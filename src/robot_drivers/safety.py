@@ -36,8 +36,15 @@ MEASURED_KEPT = 50  # measured joint poses kept, by observation stamp (1 s of Go
 def joint_target_limits(
     spec: RobotSpec, margin: float = GO2_TARGET_MARGIN
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The default joint-target limits of a joint-target robot: its joint range (RobotSpec)
-    widened by `margin` rad; () for a robot without joint ranges."""
+    """The default joint-target limits of a joint-target robot: its joint range widened by a margin.
+
+    Args:
+        spec: the robot's RobotSpec (its joint_low, joint_high).
+        margin: rad added on both sides.
+
+    Returns:
+        (low, high) per joint, rounded to 5 decimals; ((), ()) for a robot without joint ranges.
+    """
     low = tuple(round(v - margin, 5) for v in spec.joint_low)
     high = tuple(round(v + margin, 5) for v in spec.joint_high)
     return low, high
@@ -201,9 +208,18 @@ class SafetyConfig:
 
 
 def stale_command_reason(stamp: float, now: float, max_age_s: float) -> str | None:
-    """Why a command stamped `stamp` (the observation it answers) must not act at `now`, or None:
-    it is more than `max_age_s` late, or that far ahead of the clock (another episode after a
-    clock reset, a clock jump). The supervisor and the hardware drivers both apply it."""
+    """Why a command must not act now: it is more than `max_age_s` late, or that far ahead of the
+    clock (another episode after a clock reset, a clock jump). The supervisor and the hardware
+    drivers both apply it.
+
+    Args:
+        stamp: the command's stamp (the observation it answers), s.
+        now: the node clock, s.
+        max_age_s: the largest age allowed either way.
+
+    Returns:
+        The reason, or None when it may act.
+    """
     age = now - stamp
     if abs(age) <= max_age_s:
         return None
@@ -253,9 +269,16 @@ class SafetySupervisor:
 
     # --- inputs ------------------------------------------------------------------------------
     def observation(self, stamp: float, joint_pos_rel=None) -> None:
-        """An observation stamped `stamp`; `joint_pos_rel`, on a joint-target robot, its measured
-        joint positions relative to default_pose (the proprio's joint_pos term). A pose of the
-        wrong size or with NaN / Inf is not kept."""
+        """An observation arrived. A measured pose of the wrong size or with NaN / Inf is not kept.
+
+        Args:
+            stamp: its stamp, s (the newest stamp seen is kept).
+            joint_pos_rel: on a joint-target robot, its measured joint positions relative to
+                default_pose (the proprio's joint_pos term); None: not measured.
+
+        Returns:
+            None.
+        """
         self.last_observation_stamp = (
             stamp
             if self.last_observation_stamp is None
@@ -270,14 +293,35 @@ class SafetySupervisor:
                 del self._measured[min(self._measured)]
 
     def tcp_pose(self, pos) -> None:
+        """The measured TCP position (an end-effector robot's workspace box is checked against it).
+
+        Args:
+            pos: (x, y, z) in m; a value of another shape or with NaN / Inf leaves no pose.
+
+        Returns:
+            None.
+        """
         pos = np.asarray(pos, dtype=np.float64)
         self.tcp_pos = pos if pos.shape == (3,) and np.all(np.isfinite(pos)) else None
 
     def estop(self) -> None:
+        """Latch the e-stop: every command becomes the damping command until `resume`.
+
+        Returns:
+            None.
+        """
         self.estopped = True
 
     def resume(self, now: float) -> str | None:
-        """Release the e-stop; returns the refusal reason, or None when resumed."""
+        """Release the e-stop (refused while observations are stale); the step limiter starts
+        afresh.
+
+        Args:
+            now: the node clock, s.
+
+        Returns:
+            The refusal reason, or None when resumed.
+        """
         if self.observation_stale(now):
             return self._stale_reason(now) + "; resume refused until observations are fresh"
         self.estopped = False
@@ -289,6 +333,14 @@ class SafetySupervisor:
 
     # --- checks ------------------------------------------------------------------------------
     def observation_stale(self, now: float) -> bool:
+        """Whether the newest observation is too old to command on.
+
+        Args:
+            now: the node clock, s.
+
+        Returns:
+            True when none arrived or it is older than observation_timeout_s.
+        """
         return (
             self.last_observation_stamp is None
             or now - self.last_observation_stamp > self.config.observation_timeout_s
@@ -303,16 +355,32 @@ class SafetySupervisor:
         )
 
     def safe_command(self, stamp: float, damp: bool = False) -> Command:
+        """The command that stops the robot.
+
+        Args:
+            stamp: the stamp it carries.
+            damp: DAMP where the robot has a damping mode (else HOLD).
+
+        Returns:
+            The HOLD or DAMP Command.
+        """
         kind = CommandKind.DAMP if (damp and self.config.spec.damping_mode) else CommandKind.HOLD
         return Command(kind=kind, stamp=stamp)
 
     def applied(self, command: Command) -> None:
-        """The driver reports the command it applied (its stamp is the observation it answers):
-        the step limiter's reference (joint-target robots) moves to it. HOLD makes the Go2 stand
-        (its target is the default pose, in sim and on the robot), so the next step is measured
-        from there; DAMP has no target (zero stiffness): the next is measured from the joint
-        positions measured when it is filtered. Forwarded targets with a stamp at or before it
-        can no longer be applied and are forgotten."""
+        """The driver reports the command it applied (its stamp is the observation it answers): the
+        step limiter's reference (joint-target robots) moves to it. HOLD makes the Go2 stand (its
+        target is the default pose, in sim and on the robot), so the next step is measured from
+        there; DAMP has no target (zero stiffness): the next is measured from the joint positions
+        measured when it is filtered. Forwarded targets with a stamp at or before it can no longer
+        be applied and are forgotten; a report older than the newest is ignored.
+
+        Args:
+            command: the command applied.
+
+        Returns:
+            None.
+        """
         if command.stamp < self._applied_stamp:
             return  # an older report overtaken by a newer one
         self._applied_stamp = command.stamp
@@ -333,12 +401,19 @@ class SafetySupervisor:
         return np.asarray(self.config.default_pose)
 
     def filter(self, command: Command, now: float) -> Decision:
-        """Check one planner command received at node time `now`; returns what to forward.
+        """Check one planner command. A second command for the observation the previous one answered
+        (the same stamp: the planner re-sends its answer when a lockstep simulator re-sends a tick)
+        gets the previous decision again, status "duplicate". Limits are applied once per
+        observation: filtering a clipped command twice would advance the step limiter past what the
+        driver applied.
 
-        A second command for the observation the previous one answered (the same stamp: the
-        planner re-sends its answer when a lockstep simulator re-sends a tick) gets the previous
-        decision again, status "duplicate". Limits are applied once per observation: filtering a
-        clipped command twice would advance the step limiter past what the driver applied.
+        Args:
+            command: the planner's command.
+            now: the node time it was received at, s.
+
+        Returns:
+            The Decision: the command to forward (clipped, or HOLD / DAMP instead), its status and
+            the reason.
         """
         if command.kind not in (CommandKind.HOLD, CommandKind.DAMP):
             # first, so that a NaN re-send of an answered observation gets HOLD too
@@ -394,7 +469,16 @@ class SafetySupervisor:
         return decision
 
     def watchdog(self, now: float) -> Decision | None:
-        """Called by the node's timer: the safe command when no fresh plan arrives, else None."""
+        """The watchdog's check, called by the node's timer.
+
+        Args:
+            now: the node clock, s.
+
+        Returns:
+            The safe command's Decision when the e-stop is latched or no fresh plan arrived within
+            command_timeout_s (DAMP once the timeout lasted damp_grace_s, where the robot has it);
+            None otherwise.
+        """
         if self.estopped:
             return Decision(
                 self.safe_command(now, damp=True), "estop", "e-stop latched; call ~/resume"
@@ -477,6 +561,15 @@ class SafetySupervisor:
 
     # --- robot limits ------------------------------------------------------------------------
     def reject(self, stamp: float, reason: str) -> Decision:
+        """Refuse a command.
+
+        Args:
+            stamp: the refused command's stamp.
+            reason: why.
+
+        Returns:
+            A "rejected" Decision forwarding HOLD, with the reason.
+        """
         return Decision(self.safe_command(stamp), "rejected", reason)
 
     def _limit_ee(self, values: np.ndarray, stamp: float) -> Decision:

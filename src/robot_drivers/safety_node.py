@@ -25,9 +25,9 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
-from robot_drivers.described import settings
+from robot_drivers.described import Param, settings
 from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams, descriptor
 from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.safety import Decision, SafetyConfig, SafetySupervisor
 from robot_drivers.specs import ROBOT_SPECS
@@ -68,7 +68,7 @@ def tunable_params(robot: str) -> tuple[Param, ...]:
         ),
     )
     kind = config.action_kind.value
-    return own + tuple(Param.of(s) for s in settings(config) if s.group in ("", kind))
+    return own + tuple(s for s in settings(config) if s.group in ("", kind))
 
 
 def node_params(robot: str) -> tuple[Param, ...]:
@@ -116,7 +116,7 @@ class SafetyNode(Node):
     def __init__(self, **kwargs):
         super().__init__("safety_supervisor", **kwargs)
         self.robot: str = self.declare_parameter(
-            ROBOT_PARAM.name, ROBOT_PARAM.default, ROBOT_PARAM.descriptor()
+            ROBOT_PARAM.name, ROBOT_PARAM.default, descriptor(ROBOT_PARAM)
         ).value
         if self.robot not in ROBOT_PARAM.choices:
             raise ValueError(

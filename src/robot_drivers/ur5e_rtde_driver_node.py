@@ -13,12 +13,12 @@ import rclpy
 from geometry_msgs.msg import PoseStamped
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import Level
 from robot_drivers.hardware.realtime_driver import RealtimeDriverNode
 from robot_drivers.hardware.robotiq import RobotiqGripper
 from robot_drivers.hardware.ur5e_rtde import UR5eRtdeBackend, UR5eRtdeConfig, connect_ur5e
 from robot_drivers.interface import CommandKind
-from robot_drivers.node_params import Param
 from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.ur5e.so3 import mat_to_quat
 

@@ -417,6 +417,9 @@ def mujoco_pairs(
     cfg = cfg or MujocoPairsConfig()
     kw = dict(image_size=(cfg.size, cfg.size), cameras=(cfg.camera,))
     sim, real = make_task(cfg.task, "sim", **kw), make_task(cfg.task, "real", **kw)
+    sim_mask = getattr(sim.backend, "render_robot_mask", None)  # MuJoCo's segmentation
+    if sim_mask is None:
+        raise ValueError(f"{cfg.task}: its sim backend renders no robot mask (a UR5e task does)")
     calibrated = make_task(cfg.task, "real", **kw)
     segmenter = segmenter or JointStateMaskRenderer(calibrated.backend, cfg.camera)
     ladder = expert_ladder(sim)
@@ -434,11 +437,7 @@ def mujoco_pairs(
 
             def record(o_s, o_r):
                 img_s = o_s.images[cfg.camera]
-                sim_f.append(
-                    np.where(sim.backend.render_robot_mask(cfg.camera)[..., None], img_s, 0).astype(
-                        np.uint8
-                    )
-                )
+                sim_f.append(np.where(sim_mask(cfg.camera)[..., None], img_s, 0).astype(np.uint8))
                 real_f.append(o_r.images[cfg.camera])
                 real_m.append(segmenter(o_r.images[cfg.camera], o_r.joint_pos))
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from sim_video_world_model.backbones import build_backbone
 from sim_video_world_model.backbones.base import VideoAutoencoder, VideoDenoiser
+from sim_video_world_model.backbones.tiny import TinyVideoAutoencoder
 from sim_video_world_model.checkpoint import (
     ModelBundle,
     load_bundle,
@@ -245,7 +246,7 @@ def train_autoencoder(
     writer=None,
 ) -> None:
     """Reconstruction (MSE) on both streams, then fit the per-channel latent normalisation."""
-    if not hasattr(autoencoder, "reconstruct"):
+    if not isinstance(autoencoder, TinyVideoAutoencoder):
         raise ValueError(
             "only the built-in autoencoder is trained here; Wan's VAE is pretrained and frozen"
         )

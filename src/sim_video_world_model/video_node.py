@@ -33,7 +33,8 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.described import Param
+from robot_drivers.node_params import NodeParams
 from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.registry import make_task
 from sim_video_world_model.paired_data import JointStateMaskRenderer
@@ -101,8 +102,10 @@ class VideoPredictionNode(Node):
             )
         self.camera = p["camera"]
         self.predictor = VideoPredictor(p["checkpoint"], p["device"])
+        # the robot mask of guidance: from the measured joints, which name it needs
+        self._mask: JointStateMaskRenderer | None = None
         if p["mask_task"]:
-            self.predictor.segmenter = self._make_segmenter(p["mask_task"])
+            self._mask = self.predictor.segmenter = self._make_segmenter(p["mask_task"])
         self._lock = threading.Lock()
         self._image: tuple[np.ndarray, int] | None = None
         self._plan: tuple[np.ndarray, int] | None = None
@@ -132,7 +135,7 @@ class VideoPredictionNode(Node):
             f"predicting {self.predictor.num_frames - 1} frames of {self.camera!r} from {topic}"
         )
 
-    def _make_segmenter(self, task: str):
+    def _make_segmenter(self, task: str) -> JointStateMaskRenderer:
         """Robot mask from the measured joints through the task's calibrated ("real") camera."""
 
         calibrated = make_task(
@@ -223,8 +226,8 @@ class VideoPredictionNode(Node):
             if "device" in changed:
                 self.predictor.to(p["device"])
             joint_pos = None
-            if self.predictor.segmenter is not None and p["guidance"] > 0:
-                names = self.predictor.segmenter.backend.spec.joint_names
+            if self._mask is not None and p["guidance"] > 0:
+                names = self._mask.backend.spec.joint_names
                 missing = [n for n in names if n not in joints]
                 if missing:
                     raise RequestError(

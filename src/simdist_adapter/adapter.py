@@ -40,6 +40,11 @@ class RoundReport:
     bags_skipped: dict
 
     def to_dict(self) -> dict:
+        """The report as plain values (JSON).
+
+        Returns:
+            Field name -> value.
+        """
         return asdict(self)
 
 
@@ -50,8 +55,20 @@ def gate(
     sim_deployed: float | None = None,
     max_sim_increase: float = 0.5,
 ) -> tuple[bool, str]:
-    """Deploy only a strict, finite improvement of the held-out latent loss that did not raise
-    the sim-sample loss by more than `max_sim_increase` (relative; checked when both are given)."""
+    """Deploy only a strict, finite improvement of the held-out latent loss that did not raise the
+    sim-sample loss by more than `max_sim_increase` (relative; checked when both sim losses are
+    given).
+
+    Args:
+        candidate_loss: the fine-tuned model's held-out latent loss.
+        deployed_loss: the deployed model's.
+        sim_candidate: the fine-tuned model's sim-sample latent loss, or None.
+        sim_deployed: the deployed model's, or None.
+        max_sim_increase: the largest relative rise of the sim loss allowed.
+
+    Returns:
+        (deploy, reason): whether to deploy, and the losses that decided it.
+    """
     if not math.isfinite(candidate_loss):
         return False, f"candidate held-out loss is {candidate_loss}"
     if candidate_loss >= deployed_loss:
@@ -82,10 +99,23 @@ def adapt_on_dataset(
     bags_skipped: dict | None = None,
     heldout_seeds: Collection[int] | None = None,
 ) -> RoundReport:
-    """Fine-tune f of the deployed model on the D_real shards in `d_real`, gate, deploy.
+    """Fine-tune f of the deployed model on D_real, gate, and deploy the candidate that passes.
 
-    The gate's held-out episodes are a `config.holdout` share drawn from D_real, or with
-    `heldout_seeds` the episodes of those seeds (never trained on)."""
+    Args:
+        registry: the model registry (its deployed model is fine-tuned; a passing candidate is
+            deployed as a new version).
+        d_real: the D_real shard directory.
+        config: the fine-tuning and gate settings.
+        progress: `progress(step, total_steps, loss)` after every optimiser step, or None.
+        episodes: D_real's episodes (reported and kept in the version's metadata).
+        transitions: D_real's transitions (the same).
+        bags_skipped: bag -> why it was left out of D_real (reported).
+        heldout_seeds: the gate's held-out episodes by seed (never trained on); None: a
+            `config.holdout` share drawn from D_real.
+
+    Returns:
+        The round's RoundReport (deployed or not, and why).
+    """
     model = registry.load_deployed(config.device)
     train, heldout = real_windows(
         d_real,
@@ -145,7 +175,20 @@ def adapt_round(
     demos=None,
     progress=None,
 ) -> RoundReport:
-    """Build D_real from all `bags` (+ demos), then `adapt_on_dataset`."""
+    """Build D_real from the recorded episodes (and demos), then `adapt_on_dataset`.
+
+    Args:
+        registry: the model registry.
+        bags: episode bags (paths or directories; a corrupt one is skipped and reported).
+        spec: the robot's RobotSpec (how the bags' messages unpack).
+        workdir: where D_real is written (`workdir/d_real`).
+        config: the fine-tuning and gate settings.
+        demos: simulation-format shards or directories copied in as further episodes, or None.
+        progress: `progress(step, total_steps, loss)` after every optimiser step, or None.
+
+    Returns:
+        The round's RoundReport.
+    """
 
     d_real = pathlib.Path(workdir) / "d_real"
     built = build_real_dataset(bags, d_real, spec, demos=demos)

@@ -26,9 +26,9 @@ from rclpy.node import Node
 from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
-from robot_drivers.described import settings
+from robot_drivers.described import Param, settings
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from robot_drivers.node_spin import spin_until_shutdown
 from robot_drivers.specs import robot_spec
 from simdist_adapter.adapter import adapt_round
@@ -59,7 +59,7 @@ PARAMS = (
         0,
         100000,
     ),
-    *(Param.of(s) for s in ROUND_SETTINGS),
+    *ROUND_SETTINGS,
     Param(
         "max_steps",
         NODE_MAX_STEPS,

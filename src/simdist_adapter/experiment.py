@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from robot_drivers.registry import make_task
+from robot_drivers.registry import make_task, task_list
 from robot_drivers.tasks.base import Task
 from simdist_adapter.adapter import adapt_on_dataset
 from simdist_adapter.episodes import (
@@ -48,8 +48,9 @@ from simdist_adapter.finetune import AdaptConfig, real_windows, window_batch
 from simdist_adapter.registry import ModelRegistry, load_delta, save_delta
 from simdist_adapter.results import format_table, read_rounds, write_json
 from simdist_planner.cli.common import (
-    add_course_arguments,
     add_planner_arguments,
+    add_task_option_arguments,
+    checked_task_options,
     planner_overrides,
 )
 from simdist_planner.data.schema import StepLayout, shard_name
@@ -619,13 +620,9 @@ def parse_args(argv=None) -> ExperimentConfig:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--task", default="slippery_slope", help="slippery_slope | foam | peg | table_leg"
-    )
-    p.add_argument(
-        "--region",
-        default=None,
-        choices=("narrow", "wide"),
-        help="UR5e start region (default wide)",
+        "--task",
+        default="slippery_slope",
+        help=f"a task with a real variant: {task_list()} (default slippery_slope)",
     )
     p.add_argument(
         "--checkpoint", required=True, help="pretrained world-model checkpoint (simdist-pretrain)"
@@ -642,8 +639,7 @@ def parse_args(argv=None) -> ExperimentConfig:
         help="the gate's held-out episodes: the first this many collected in round 1, held out "
         "in every round and never trained on",
     )
-    p.add_argument("--max-steps", type=int, default=None)
-    add_course_arguments(p)
+    add_task_option_arguments(p)
     p.add_argument(
         "--other-speeds",
         default="",
@@ -684,6 +680,7 @@ def parse_args(argv=None) -> ExperimentConfig:
         help="gate: refuse a candidate whose sim latent loss rose by more (relative)",
     )
     a = p.parse_args(argv)
+    checked_task_options(p, a, a.task, "real")
     return ExperimentConfig(
         task=a.task,
         region=a.region,

@@ -108,7 +108,14 @@ class AdaptConfig:
 
 
 def window_batch(items: list[dict]) -> dict[str, torch.Tensor]:
-    """Collate WindowDataset items into the flat model window (observation keys at top level)."""
+    """Collate WindowDataset items into the flat model window.
+
+    Args:
+        items: WindowDataset items ({"obs": {...}, "actions", "rewards", "values", "expert"}).
+
+    Returns:
+        Key -> stacked tensor, the observation keys at the top level.
+    """
     out = {k: torch.stack([it["obs"][k] for it in items]) for k in items[0]["obs"]}
     for k in ("actions", "rewards", "values", "expert"):
         out[k] = torch.stack([it[k] for it in items])
@@ -127,9 +134,22 @@ def real_windows(
     seed: int,
     heldout_seeds: Collection[int] | None = None,
 ):
-    """(train, held-out) window datasets of D_real, split by episode: a seeded `holdout` share of
-    the episodes, or with `heldout_seeds` exactly the episodes of those seeds (a gate set fixed
-    for a whole experiment; none of them is ever trained on)."""
+    """The (train, held-out) window datasets of D_real, split by episode: a seeded `holdout` share
+    of the episodes, or with `heldout_seeds` exactly the episodes of those seeds (a gate set fixed
+    for a whole experiment; none of them is ever trained on).
+
+    Args:
+        dataset_dir: the D_real shard directory.
+        history: the model's history length H.
+        horizon: its horizon T.
+        holdout: the share of episodes held out (without `heldout_seeds`).
+        seed: the seed of that draw.
+        heldout_seeds: the held-out episodes' seeds, or None.
+
+    Returns:
+        (train, held-out) Subsets of the windows; ValueError for fewer than 2 usable episodes, no
+        episode of the gate seeds or an empty side.
+    """
     data = ShardedDataset(dataset_dir)
     windows = WindowDataset(data, history, horizon)
     usable = np.unique(windows.episode_index)  # episodes long enough for at least one window
@@ -159,7 +179,16 @@ def real_windows(
 
 
 def sim_windows(config: AdaptConfig, history: int, horizon: int):
-    """The simulation windows of the forgetting guard and replay (None without sim_data)."""
+    """The simulation windows of the forgetting guard and of replay.
+
+    Args:
+        config: the adaptation settings (its `sim_data`).
+        history: the model's history length H.
+        horizon: its horizon T.
+
+    Returns:
+        The WindowDataset of `config.sim_data`; None without sim data.
+    """
     if not config.sim_data:
         return None
     return WindowDataset(ShardedDataset(config.sim_data), history, horizon)
@@ -175,7 +204,18 @@ def _sample(windows, n: int, seed: int):
 def latent_loss(
     model: WorldModel, windows, batch_size: int = 64, device="cpu", max_batches: int | None = None
 ) -> float:
-    """Mean Eq. 3 loss of `model` (eval mode) over `windows`: the validation gate's figure."""
+    """The mean Eq. 3 loss of a model (in eval mode) over windows: the validation gate's figure.
+
+    Args:
+        model: the world model.
+        windows: the windows scored.
+        batch_size: windows per batch.
+        device: where the batches go.
+        max_batches: score at most this many batches (None: all).
+
+    Returns:
+        The mean loss per window; ValueError when there is no window.
+    """
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -208,9 +248,20 @@ class AdaptResult:
 def finetune_dynamics(
     model: WorldModel, train, heldout, config: AdaptConfig, progress=None
 ) -> AdaptResult:
-    """Fine-tune a COPY of `model` with Eq. 3; the input model is left untouched.
+    """Fine-tune a COPY of a model with Eq. 3 (the input model is left untouched), with the
+    settings' frozen parts, schedule and sim replay.
 
-    `progress(step, total_steps, loss)` is called every optimiser step (status topic, bars).
+    Args:
+        model: the deployed world model.
+        train: the training windows.
+        heldout: the held-out windows (scored before and after).
+        config: the adaptation settings.
+        progress: `progress(step, total_steps, loss)` after every optimiser step (status topic,
+            bars), or None.
+
+    Returns:
+        The AdaptResult: the fine-tuned copy, held-out and sim losses before and after, the
+        training loss, steps and time; FloatingPointError when the loss becomes non-finite.
     """
     device = torch.device(config.device)
     torch.manual_seed(config.seed)

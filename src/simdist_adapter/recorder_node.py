@@ -34,8 +34,9 @@ from rosbags.interfaces import Nodetype
 from std_msgs.msg import Bool
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from simdist_adapter.bags import (
     TYPESTORE,
     BagError,
@@ -166,7 +167,8 @@ class RecorderNode(Node):
         self._capped_from: int | None = None  # max_bags reached: nothing stamped >= this is kept
         self.stopped: str | None = None  # why recording stopped for good (a write failed)
         self._expect_topics()
-        self._unmatched = [t for t in self.params["ready_topics"] if t]  # ready when empty
+        # the ready topics without a publisher yet; None once ready was published
+        self._unmatched: list[str] | None = [t for t in self.params["ready_topics"] if t]
         self._matched_at: float | None = None  # monotonic time the last ready topic matched
         unknown = sorted(set(self._unmatched) - set(self._subscriptions_of))
         if unknown:
@@ -400,6 +402,8 @@ class RecorderNode(Node):
 
     def _announce_ready(self) -> None:
         """Publish ready (once), ready_settle_s after every ready topic has matched a publisher."""
+        if self._unmatched is None:
+            return  # published already
         self._unmatched = [
             t for t in self._unmatched if self._subscriptions_of[t].get_publisher_count() == 0
         ]

@@ -45,7 +45,11 @@ class ModelRegistry:
 
     # -- state
     def history(self) -> list[dict]:
-        """Deployment stack, oldest first: [{"version", "path", "metrics", "time"}, ...]."""
+        """The deployment stack.
+
+        Returns:
+            [{"version", "path", "metrics", "time"}, ...], oldest first; [] before the first.
+        """
         if not self._history_file.exists():
             return []
         return json.loads(self._history_file.read_text())
@@ -56,20 +60,48 @@ class ModelRegistry:
         return h[-1]["version"] if h else None
 
     def version_path(self, version: str) -> pathlib.Path:
-        """The checkpoint directory of `version` (whether deployed or not)."""
+        """The checkpoint directory of a version, whether deployed or not.
+
+        Args:
+            version: e.g. "v0003".
+
+        Returns:
+            Its path under `versions/`.
+        """
         return self.versions / version
 
     def deployed_path(self) -> pathlib.Path:
+        """The deployed checkpoint.
+
+        Returns:
+            The `deployed` link; RegistryError when nothing is deployed yet.
+        """
         if not self.link.exists():
             raise RegistryError(f"{self.root}: nothing deployed yet (call init_from / deploy)")
         return self.link
 
     def load_deployed(self, device="cpu") -> WorldModel:
+        """Load the deployed model.
+
+        Args:
+            device: the torch device to load onto.
+
+        Returns:
+            The WorldModel; RegistryError when nothing is deployed yet.
+        """
         return load_checkpoint(self.deployed_path(), device=device)
 
     # -- changes
     def init_from(self, checkpoint: str | os.PathLike, metrics: dict | None = None) -> pathlib.Path:
-        """Start a registry from a pretrained checkpoint (validated by loading it) as v0000."""
+        """Start a registry from a pretrained checkpoint (validated by loading it) as v0000.
+
+        Args:
+            checkpoint: the pretrained checkpoint directory.
+            metrics: further metadata to keep with the version, or None.
+
+        Returns:
+            The version's path; RegistryError when the registry holds versions already.
+        """
         if self.history():
             raise RegistryError(f"{self.root} already holds {len(self.history())} version(s)")
         return self.deploy(
@@ -77,8 +109,17 @@ class ModelRegistry:
         )
 
     def deploy(self, model: WorldModel, metrics: dict, version: str | None = None) -> pathlib.Path:
-        """Store `model` as the next version (or as `version`, a name not deployed yet: a
-        version rebuilt from its record) and make it the deployed one."""
+        """Store a model as the next version and make it the deployed one.
+
+        Args:
+            model: the world model.
+            metrics: the metadata kept with the version.
+            version: its name, for a version rebuilt from its record (one not deployed yet); None:
+                the next number.
+
+        Returns:
+            The version's checkpoint path; RegistryError for a name deployed already.
+        """
         history = self.history()
         if version is None:
             count = len(list(self.versions.glob("v*"))) if self.versions.exists() else 0
@@ -95,7 +136,11 @@ class ModelRegistry:
         return path
 
     def rollback(self) -> str:
-        """Re-deploy the previous version (its exact weights); returns the version now deployed."""
+        """Re-deploy the previous version (its exact weights).
+
+        Returns:
+            The version now deployed; RegistryError when only the first was ever deployed.
+        """
         history = self.history()
         if len(history) < 2:
             raise RegistryError("nothing to roll back to: only the first version was ever deployed")
@@ -118,9 +163,18 @@ class ModelRegistry:
 def save_delta(
     checkpoint: str | os.PathLike, base: str | os.PathLike, file: str | os.PathLike
 ) -> int:
-    """Write the tensors of `checkpoint` that differ from `base`'s as the XOR of their raw bits
-    (safetensors, written atomically); returns how many tensors differ. The two must share the
-    model config and the observation scaler (an adapted version of `base`)."""
+    """Write the tensors of a checkpoint that differ from a base's as the XOR of their raw bits
+    (safetensors, written atomically). The two must share the model config and the observation
+    scaler (an adapted version of the base).
+
+    Args:
+        checkpoint: the adapted checkpoint.
+        base: the pretrained checkpoint it was adapted from.
+        file: the delta file written.
+
+    Returns:
+        How many tensors differ.
+    """
     model, pretrained = load_checkpoint(checkpoint), load_checkpoint(base)
     _same_frame(model, pretrained, checkpoint, base)
     mine, theirs = weight_tensors(model), weight_tensors(pretrained)
@@ -138,7 +192,16 @@ def save_delta(
 
 
 def load_delta(base: str | os.PathLike, file: str | os.PathLike) -> WorldModel:
-    """The model `save_delta` recorded in `file`, rebuilt bit for bit on `base`'s weights."""
+    """The model `save_delta` recorded, rebuilt bit for bit on the base's weights.
+
+    Args:
+        base: the pretrained checkpoint.
+        file: the delta file.
+
+    Returns:
+        The WorldModel; RegistryError when the delta was recorded against other weights or names
+        a tensor the model lacks.
+    """
     model = load_checkpoint(base)
     tensors = weight_tensors(model)
     with safe_open(str(file), "pt") as f:

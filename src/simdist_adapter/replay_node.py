@@ -37,8 +37,9 @@ from std_msgs.msg import Bool
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from simdist_adapter.bags import BagError, EpisodeBag
 
 QOS = QoSProfile(

@@ -29,8 +29,9 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rerun.sinks import LogSinkLike
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import Diagnostics, Level
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from robot_drivers.node_spin import spin_until_shutdown
 from simdist_planner.ros.launch_description import GRAPHS
 from simdist_viewer import layout as L

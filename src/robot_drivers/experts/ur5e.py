@@ -35,6 +35,7 @@ import numpy as np
 
 from robot_drivers.cache import cache_dir, save_npz_atomic
 from robot_drivers.interface import Observation
+from robot_drivers.tasks.options import Ur5eOptions
 from robot_drivers.tasks.ur5e_tasks import GAMMA, UR5eInsertionTask, make_ur5e_task
 from robot_drivers.ur5e.so3 import mat_to_rotvec, rotvec_to_mat, rotz, tcp_yaw, wrap_angle
 
@@ -442,7 +443,7 @@ def _cache_path(task_cfg, cfg: ValueFitConfig) -> pathlib.Path:
 def expert_value(task: UR5eInsertionTask, cfg: ValueFitConfig = ValueFitConfig()) -> ExpertValue:
     """V^e of the task's exact SIM expert (Wide region), fitted once and cached as an .npz file."""
 
-    sim = make_ur5e_task(task.name, "sim", cameras=(), region="wide")
+    sim = make_ur5e_task(task.name, "sim", Ur5eOptions(region="wide", cameras=()))
     path = _cache_path(sim.cfg, cfg)
     if path.exists():
         with np.load(path, allow_pickle=False) as f:

@@ -19,6 +19,7 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import CommandSourceWatch, Diagnostics, Level
 from robot_drivers.interface import (
     Command,
@@ -28,7 +29,7 @@ from robot_drivers.interface import (
     Observation,
     RobotBackend,
 )
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams
 from robot_drivers.safety import stale_command_reason
 
 COMMON_PARAMS = (

@@ -15,9 +15,9 @@ runs stay straight: wz = wz_cmd + heading_gain * wrap(heading_ref - yaw).
 A course's episode limit follows its commanded speed: `COURSE_TIME_FACTOR` (2.5) x the course's
 success distance / vx, so a robot walking at the commanded speed has 2.5 times the time it needs
 (Slippery Slope: 9.1 s at 0.5 m/s, 15.2 s at 0.3, 45.5 s at 0.1). `make_go2_task` takes the two
-settings the paper varies as task options: `speed` (the commanded vx; the paper's speeds per
-course are `PAPER_SPEEDS`) and, for the Slippery Slope stand-in, `panel_friction` (the PTFE
-panels' friction, `SLIPPERY_SLOPE_GAP`'s 0.15 by default).
+settings the paper varies as task options (`Go2Options`, robot_drivers.tasks.options): `speed`
+(the commanded vx; the paper's speeds per course are `PAPER_SPEEDS`) and, for the Slippery Slope
+stand-in, `panel_friction` (the PTFE panels' friction, `SLIPPERY_SLOPE_GAP`'s 0.15 by default).
 
 Every step reports `speed`: the mean forward speed along the start heading over the last
 `speed_window_s` (or the whole episode while it is shorter). On go2_flat success means walking:
@@ -28,7 +28,6 @@ no fall (which includes base or thigh contact) for the whole episode and `speed`
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +39,8 @@ from robot_drivers.go2.observation import PROPRIO_SLICES
 from robot_drivers.go2.scene import SlopePanel, TerrainConfig
 from robot_drivers.interface import Command, CommandKind, Observation
 from robot_drivers.tasks.base import Policy, StepResult, Task
+from robot_drivers.tasks.options import Go2Options
 
-GO2_TASKS = ("go2_flat", "go2_slope", "slippery_slope", "foam")
 # The commanded forward speeds of the paper's real-world trials (m/s), five trials each.
 PAPER_SPEEDS = {"slippery_slope": (0.1, 0.3, 0.5), "foam": (0.2, 0.7, 1.2)}
 # A course's episode limit: this many times the time its success distance takes at the command.
@@ -107,6 +106,26 @@ SLOPE_COURSE = TerrainConfig(
     plateau_length=10.0,
 )
 FOAM_COURSE = TerrainConfig(pads_start_x=(0.5, 1.5), pad_length=1.5, pad_thickness=0.05)
+
+
+@dataclass(frozen=True)
+class Go2Course:
+    """What makes one Go2 task: its ground, its success test and its hardware stand-in."""
+
+    terrain: TerrainConfig = TerrainConfig()
+    success_distance: float | None = None  # m along the start heading; None: survive / walk
+    walk_tolerance: float | None = None  # with no distance: |speed - vx| at the end (None: survive)
+    real_gap: Go2Gap | None = None  # the "real" variant's changes; None: no "real" variant
+
+
+# The Go2 tasks, one course each: the one table make_go2_task builds from (a new Go2 task is a
+# row here and an entry in robot_drivers.registry.TASKS; docs/extending.md).
+GO2_COURSES: dict[str, Go2Course] = {
+    "go2_flat": Go2Course(walk_tolerance=0.2),
+    "go2_slope": Go2Course(SLOPE_COURSE, success_distance=1.82),
+    "slippery_slope": Go2Course(SLOPE_COURSE, success_distance=1.82, real_gap=SLIPPERY_SLOPE_GAP),
+    "foam": Go2Course(FOAM_COURSE, success_distance=3.0, real_gap=FOAM_GAP),
+}
 
 
 @dataclass(frozen=True)
@@ -314,77 +333,60 @@ def rollout(
     return Rollout(r, k + 1, np.mean(vel, axis=0), values)
 
 
-# The stack's episode options a Go2 task takes (registry.episode_overrides).
-EPISODE_OPTIONS = ("max_steps", "speed", "panel_friction")
-
-
-def episode_overrides(name: str, **options) -> dict:
-    """`make_go2_task` overrides from the episode options set (EPISODE_OPTIONS): `max_steps`
-    becomes the episode length in seconds (so a shortened episode still ends the task's own way:
-    truncation, survival success); `speed` and `panel_friction` pass as they are."""
-    overrides = dict(options)
-    if "max_steps" in overrides:
-        overrides["episode_s"] = overrides.pop("max_steps") * Go2Config().control_dt
-    return overrides
-
-
 def make_go2_task(
-    name: str,
-    variant: str = "sim",
-    *,
-    speed: float | None = None,
-    panel_friction: float | None = None,
-    **overrides,
+    name: str, variant: str = "sim", options: Go2Options | None = None, **overrides
 ) -> Go2Task:
-    """Build one of GO2_TASKS; overrides replace `Go2TaskConfig` fields (command=(0.3, 0, 0)).
+    """Build one of the GO2_COURSES.
 
-    Task options: `speed` replaces the command's vx (m/s, > 0); `panel_friction` replaces the
-    PTFE panels' friction of the Slippery Slope stand-in (slippery_slope, variant "real").
+    Args:
+        name: the task's name.
+        variant: "sim" or "real" (the hardware stand-ins slippery_slope and foam).
+        options: its episode options (robot_drivers.tasks.options.Go2Options, validated when
+            built): `max_steps` sets the episode length in steps (so a shortened episode still
+            ends the task's own way), `speed` the command's vx, `panel_friction` the PTFE panels'
+            friction of the Slippery Slope stand-in.
+        **overrides: `Go2TaskConfig` fields to replace (e.g. command=(0.3, 0, 0)).
+
+    Returns:
+        The task; ValueError for an unknown name, a variant the task lacks, an unknown override
+        or an option that does not apply (Go2Options.check).
     """
-    if name not in GO2_TASKS:
-        raise ValueError(f"unknown Go2 task {name!r}; expected one of {GO2_TASKS}")
+    options = options or Go2Options()
+    if name not in GO2_COURSES:
+        raise ValueError(f"unknown Go2 task {name!r}; expected one of {tuple(GO2_COURSES)}")
     if variant not in ("sim", "real"):
         raise ValueError(f"variant must be 'sim' or 'real', got {variant!r}")
-    if variant == "real" and name in ("go2_flat", "go2_slope"):
+    course = GO2_COURSES[name]
+    if variant == "real" and course.real_gap is None:
+        stand_ins = [t for t, c in GO2_COURSES.items() if c.real_gap is not None]
         raise ValueError(
             f"{name} has no 'real' variant; the Go2 hardware stand-ins are "
-            "'slippery_slope' and 'foam' (variant='real')"
+            f"{', '.join(map(repr, stand_ins))} (variant='real')"
         )
-    courses: dict[str, dict[str, Any]] = {
-        "go2_flat": dict(walk_tolerance=0.2),
-        "go2_slope": dict(terrain=SLOPE_COURSE, success_distance=1.82),
-        "slippery_slope": dict(
-            terrain=SLOPE_COURSE,
-            success_distance=1.82,
-            gap=SLIPPERY_SLOPE_GAP if variant == "real" else None,
-        ),
-        "foam": dict(
-            terrain=FOAM_COURSE, success_distance=3.0, gap=FOAM_GAP if variant == "real" else None
-        ),
-    }
-    base = courses[name]
+    options.check(name, variant)
+    base: dict[str, Any] = dict(
+        terrain=course.terrain,
+        success_distance=course.success_distance,
+        walk_tolerance=course.walk_tolerance,
+        gap=course.real_gap if variant == "real" else None,
+    )
     known = {f.name for f in dataclasses.fields(Go2TaskConfig)}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ValueError(f"unknown override(s) {unknown} for {name}; allowed: {sorted(known)}")
     if "command" in overrides:
         overrides["command"] = tuple(float(c) for c in overrides["command"])
-    if speed is not None:
+    if options.max_steps is not None:
+        if "episode_s" in overrides:
+            raise ValueError("give either max_steps or episode_s, not both")
+        overrides["episode_s"] = options.max_steps * overrides.get("go2", Go2Config()).control_dt
+    if options.speed is not None:
         if "command" in overrides or "command_ranges" in overrides:
             raise ValueError("give either speed or command / command_ranges, not both")
-        if not (math.isfinite(speed) and speed > 0):
-            raise ValueError(f"speed must be a finite commanded vx > 0 (m/s), got {speed}")
         _, vy, wz = Go2TaskConfig.command
-        overrides["command"] = (float(speed), vy, wz)
-    if panel_friction is not None:
-        if (name, variant) != ("slippery_slope", "real"):
-            raise ValueError(
-                f"panel_friction sets the PTFE panels of the Slippery Slope stand-in "
-                f"(slippery_slope, variant 'real'), not {name} {variant!r}"
-            )
-        if not (math.isfinite(panel_friction) and panel_friction > 0):
-            raise ValueError(f"panel_friction must be finite and > 0, got {panel_friction}")
-        base["gap"] = slippery_slope_gap(panel_friction)
+        overrides["command"] = (options.speed, vy, wz)
+    if options.panel_friction is not None:
+        base["gap"] = slippery_slope_gap(options.panel_friction)
     return Go2Task(name, variant, Go2TaskConfig(**{**base, **overrides}))
 
 

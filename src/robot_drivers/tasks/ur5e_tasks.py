@@ -21,6 +21,7 @@ import numpy as np
 
 from robot_drivers.interface import Command, CommandKind, Observation, term_slices
 from robot_drivers.tasks.base import StepResult, Task
+from robot_drivers.tasks.options import Ur5eOptions
 from robot_drivers.ur5e.backend import MujocoUR5eBackend
 from robot_drivers.ur5e.config import Appearance, ControllerConfig, SceneConfig
 from robot_drivers.ur5e.objects import FreeObject, HoleFixture, add_free_object, add_hole_fixture
@@ -322,25 +323,32 @@ def _real(cfg: InsertionConfig, gap: RealGap) -> InsertionConfig:
     return dataclasses.replace(cfg, fixture=fx, obj=obj)
 
 
-OVERRIDES = ("region", "image_size", "cameras", "max_steps", "ik_hz", "gap", "clearance")
-# The stack's episode options a UR5e task takes (registry.episode_overrides).
-EPISODE_OPTIONS = ("region", "image_size", "cameras", "max_steps")
+OVERRIDES = ("ik_hz", "gap", "clearance")
 
 
-def episode_overrides(name: str, **options) -> dict:
-    """`make_ur5e_task` overrides from the episode options set (EPISODE_OPTIONS): the region
-    defaults to "wide", the others pass as they are."""
-    return {"region": "wide", **options}
+def make_ur5e_task(
+    name: str, variant: str = "sim", options: Ur5eOptions | None = None, **overrides
+) -> UR5eInsertionTask:
+    """Build `peg` or `table_leg`.
 
+    Args:
+        name: the task's name.
+        variant: "sim" or "real" (its hardware stand-in).
+        options: its episode options (robot_drivers.tasks.options.Ur5eOptions, validated when
+            built): region (default "wide"), image_size, cameras, max_steps.
+        **overrides: ik_hz, gap (a RealGap, "real" only), clearance (per side, m).
 
-def make_ur5e_task(name: str, variant: str = "sim", **overrides) -> UR5eInsertionTask:
-    """Build `peg` or `table_leg`; overrides: region, image_size, cameras, max_steps, ik_hz,
-    gap (a RealGap, "real" only), clearance (per side, m)."""
+    Returns:
+        The task; ValueError for an unknown name, variant or override.
+    """
+    options = options or Ur5eOptions()
     unknown = sorted(set(overrides) - set(OVERRIDES))
     if unknown:
         raise ValueError(f"unknown overrides {unknown} for {name}; allowed: {list(OVERRIDES)}")
     if variant not in ("sim", "real"):
         raise ValueError(f"variant must be 'sim' or 'real', got {variant!r}")
+    options.check(name, variant)
+    overrides = {**options.given(), **overrides}
     builders = {"peg": peg_config, "table_leg": table_leg_config}
     if name not in builders:
         raise ValueError(f"unknown UR5e task {name!r}; expected one of {sorted(builders)}")

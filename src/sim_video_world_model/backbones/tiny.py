@@ -14,6 +14,7 @@ add] -> adaLN FFN, on (1, 2, 2) patches of the latent video.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -210,8 +211,8 @@ class TinyVideoDiT(VideoDenoiser):
             torch.meshgrid(torch.arange(nf), torch.arange(nh), torch.arange(nw), indexing="ij"), -1
         )
         grid = grid.reshape(-1, 3).to(latents.device)
-        pos = sum(
-            sinusoid(grid[:, i] * (1 + 7 * i), d) for i in range(3)
+        pos = cast(
+            torch.Tensor, sum(sinusoid(grid[:, i] * (1 + 7 * i), d) for i in range(3))
         )  # distinct frequencies per axis
         x = x + pos.to(x.dtype)
         frame_t = self.frame_timesteps(timestep, f)[:, ::pt]  # (B, nf)
@@ -219,10 +220,12 @@ class TinyVideoDiT(VideoDenoiser):
         temb = temb.repeat_interleave(nh * nw, dim=1)  # per token
         tmod = self.time_projection(temb).view(b, -1, 6, d)
         act = self.action_branch(actions.to(x.dtype))
+        # a sim latent comes with the conditioning (the denoiser's input check refuses it alone)
+        conditioning = self.sim_conditioning if sim_latent is not None else None
         for j, block in enumerate(self.blocks):
             sim_tokens = None
-            if sim_latent is not None:
-                sim_tokens = self.sim_conditioning.tokens(j, sim_latent, gate)
+            if conditioning is not None:
+                sim_tokens = conditioning.tokens(j, sim_latent, gate)
             if self.gradient_checkpointing and torch.is_grad_enabled():
                 x = checkpoint(block, x, act, tmod, sim_tokens, use_reentrant=False)
             else:

@@ -36,6 +36,9 @@ def _require_dir(model_dir: str, subfolder: str) -> str:
 class WanVideoAutoencoder(VideoAutoencoder):
     """AutoencoderKLWan with its latents_mean / latents_std normalisation; mode of the posterior."""
 
+    latent_mean: torch.Tensor  # (z_dim,) buffers, from the VAE's config
+    latent_std: torch.Tensor
+
     def __init__(self, vae):
         super().__init__()
         self.vae = vae
@@ -103,8 +106,8 @@ class WanVideoDenoiser(VideoDenoiser):
 
     def _after_cross_attention(self, index, module, args, output):
         """Block j's attn2 output + g * P_j(sim latent); the residual carries it into the FFN."""
-        if self._sim_state is None:
-            return None
+        if self._sim_state is None or self.sim_conditioning is None:
+            return None  # no sim latent this call (the hooks exist only with the conditioning)
         sim_latent, gate = self._sim_state
         return output + self.sim_conditioning.tokens(index, sim_latent, gate).to(output.dtype)
 

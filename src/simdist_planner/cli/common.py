@@ -1,9 +1,11 @@
-"""Command-line pieces shared by the project's commands: the planner's settings as flags."""
+"""Command-line pieces shared by the project's commands: the planner's settings and the task
+options as flags."""
 
 from __future__ import annotations
 
 import argparse
 
+from robot_drivers import registry
 from simdist_planner.planning.config import PLANNER_PARAMS, PLANNER_PRESETS
 
 # CLI flag -> PlannerConfig field (and `preset`, the factory the others override); shared by
@@ -35,31 +37,59 @@ def add_planner_arguments(p: argparse.ArgumentParser) -> None:
         )
 
 
-def add_course_arguments(p: argparse.ArgumentParser) -> None:
-    """The Go2 task options the paper varies: commanded speed and the stand-in's panel friction."""
-    p.add_argument(
-        "--speed",
-        type=float,
-        default=None,
-        help="Go2: commanded forward speed vx in m/s (default: the task's, 0.5); a course's "
-        "episode limit follows it (2.5 x its length / speed)",
-    )
-    p.add_argument(
-        "--friction",
-        type=float,
-        default=None,
-        help="slippery_slope --variant real: the PTFE panels' friction (default 0.15)",
-    )
+def add_task_option_arguments(
+    p: argparse.ArgumentParser, names: tuple[str, ...] | None = None
+) -> None:
+    """The task options that have a flag (robot_drivers.tasks.options: `--region`,
+    `--max-steps`, `--speed`, `--friction`, ...), each from its one description; unset by
+    default (the task's own). `checked_task_options` checks the values given.
+
+    Args:
+        p: the command's parser.
+        names: the options the command takes (None: every option with a flag).
+
+    Returns:
+        None.
+    """
+    for o in registry.all_options():
+        if not o.flag or (names is not None and o.name not in names):
+            continue
+        span = f"; {o.span()}" if o.span() else ""
+        p.add_argument(
+            f"--{o.flag.replace('_', '-')}",
+            dest=o.flag,
+            type=o.kind,
+            default=None,
+            help=f"{o.doc} (default: {o.unset}{span})",
+        )
 
 
-def course_overrides(args) -> dict:
-    """`task_overrides` keywords of the course flags the user set."""
-    out = {}
-    if args.speed is not None:
-        out["speed"] = args.speed
-    if args.friction is not None:
-        out["panel_friction"] = args.friction
-    return out
+def checked_task_options(
+    p: argparse.ArgumentParser, args: argparse.Namespace, task: str, variant: str
+) -> dict:
+    """The task options the user set, checked by the options' one validator
+    (robot_drivers.tasks.options) for `task` and `variant`: a bad value or an option the task
+    lacks ends the command with the validator's message (`p.error`, exit status 2).
+
+    Args:
+        p: the command's parser (add_task_option_arguments added the flags).
+        args: its parsed arguments (`args.task` need not exist: `task` names it).
+        task: the task the options are for.
+        variant: its variant ("sim" or "real").
+
+    Returns:
+        Option name -> value, for the flags given.
+    """
+    given = {
+        o.name: getattr(args, o.flag)
+        for o in registry.all_options()
+        if o.flag and getattr(args, o.flag, None) is not None
+    }
+    try:
+        registry.entry(task).options.of(task, variant, **given)
+    except ValueError as e:
+        p.error(str(e))
+    return given
 
 
 def planner_overrides(args) -> dict:

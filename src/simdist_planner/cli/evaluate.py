@@ -19,11 +19,11 @@ import pathlib
 
 import torch
 
-from robot_drivers.registry import make_task, task_options
+from robot_drivers.registry import make_task, task_list, task_options
 from simdist_planner.cli.common import (
-    add_course_arguments,
     add_planner_arguments,
-    course_overrides,
+    add_task_option_arguments,
+    checked_task_options,
     planner_overrides,
 )
 from simdist_planner.evaluation.agents import AGENTS, build_agents
@@ -37,20 +37,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--task", default="peg", help="peg | table_leg | go2_flat | go2_slope (default peg)"
-    )
+    p.add_argument("--task", default="peg", help=f"{task_list()} (default peg)")
     p.add_argument(
         "--variant",
         default="sim",
         choices=("sim", "real"),
         help="the task's simulation or its hardware stand-in (e.g. slippery_slope real)",
-    )
-    p.add_argument(
-        "--region",
-        default=None,
-        choices=("narrow", "wide"),
-        help="UR5e start region (default wide)",
     )
     p.add_argument("--checkpoint", default=None, help="world-model checkpoint directory")
     p.add_argument(
@@ -58,10 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--seed", type=int, default=0, help="first episode seed")
-    p.add_argument(
-        "--max-steps", type=int, default=None, help="episode length in steps (default: the task's)"
-    )
-    add_course_arguments(p)
+    add_task_option_arguments(p)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_planner_arguments(p)
     p.add_argument(
@@ -71,7 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="append one JSON line per episode (stats and the task's last-step report)",
     )
     p.add_argument("--no-progress", action="store_true")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    checked_task_options(p, args, args.task, args.variant)
+    return args
 
 
 def main(argv=None) -> int:
@@ -82,10 +73,8 @@ def main(argv=None) -> int:
     names = (
         args.agents.split(",") if args.agents else (AGENTS if model is not None else ("expert",))
     )
-    if args.max_steps is not None and args.max_steps < 1:
-        raise SystemExit(f"simdist-eval: --max-steps must be >= 1, got {args.max_steps}")
     overrides = task_overrides(
-        args.task, args.region, args.max_steps, model, **course_overrides(args)
+        args.task, args.region, args.max_steps, model, args.speed, args.friction
     )
     task = make_task(args.task, args.variant, **overrides)
     try:

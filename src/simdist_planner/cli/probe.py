@@ -15,7 +15,7 @@ from dataclasses import asdict
 import torch
 
 from robot_drivers.registry import make_task
-from simdist_planner.cli.common import add_course_arguments, course_overrides
+from simdist_planner.cli.common import add_task_option_arguments, checked_task_options
 from simdist_planner.evaluation.evaluate import task_overrides
 from simdist_planner.evaluation.probe import (
     DRIVERS,
@@ -36,7 +36,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--task", required=True, help="a simulation task, e.g. slippery_slope")
     p.add_argument("--variant", default="sim", choices=("sim", "real"))
-    p.add_argument("--region", default=None, choices=("narrow", "wide"), help="UR5e start region")
     p.add_argument(
         "--checkpoint",
         action="append",
@@ -45,15 +44,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--driver", default="expert", choices=DRIVERS)
     p.add_argument("--seeds", default="0", help="comma list of episode seeds")
-    p.add_argument(
-        "--max-steps", type=int, default=None, help="episode length in steps (default: the task's)"
-    )
-    add_course_arguments(p)
+    add_task_option_arguments(p)
     p.add_argument("--every", type=int, default=ProbeConfig.every)
     p.add_argument("--start", type=int, default=ProbeConfig.start)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None, help="write every probe state's scores here (JSON)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    checked_task_options(p, args, args.task, args.variant)
+    return args
 
 
 def main(argv=None) -> int:
@@ -65,7 +63,7 @@ def main(argv=None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     first = next(iter(models.values()))
     overrides = task_overrides(
-        args.task, args.region, args.max_steps, first, **course_overrides(args)
+        args.task, args.region, args.max_steps, first, args.speed, args.friction
     )
     task = make_task(args.task, args.variant, **overrides)
     twin = None if copyable(task) else make_task(args.task, args.variant, **overrides)

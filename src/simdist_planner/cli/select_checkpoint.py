@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from simdist_planner.cli.common import add_task_option_arguments, checked_task_options
 from simdist_planner.evaluation.checkpoint_selection import (
     select_checkpoint,
 )
@@ -24,7 +25,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--run", required=True, help="a pretraining run directory (with checkpoints/)")
     p.add_argument("--task", required=True, help="simulation task, e.g. peg, go2_slope")
-    p.add_argument("--region", default="", help="UR5e tasks: narrow or wide")
     p.add_argument("--variant", default="sim", choices=("sim", "real"))
     p.add_argument("--episodes", type=int, default=20, help="per checkpoint")
     p.add_argument(
@@ -33,10 +33,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=1000,
         help="first episode seed (keep apart from evaluation seeds)",
     )
-    p.add_argument("--max-steps", type=int, default=0, help="0 = the task's episode length")
+    add_task_option_arguments(p, ("region", "max_steps"))
     p.add_argument("--workers", type=int, default=1, help="processes, one checkpoint each")
     p.add_argument("--device", default="cpu")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    checked_task_options(p, args, args.task, args.variant)
+    return args
 
 
 def main(argv=None) -> int:
@@ -44,11 +46,11 @@ def main(argv=None) -> int:
     try:
         selection = CheckpointSelection(
             task=args.task,
-            region=args.region,
+            region=args.region or "",
             variant=args.variant,
             episodes=args.episodes,
             seed=args.seed,
-            max_steps=args.max_steps,
+            max_steps=args.max_steps or 0,
             workers=args.workers,
         )
     except ValueError as err:

@@ -8,60 +8,28 @@ the commands' planner flags are built from it (cli/common.py), so a new setting 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from robot_drivers.described import Param, setting, settings
 from simdist_planner.model.official import is_official
 
 WARM_STARTS = ("roll", "shift", "policy")
 EVALUATORS = ("fast", "eager")
 PRECISIONS = ("float32", "bfloat16")
-_TYPES = {"int": int, "float": float, "bool": bool, "str": str}
-
-
-def _meta(
-    doc: str,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    choices: tuple = (),
-    flag: str = "",
-    type_: type | None = None,
-) -> dict[str, Any]:
-    """The metadata that makes a PlannerConfig field a tunable planner parameter."""
-    meta: dict[str, Any] = {
-        "doc": doc, "low": low, "high": high, "choices": tuple(choices), "flag": flag
-    }  # fmt: skip
-    if type_ is not None:
-        meta["type"] = type_
-    return meta
-
-
-@dataclass(frozen=True)
-class PlannerParam:
-    """One tunable planner parameter: a PlannerConfig field with its description."""
-
-    name: str
-    type: type
-    default: Any  # the official controller's (PlannerConfig's field default); None: required
-    doc: str
-    low: float | None = None  # range of a number (the node's ROS parameter range)
-    high: float | None = None
-    choices: tuple = ()  # allowed values of a string
-    flag: str = ""  # the commands' flag (--flag-name); "": the node's parameter only
 
 
 @dataclass(frozen=True)
 class PlannerConfig:
     """MPPI settings. Field defaults are the official controller's (simdist
     config/control/mppi.yaml and control/mppi.py), the `official` preset; the other presets
-    (PLANNER_PRESETS) set what differs. A field with `_meta` metadata is a tunable planner
-    parameter: its description (doc, range, choices, CLI flag) is the one the planner node's ROS
+    (PLANNER_PRESETS) set what differs. A field with `setting` metadata is a tunable planner
+    parameter: its description (doc, range, choices, CLI flag; robot_drivers.described.setting)
+    is the one the planner node's ROS
     parameters and the command-line flags are built from (PLANNER_PARAMS)."""
 
     horizon: int = field(
-        metadata=_meta(
+        metadata=setting(
             "planning horizon T in control steps (must equal the model's T)",
             low=1,
             high=256,
@@ -72,11 +40,13 @@ class PlannerConfig:
     action_high: tuple[float, ...]
     num_samples: int = field(
         default=450,
-        metadata=_meta("MPPI Gaussian candidates per iteration", low=1, high=16384, flag="samples"),
+        metadata=setting(
+            "MPPI Gaussian candidates per iteration", low=1, high=16384, flag="samples"
+        ),
     )
     mixture_coef: float = field(
         default=0.05,
-        metadata=_meta(
+        metadata=setting(
             "base-policy candidates = num_samples x mixture_coef",
             low=0.0,
             high=1.0,
@@ -85,7 +55,7 @@ class PlannerConfig:
     )
     policy_noise_std: float = field(
         default=0.05,
-        metadata=_meta(
+        metadata=setting(
             "std of the noise on base-policy candidates, drawn once per step (UR5e: in half action "
             "ranges)",
             low=0.0,
@@ -95,23 +65,23 @@ class PlannerConfig:
     )
     iterations: int = field(
         default=8,
-        metadata=_meta("MPPI iterations per control step", low=1, high=64, flag="iterations"),
+        metadata=setting("MPPI iterations per control step", low=1, high=64, flag="iterations"),
     )
     num_elites: int = field(
         default=64,
-        metadata=_meta(
+        metadata=setting(
             "elite candidates refitting the mean and std", low=1, high=16384, flag="elites"
         ),
     )
     temperature: float = field(
         default=0.25,
-        metadata=_meta(
+        metadata=setting(
             "MPPI weight exp(temperature * (R - R_max))", low=0.001, high=100.0, flag="temperature"
         ),
     )
     init_std: float = field(
         default=2.0,
-        metadata=_meta(
+        metadata=setting(
             "sampling std at the start of every step (UR5e: in half action ranges)",
             low=0.001,
             high=10.0,
@@ -120,18 +90,18 @@ class PlannerConfig:
     )
     min_std: float = field(
         default=0.05,
-        metadata=_meta(
+        metadata=setting(
             "lower bound of the sampling std (UR5e: in half action ranges)", low=0.0001, high=10.0
         ),
     )
     momentum: float = field(
         default=0.0,
-        metadata=_meta(
+        metadata=setting(
             "weight of the previous mean in each iteration's update", low=0.0, high=0.99
         ),
     )
     discount: float = field(
-        default=0.99, metadata=_meta("discount gamma of the planned return", low=0.5, high=1.0)
+        default=0.99, metadata=setting("discount gamma of the planned return", low=0.5, high=1.0)
     )
     delay: int = 1  # warm start: shift of the previous mean, in control steps
     # Plan every `replan_period` control steps and execute the plan's next actions in between
@@ -140,7 +110,7 @@ class PlannerConfig:
     # (delay + k - 1). Sized for CPU experiments in docs/adaptation.md.
     replan_period: int = field(
         default=1,
-        metadata=_meta(
+        metadata=setting(
             "plan every this many control steps, executing the plan's next actions between "
             "plans; 1 = the paper's",
             low=1,
@@ -155,7 +125,7 @@ class PlannerConfig:
     # docs/notebook/peg_wide.md).
     warm_start: str = field(
         default="roll",
-        metadata=_meta(
+        metadata=setting(
             "where each step's mean starts: roll (the previous mean, official), shift (TD-MPC) or "
             "policy (pi's chunk)",
             choices=WARM_STARTS,
@@ -166,13 +136,13 @@ class PlannerConfig:
     # in the return; the official controller uses 1 (gamma^(T+1)).
     value_discount_offset: int = field(
         default=1,
-        metadata=_meta(
+        metadata=setting(
             "the last value is weighted discount^(horizon + this); 1 = official", low=0, high=1
         ),
     )
     # The official controller does not clamp (its actions are raw policy units with no bounds).
     clamp_actions: bool = field(
-        default=False, metadata=_meta("clamp candidates into the action bounds (official: no)")
+        default=False, metadata=setting("clamp candidates into the action bounds (official: no)")
     )
     # Ranking cost of a candidate's distance from pi's chunk: policy_prior x the squared
     # deviation in std_scale units, summed over action dimensions, averaged over the horizon.
@@ -180,7 +150,7 @@ class PlannerConfig:
     # above pi's own and the plan followed them (docs/notebook/peg_wide.md).
     policy_prior: float = field(
         default=0.0,
-        metadata=_meta(
+        metadata=setting(
             "ranking cost of a candidate's squared distance from pi's chunk (std units); "
             "0 = official",
             low=0.0,
@@ -190,7 +160,7 @@ class PlannerConfig:
     )
     seed: int = field(
         default=42,
-        metadata=_meta(
+        metadata=setting(
             "planner RNG seed (re-applied at every episode start)", low=0, high=2**31 - 1
         ),
     )
@@ -205,7 +175,7 @@ class PlannerConfig:
     # against (docs/planner.md).
     evaluator: str = field(
         default="fast",
-        metadata=_meta(
+        metadata=setting(
             "how candidates are scored: fast (planning.fast_objective) or eager (the reference)",
             choices=EVALUATORS,
             flag="evaluator",
@@ -217,7 +187,7 @@ class PlannerConfig:
     # GPUs; its bound against the reference and its closed-loop check are in docs/planner.md.
     precision: str = field(
         default="float32",
-        metadata=_meta(
+        metadata=setting(
             "fast evaluator's compute dtype: float32 or bfloat16 "
             "(CPUs with bf16 instructions, GPUs)",
             choices=PRECISIONS,
@@ -412,24 +382,6 @@ def planner_config_for(spec, preset: str = "", **overrides) -> PlannerConfig:
     return PLANNER_PRESETS[preset](spec.action_low, spec.action_high, **overrides)
 
 
-def _planner_param(f: dataclasses.Field[Any]) -> PlannerParam:
-    meta = f.metadata
-    default = None if f.default is dataclasses.MISSING else f.default
-    type_ = meta.get("type") or _TYPES[str(f.type)]
-    return PlannerParam(
-        f.name,
-        type_,
-        default,
-        meta["doc"],
-        low=meta["low"],
-        high=meta["high"],
-        choices=meta["choices"],
-        flag=meta["flag"],
-    )
-
-
 # Every tunable planner parameter, in PlannerConfig's field order.
-PLANNER_PARAMS: tuple[PlannerParam, ...] = tuple(
-    _planner_param(f) for f in dataclasses.fields(PlannerConfig) if "doc" in f.metadata
-)
+PLANNER_PARAMS: tuple[Param, ...] = settings(PlannerConfig)
 PLANNER_FIELDS = tuple(p.name for p in PLANNER_PARAMS)

@@ -130,6 +130,9 @@ class Planner(Protocol):
 
         Args:
             seed: the RNG seed; None: the config's.
+
+        Returns:
+            None.
         """
         ...
 
@@ -570,17 +573,33 @@ class MPPIPlanner:
 
 
 def bf16_supported(device: torch.device) -> bool:
-    """Does `device` do bf16 arithmetic natively (CUDA: Ampere and later; CPU: oneDNN's check
-    for AVX512-BF16 / AMX)?"""
+    """Whether a device does bf16 arithmetic natively (CUDA: Ampere and later; CPU: oneDNN's check
+    for AVX512-BF16 / AMX).
+
+    Args:
+        device: the torch device.
+
+    Returns:
+        True when it does.
+    """
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def check_precision(config: PlannerConfig, model, device: str | torch.device) -> None:
-    """ValueError when `config.precision` cannot run for `model` on `device`: bfloat16 needs the
-    fast evaluator's model layout and bf16 arithmetic on the device (on a CPU without bf16
-    instructions oneDNN emulates it, slower than float32)."""
+    """Whether `config.precision` can run for a model on a device: bfloat16 needs the fast
+    evaluator's model layout and bf16 arithmetic on the device (on a CPU without bf16 instructions
+    oneDNN emulates it, slower than float32).
+
+    Args:
+        config: the planner's settings.
+        model: the world model.
+        device: where it plans.
+
+    Returns:
+        None; ValueError says why the precision cannot run.
+    """
     if config.precision == "float32":
         return
     if not FastObjective.supports(model):

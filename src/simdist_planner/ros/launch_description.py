@@ -9,7 +9,6 @@ registry's.
 
 from __future__ import annotations
 
-import math
 import os
 import pathlib
 from dataclasses import dataclass, field, replace
@@ -165,22 +164,38 @@ COMMON_ARGS: tuple[LaunchArg, ...] = (
         "whose DDS has the security plugins (docs/safety.md). Empty: no DDS-Security",
     ),
 )
-UR5E_ARGS = (LaunchArg("robot_ip", "", "UR5e controller IP address (robot:=real)"),)
+
+
+def _option_args(robot: str) -> tuple[LaunchArg, ...]:
+    """The launch arguments of a robot's task options that its graphs take (`launch` in the
+    option's description, robot_drivers.tasks.options), each named by its flag; "0" or "" leaves
+    the option to the task."""
+    return tuple(
+        LaunchArg(
+            o.flag,
+            str(o.unset_value),
+            f"robot:=sim: {o.doc} ({o.unset_value!r}: {o.unset})",
+            o.choices,
+            kind=o.kind,
+        )
+        for o in registry.robot_options(robot).described()
+        if o.launch
+    )
+
+
+def _option_params(robot: str) -> tuple[tuple[str, str], ...]:
+    """The MuJoCo driver's task option parameters set from launch arguments (parameter <-
+    argument)."""
+    return tuple((o.name, o.flag) for o in registry.robot_options(robot).described() if o.launch)
+
+
+UR5E_ARGS = (
+    LaunchArg("robot_ip", "", "UR5e controller IP address (robot:=real)"),
+    *_option_args("ur5e"),
+)
 GO2_ARGS = (
     LaunchArg("network_interface", "", "network interface wired to the Go2 (robot:=real)"),
-    LaunchArg(
-        "speed",
-        "0",
-        "robot:=sim: commanded forward speed in m/s (0: the task's, 0.5); a course's episode "
-        "limit follows it",
-        kind=float,
-    ),
-    LaunchArg(
-        "friction",
-        "0",
-        "robot:=sim variant:=real, go2_slope: the PTFE panels' friction (0: the stand-in's, 0.15)",
-        kind=float,
-    ),
+    *_option_args("go2"),
 )
 
 
@@ -191,7 +206,7 @@ _REAL = (("robot", ("real",)),)
 class RobotLaunch:
     """What a robot adds to its graphs: the hardware driver node (robot:=real), the launch
     arguments it takes, and the MuJoCo driver's task options set from arguments
-    (parameter <- argument)."""
+    (parameter <- argument; both from the robot's task options, `_option_args`)."""
 
     hardware_driver: NodeSpec
     args: tuple[LaunchArg, ...]
@@ -207,6 +222,7 @@ ROBOT_LAUNCH = {
             arg_params=(("robot_ip", "robot_ip"),),
         ),
         UR5E_ARGS,
+        course=_option_params("ur5e"),
     ),
     "go2": RobotLaunch(
         NodeSpec(
@@ -216,7 +232,7 @@ ROBOT_LAUNCH = {
             arg_params=(("network_interface", "network_interface"),),
         ),
         GO2_ARGS,
-        course=(("speed", "speed"), ("panel_friction", "friction")),
+        course=_option_params("go2"),
     ),
 }
 
@@ -346,19 +362,7 @@ def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
     for name in ("seed", "episodes"):
         if not args[name].lstrip("-").isdigit() or int(args[name]) < 0:
             raise ValueError(f"argument {name}:={args[name]!r} must be a non-negative integer")
-    for name in ("speed", "friction"):
-        if name in args and not _non_negative_number(args[name]):
-            raise ValueError(
-                f"argument {name}:={args[name]!r} must be a number >= 0 (0: the task's)"
-            )
-    if (
-        float(args.get("friction", 0))
-        and dict(_graph(graph).sim_tasks).get(args["variant"]) != "slippery_slope"
-    ):
-        raise ValueError(
-            "argument friction:= sets the Slippery Slope stand-in's panels: graph go2_slope "
-            f"with variant:=real, not {graph} variant:={args['variant']}"
-        )
+    _check_option_args(graph, args)
     if args["domain"] and not (args["domain"].isdigit() and 0 <= int(args["domain"]) <= 232):
         raise ValueError(
             f"argument domain:={args['domain']!r} must be an integer ROS domain id 0..232"
@@ -386,12 +390,27 @@ def resolve_args(graph: str, given: dict[str, str]) -> dict[str, str]:
     return args
 
 
-def _non_negative_number(value: str) -> bool:
-    try:
-        number = float(value)
-    except ValueError:
-        return False
-    return math.isfinite(number) and number >= 0
+def _check_option_args(graph: str, args: dict[str, str]) -> None:
+    """The task option arguments, checked by the options' one validator
+    (robot_drivers.tasks.options) for the task the graph's variant runs."""
+    spec = _graph(graph)
+    task = dict(spec.sim_tasks).get(args["variant"])
+    if task is None:
+        return
+    options = registry.entry(task).options
+    for param, arg in ROBOT_LAUNCH[spec.robot].course:
+        o = next(q for q in options.described() if q.name == param)
+        try:
+            value = o.kind(args[arg])
+        except ValueError:
+            raise ValueError(
+                f"argument {arg}:={args[arg]!r} must be a {o.kind.__name__} "
+                f"({o.unset_value!r}: {o.unset})"
+            ) from None
+        try:
+            options.of(task, args["variant"], unset_values=True, **{param: value})
+        except ValueError as e:
+            raise ValueError(f"argument {arg}:={args[arg]}: {e}") from None
 
 
 def resolve(graph: str, given: dict[str, str] | None = None) -> ResolvedGraph:

@@ -57,8 +57,17 @@ def _checkpoint_config(checkpoint: str):
 
 
 def resolve_robot(robot: str, checkpoint: str, preset: str = "") -> str:
-    """The robot whose defaults the node takes: `robot` if given, else the preset's, else the
-    checkpoint's, else DEFAULT_ROBOT."""
+    """The robot whose defaults the node takes.
+
+    Args:
+        robot: the `robot` parameter ("" when not set).
+        checkpoint: the start-up checkpoint directory ("" for none); only its config is read.
+        preset: the `planner_preset` parameter ("" when not set).
+
+    Returns:
+        `robot` if given, else the preset's robot, else the checkpoint's (when it has a planner
+        config), else DEFAULT_ROBOT.
+    """
     if robot:
         return robot
     if preset:
@@ -69,8 +78,16 @@ def resolve_robot(robot: str, checkpoint: str, preset: str = "") -> str:
 
 
 def resolve_preset(preset: str, robot: str, checkpoint: str) -> str:
-    """The planner preset the node's defaults come from: `preset` if given, else
-    config.default_preset for the start-up checkpoint on `robot`."""
+    """The planner preset the node's defaults come from.
+
+    Args:
+        preset: the `planner_preset` parameter ("" when not set).
+        robot: the resolved robot (`resolve_robot`).
+        checkpoint: the start-up checkpoint directory ("" for none).
+
+    Returns:
+        `preset` if given, else config.default_preset for the checkpoint on `robot`.
+    """
     return preset or default_preset(robot, _checkpoint_config(checkpoint))
 
 
@@ -100,6 +117,14 @@ class LatencyEstimate:
         self.dev = 0.0
 
     def update(self, seconds: float) -> None:
+        """Fold one measured MPPI latency into the estimate (the first measurement sets the mean).
+
+        Args:
+            seconds: the latency measured.
+
+        Returns:
+            None.
+        """
         if self.mean is None:
             self.mean = seconds
             return
@@ -107,15 +132,30 @@ class LatencyEstimate:
         self.mean += self.alpha * (seconds - self.mean)
 
     def predict(self) -> float:
-        """Pessimistic next latency; 0 before the first measurement (MPPI is tried first)."""
+        """The pessimistic next latency.
+
+        Returns:
+            Mean + 3 x deviation in seconds; 0 before the first measurement (MPPI is tried first).
+        """
         return 0.0 if self.mean is None else self.mean + 3.0 * self.dev
 
     def reset(self) -> None:
+        """Forget every measurement (a new model plans at its own speed).
+
+        Returns:
+            None.
+        """
         self.mean, self.dev = None, 0.0
 
     def scale(self, factor: float) -> None:
-        """MPPI settings changed: its cost scales with candidates x iterations (no blind
-        re-probe)."""
+        """MPPI settings changed: its cost scales with candidates x iterations (no blind re-probe).
+
+        Args:
+            factor: new cost / old cost.
+
+        Returns:
+            None.
+        """
         if self.mean is not None:
             self.mean *= factor
             self.dev *= factor
@@ -138,13 +178,27 @@ class LoadedModel:
     horizon: int
 
     def interface(self) -> tuple:
-        """What must stay the same across a hot swap (topics, shapes, action layout)."""
+        """What must stay the same across a hot swap.
+
+        Returns:
+            (robot, cameras, height map, proprio_dim, action_dim, command_dim, history): topics,
+            shapes and the action layout.
+        """
         return (self.robot, self.cameras, self.has_height_map, self.proprio_dim, self.action_dim,
                 self.command_dim, self.history)  # fmt: skip
 
 
 def load_world_model(path: str, device: str) -> LoadedModel:
-    """Load and validate a checkpoint directory (never unpickles) and put the model in eval mode."""
+    """Load and validate a checkpoint directory (never unpickles) and put the model in eval mode.
+
+    Args:
+        path: the checkpoint directory.
+        device: the torch device to load onto.
+
+    Returns:
+        The LoadedModel; ValueError for an empty path, the checkpoint loader's errors for a bad
+        directory.
+    """
 
     if not path:
         raise ValueError(
@@ -169,8 +223,15 @@ def load_world_model(path: str, device: str) -> LoadedModel:
 
 
 def checked_spec(loaded: LoadedModel) -> RobotSpec:
-    """The robot spec the planner checks observations against: the robot's, with the model's
-    cameras."""
+    """The robot spec the planner checks observations against.
+
+    Args:
+        loaded: the model.
+
+    Returns:
+        Its robot's RobotSpec with the model's cameras; ValueError when the model's action,
+        proprio or height-map input does not match the robot.
+    """
     spec = robot_spec(loaded.robot)
     if (spec.action_dim, spec.proprio_dim) != (loaded.action_dim, loaded.proprio_dim):
         raise ValueError(
@@ -186,7 +247,14 @@ def checked_spec(loaded: LoadedModel) -> RobotSpec:
 
 
 def parse_device(device: str) -> str | None:
-    """None if `device` is usable here, else the reason."""
+    """Whether a torch device is usable here.
+
+    Args:
+        device: e.g. "cpu", "cuda", "cuda:1".
+
+    Returns:
+        None if usable, else the reason (not a device, no CUDA here, not cpu / cuda).
+    """
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
@@ -223,8 +291,17 @@ class PlannerCore:
 
     # -- configuration ---------------------------------------------------------------------------
     def planner_config(self, values: dict, loaded: LoadedModel, spec: RobotSpec) -> PlannerConfig:
-        """The PlannerConfig these parameter values imply for `loaded`; ValueError says what is
-        wrong."""
+        """The PlannerConfig these parameter values imply for a model.
+
+        Args:
+            values: the node's parameter values (the planner fields among them).
+            loaded: the model to plan with.
+            spec: its checked spec.
+
+        Returns:
+            The config on the core's preset with the values' settings; ValueError says what is wrong
+            (another robot's model, a horizon other than the model's, a precision the device lacks).
+        """
         if loaded.robot != self.robot:
             raise ValueError(
                 f"checkpoint {loaded.path} is a {loaded.robot} model; this planner's parameters "
@@ -239,8 +316,14 @@ class PlannerCore:
         return config
 
     def check_planner_values(self, values: dict) -> str | None:
-        """Why these planner parameter values cannot plan with the loaded model (None: they can,
-        or no model is loaded yet)."""
+        """Why these planner parameter values cannot plan with the loaded model.
+
+        Args:
+            values: the node's parameter values with the proposed ones.
+
+        Returns:
+            The reason, or None (they can, or no model is loaded yet).
+        """
         if self.loaded is None:
             return None
         loaded, spec, _, _ = self._active()
@@ -251,8 +334,15 @@ class PlannerCore:
         return None
 
     def retune(self, values: dict) -> None:
-        """Planner parameters changed: a planner with the new config; the latency estimate
-        scales with candidates x iterations (no blind re-probe)."""
+        """Planner parameters changed: a planner with the new config; the latency estimate scales
+        with candidates x iterations (no blind re-probe). Nothing before a model is installed.
+
+        Args:
+            values: the node's parameter values.
+
+        Returns:
+            None; ValueError for values the model cannot plan with.
+        """
         if self.loaded is None:
             return
         loaded, spec, planner, _ = self._active()
@@ -282,19 +372,39 @@ class PlannerCore:
 
     def apply_params(self, changed: dict, values: dict) -> None:
         """Accepted parameter changes take effect: a planner with the new settings, the latency
-        smoothing factor (`changed`: the parameters changed; `values`: all values)."""
+        smoothing factor.
+
+        Args:
+            changed: the parameters changed, by name.
+            values: every parameter's value.
+
+        Returns:
+            None.
+        """
         if set(changed) & set(PLANNER_FIELDS):
             self.retune(values)
         if "latency_ema" in changed:
             self.latency.alpha = values["latency_ema"]
 
     def current_path(self) -> str:
-        """The planning model's checkpoint, or 'no model'."""
+        """The planning model's checkpoint.
+
+        Returns:
+            Its path, or 'no model'.
+        """
         return self.loaded.path if self.loaded else "no model"
 
     # -- models ----------------------------------------------------------------------------------
     def install(self, loaded: LoadedModel, values: dict) -> None:
-        """Make `loaded` the planning model; the next plan cold-starts the planner and history."""
+        """Make a model the planning model; the next plan cold-starts the planner and the history.
+
+        Args:
+            loaded: the model (validated, `validate`, when it replaces another).
+            values: the node's parameter values.
+
+        Returns:
+            None; ValueError when its spec or the planner settings do not fit it.
+        """
         spec = checked_spec(loaded)
         config = self.planner_config(values, loaded, spec)
         self.spec = spec
@@ -305,9 +415,17 @@ class PlannerCore:
         self._planned_episode = _NEVER
 
     def validate(self, candidate: LoadedModel, values: dict, latest: Observation | None) -> None:
-        """What a hot swap must pass (ValueError / PlannerError otherwise): the running model's
-        interface, a valid planner config and, given the newest observation, a finite plan on it
-        with a throwaway planner."""
+        """What a hot swap must pass: the running model's interface, a valid planner config and,
+        given the newest observation, a finite plan on it with a throwaway planner.
+
+        Args:
+            candidate: the model to swap in.
+            values: the node's parameter values.
+            latest: the newest observation, or None (no trial plan).
+
+        Returns:
+            None; ValueError or PlannerError says why the candidate is refused.
+        """
         if self.loaded is not None and candidate.interface() != self.loaded.interface():
             raise ValueError(
                 f"its interface {candidate.interface()} differs from the running model's "
@@ -324,9 +442,18 @@ class PlannerCore:
 
     # -- one tick --------------------------------------------------------------------------------
     def should_fall_back(self, values: dict, period: float) -> bool:
-        """MPPI predicted to overrun the deadline? (Real time only: in lockstep the simulator
-        waits.) While falling back, MPPI runs once every `reprobe_ticks` ticks (0: never) so the
-        estimate can recover."""
+        """Whether MPPI is predicted to overrun the deadline (real time only: in lockstep the
+        simulator waits). While falling back, MPPI runs once every `reprobe_ticks` ticks (0: never)
+        so the estimate can recover.
+
+        Args:
+            values: the node's parameter values (lockstep, fallback_to_policy, deadline_fraction,
+                reprobe_ticks).
+            period: the control period in seconds.
+
+        Returns:
+            True: plan with the base policy this tick.
+        """
         if (
             values["lockstep"]
             or not values["fallback_to_policy"]
@@ -341,11 +468,15 @@ class PlannerCore:
         return True
 
     def new_episode(self, episode) -> bool:
-        """True at the first plan after an install and when `episode` (the latest
-        /simdist/episode's (id, seed), None before one arrived) names a new episode.
+        """Whether this plan starts an episode. An episode id first learnt after planning started
+        (the episode topic matched late) is adopted without a reset.
 
-        An episode id first learnt after planning started (the episode topic matched late) is
-        adopted without a reset."""
+        Args:
+            episode: the latest /simdist/episode's (id, seed), None before one arrived.
+
+        Returns:
+            True at the first plan after an install and when `episode` names a new episode.
+        """
         planned = self._planned_episode
         if planned is _NEVER or (
             episode is not None and planned is not None and episode != planned
@@ -359,10 +490,20 @@ class PlannerCore:
     def plan(
         self, obs: Observation, episode, use_policy: bool, loaded: LoadedModel
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """(action chunk, predicted rewards, values) for `obs`: MPPI's mean, or the base
-        policy's chunk with no rewards or values. At a new episode the planner and history start
-        cold (seeded: a run is reproducible episode by episode). Raises PlannerError,
-        ObservationError, RuntimeError or ValueError instead of returning a plan not to act on."""
+        """The plan for an observation: MPPI's mean, or the base policy's chunk. At a new episode
+        the planner and history start cold (seeded: a run is reproducible episode by episode).
+
+        Args:
+            obs: the observation planned on.
+            episode: the latest /simdist/episode's (id, seed), or None.
+            use_policy: plan with the base policy (`should_fall_back`).
+            loaded: the installed model.
+
+        Returns:
+            (action chunk, predicted rewards, values); no rewards or values from the base policy.
+            Raises PlannerError, ObservationError, RuntimeError or ValueError instead of returning a
+            plan not to act on.
+        """
         _, spec, planner, history = self._active()
         batch = observation_to_inputs(obs, spec)
         if self.new_episode(episode):
@@ -375,7 +516,17 @@ class PlannerCore:
         return result.mean, result.rewards, result.values
 
     def policy_chunk(self, batch, proprio_hist, action_hist, loaded: LoadedModel) -> np.ndarray:
-        """The base policy's chunk a^_{t:t+T} (clamped to the action bounds); raises on NaN."""
+        """The base policy's chunk a^_{t:t+T}, clamped to the action bounds.
+
+        Args:
+            batch: the observation's model inputs.
+            proprio_hist: the proprio history tensor.
+            action_hist: the action history tensor.
+            loaded: the installed model.
+
+        Returns:
+            The (T, action_dim) chunk; PlannerError when it holds a non-finite value.
+        """
         dev = torch.device(loaded.device)
         with torch.no_grad():
             batch = {k: v.to(dev) for k, v in batch.items()}
@@ -456,7 +607,11 @@ class TickBook:
         return "new"
 
     def take(self) -> tuple[int, Observation] | None:
-        """The newest observation no tick has taken yet, now taken; None when there is none."""
+        """Take the newest observation no tick has taken yet.
+
+        Returns:
+            (stamp, observation), now taken; None when there is none.
+        """
         with self._lock:
             latest = self.latest
             if latest is None or latest[0] == self.answered_stamp:
@@ -466,8 +621,14 @@ class TickBook:
             return latest
 
     def episode_message(self, data: str) -> str | None:
-        """Read a /simdist/episode message (JSON with `episode` and `seed`); the reason it is
-        unreadable, or None."""
+        """Read a /simdist/episode message.
+
+        Args:
+            data: its JSON text (`episode` and `seed`).
+
+        Returns:
+            None once read, else the reason it is unreadable.
+        """
         try:
             info = json.loads(data)
             self.episode = (info["episode"], info.get("seed"))
@@ -476,8 +637,11 @@ class TickBook:
         return None
 
     def answer_share(self) -> float | None:
-        """Share of the last ANSWER_WINDOW new observations that got an answer (None before
-        ANSWER_MIN_SEEN)."""
+        """The share of the last ANSWER_WINDOW new observations that got an answer.
+
+        Returns:
+            A share in [0, 1]; None before ANSWER_MIN_SEEN observations.
+        """
         answered = list(self.answered)
         return sum(answered) / len(answered) if len(answered) >= ANSWER_MIN_SEEN else None
 
@@ -548,10 +712,19 @@ class PlanningTicks:
         return Tick(stamp, period, obs, chunk, rewards, plan_values, use_policy)
 
     def sent(self, tick: Tick, now_ns: int, min_answer_share: float) -> None:
-        """The node sent `tick`'s answer (its plan, or HOLD) at node time `now_ns`: a plan's
-        first action joins the history, the observation counts as answered, and `tick.level` /
-        `tick.status` become the planning diagnostic (WARN when the base policy planned or fewer
-        than `min_answer_share` of the recent observations got an answer)."""
+        """The node sent a tick's answer (its plan, or HOLD): a plan's first action joins the
+        history, the observation counts as answered, and `tick.level` / `tick.status` become the
+        planning diagnostic (WARN when the base policy planned or fewer than `min_answer_share` of
+        the recent observations got an answer).
+
+        Args:
+            tick: the tick answered.
+            now_ns: the node time it was sent at.
+            min_answer_share: the parameter of that name.
+
+        Returns:
+            None.
+        """
         book = self.book
         book.sent_stamp = tick.stamp
         if tick.chunk is None or tick.obs is None:
@@ -571,8 +744,11 @@ class PlanningTicks:
             )
 
     def report(self) -> dict:
-        """The planning diagnostic's key-values: the counters, latencies, the answered share, the
-        checkpoint and the planner's settings."""
+        """The planning diagnostic's key-values.
+
+        Returns:
+            The counters, latencies, the answered share, the checkpoint and the planner's settings.
+        """
         core, book = self.core, self.book
         cfg = dataclasses.asdict(core.planner.config) if core.loaded and core.planner else {}
         share = book.answer_share()

@@ -50,9 +50,10 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from robot_drivers import ros_msgs
+from robot_drivers.described import Param
 from robot_drivers.diagnostics import Diagnostics, Level
 from robot_drivers.interface import Command, CommandKind
-from robot_drivers.node_params import NodeParams, Param
+from robot_drivers.node_params import NodeParams, descriptor
 from robot_drivers.node_spin import spin_quietly, spin_until_shutdown
 from robot_drivers.specs import robot_spec
 from simdist_planner.planning.config import (
@@ -188,7 +189,7 @@ class PlannerNode(Node):
             target=self._planning_loop, name="planning", daemon=True
         )
         startup: list[Any] = [
-            self.declare_parameter(q.name, q.default, q.descriptor()).value for q in STARTUP_PARAMS
+            self.declare_parameter(q.name, q.default, descriptor(q)).value for q in STARTUP_PARAMS
         ]
         robot, checkpoint, wait_for_checkpoint, preset = startup
         for q, value in zip(STARTUP_PARAMS, (robot, checkpoint, wait_for_checkpoint, preset)):
