@@ -399,3 +399,29 @@ def test_diagnostics_levels_immediate_publish_and_stale(ros_domain):
         assert last == {"diag_user: link": 2, "diag_user: beat": 3}
     finally:
         ros.close()
+
+
+def test_the_answer_deadline_opens_on_a_new_observation_and_closes_on_its_answer():
+    from robot_drivers.safety import AnswerDeadline  # noqa: PLC0415
+
+    d = AnswerDeadline()
+    assert d.due(100.0, 0.5) is None  # nothing observed
+    d.observed(10, now=1.0)
+    d.observed(20, now=1.1)  # the newest observation is the one waited for, since it arrived
+    assert d.due(1.5, 0.5) is None and d.due(1.6, 0.0) is None  # not yet; 0 turns it off
+    assert d.due(1.6, 0.5) == 20 and d.due(5.0, 0.5) is None  # once: the safe action answers it
+    d.observed(15, now=2.0)  # older than what counts as answered: no deadline
+    assert d.due(9.0, 0.5) is None
+    d.observed(30, now=3.0)
+    d.answered(30)  # answered in time
+    assert d.due(9.0, 0.5) is None
+    d.observed(40, now=4.0)
+    d.answered(35)  # an answer to an older tick leaves the newer one open
+    assert d.due(4.6, 0.5) == 40
+    d.observed(50, now=5.0)
+    d.answered(90)  # ahead of every observation (another episode): counts for nothing
+    assert d.due(5.6, 0.5) == 50
+    d.observed(60, now=6.0)
+    d.observed(70, now=6.2)
+    d.answered(70)  # answering the newest closes the older one with it
+    assert d.due(9.0, 0.5) is None

@@ -243,6 +243,65 @@ class Decision:
     clipped: list[str] = field(default_factory=list)
 
 
+class AnswerDeadline:
+    """Which observation the planner has left unanswered, and since when (wall time).
+
+    An observation newer than every answered one opens the deadline; an answer to an
+    observation seen (stamped at most the newest one) closes every deadline up to its stamp.
+    An answer stamped ahead of every observation (another episode, a clock jump) counts for
+    nothing: it would mark ticks answered that the deadline then would not cover."""
+
+    def __init__(self) -> None:
+        self._open: tuple[int, float] | None = None  # (observation stamp ns, wall time seen)
+        self._answered_ns = -1
+        self._newest_ns = -1
+
+    def observed(self, stamp_ns: int, now: float) -> None:
+        """An observation stamped `stamp_ns` arrived at wall time `now` (s).
+
+        Args:
+            stamp_ns: the observation's stamp.
+            now: the wall time it arrived (s), on the clock `due` is asked with.
+
+        Returns:
+            None; the deadline waits for the newest unanswered observation.
+        """
+        self._newest_ns = max(self._newest_ns, stamp_ns)
+        if stamp_ns > self._answered_ns and (self._open is None or stamp_ns > self._open[0]):
+            self._open = (stamp_ns, now)
+
+    def answered(self, stamp_ns: int) -> None:
+        """A plan stamped `stamp_ns` arrived.
+
+        Args:
+            stamp_ns: the plan's stamp (the observation it answers).
+
+        Returns:
+            None; the deadline closes if the plan answers the observation it waits for.
+        """
+        if stamp_ns <= self._newest_ns:
+            self._answered_ns = max(self._answered_ns, stamp_ns)
+            if self._open is not None and stamp_ns >= self._open[0]:
+                self._open = None
+
+    def due(self, now: float, limit_s: float) -> int | None:
+        """The stamp of the observation left unanswered for `limit_s` or longer, once: the
+        caller sends the safe action for its tick, which counts as its answer.
+
+        Args:
+            now: the wall time (s).
+            limit_s: the answer timeout (s); 0 turns the deadline off.
+
+        Returns:
+            The overdue observation's stamp (ns), or None.
+        """
+        if not limit_s or self._open is None or now - self._open[1] < limit_s:
+            return None
+        stamp_ns = self._open[0]
+        self._answered_ns, self._open = stamp_ns, None
+        return stamp_ns
+
+
 class SafetySupervisor:
     """Stateful filter between planner and driver."""
 

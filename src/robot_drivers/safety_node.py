@@ -29,7 +29,7 @@ from robot_drivers.described import Param, settings
 from robot_drivers.diagnostics import Diagnostics, Level, SourceNodes
 from robot_drivers.node_params import NodeParams, descriptor
 from robot_drivers.node_spin import spin_until_shutdown
-from robot_drivers.safety import Decision, SafetyConfig, SafetySupervisor
+from robot_drivers.safety import AnswerDeadline, Decision, SafetyConfig, SafetySupervisor
 from robot_drivers.specs import ROBOT_SPECS
 
 # Declared first: the others' defaults and which of them exist follow the robot it names.
@@ -146,9 +146,7 @@ class SafetyNode(Node):
         self.create_service(Trigger, "~/estop", self.on_estop)
         self.create_service(Trigger, "~/resume", self.on_resume)
         self.create_timer(1.0 / self.params["watchdog_rate_hz"], self.on_watchdog)
-        self._unanswered: tuple[int, float] | None = None  # (observation stamp ns, wall time seen)
-        self._answered_ns = -1
-        self._newest_obs_ns = -1
+        self.deadline = AnswerDeadline()  # the observation the planner leaves unanswered
         self.create_timer(
             0.05, self.on_answer_deadline, clock=Clock(clock_type=ClockType.STEADY_TIME)
         )
@@ -164,18 +162,14 @@ class SafetyNode(Node):
     def on_observation(self, msg: JointState) -> None:
         stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
         self.core.observation(stamp_ns * 1e-9, _joint_pos_rel(msg, len(self.names)))
-        self._newest_obs_ns = max(self._newest_obs_ns, stamp_ns)
-        if stamp_ns > self._answered_ns and (
-            self._unanswered is None or stamp_ns > self._unanswered[0]
-        ):
-            self._unanswered = (stamp_ns, time.monotonic())
+        self.deadline.observed(stamp_ns, time.monotonic())
 
     def on_answer_deadline(self) -> None:
         """The planner never answered the newest observation: send the safe action for its tick."""
         limit = self.params["answer_timeout_s"]
-        if not limit or self._unanswered is None or time.monotonic() - self._unanswered[1] < limit:
+        stamp_ns = self.deadline.due(time.monotonic(), limit)
+        if stamp_ns is None:
             return
-        stamp_ns = self._unanswered[0]
         reason = (
             f"no plan for the observation stamped {stamp_ns} "
             f"within answer_timeout_s={limit} s (wall)"
@@ -183,7 +177,6 @@ class SafetyNode(Node):
         self.publish(
             Decision(self.core.safe_command(stamp_ns * 1e-9), "no_answer", reason), stamp_ns
         )
-        self._answered_ns, self._unanswered = stamp_ns, None
 
     def on_tcp_pose(self, msg: PoseStamped) -> None:
         pos = ros_msgs.pose_from_msg(msg)[0]
@@ -206,13 +199,7 @@ class SafetyNode(Node):
     def on_action(self, msg: JointTrajectory) -> None:
         self.apply_params()
         stamp_ns = ros_msgs.stamp_ns(msg.header.stamp)
-        # Only an answer to an observation seen counts: one stamped ahead of every observation
-        # (another episode, a clock jump) would mark the ticks up to it answered, and the answer
-        # deadline would not cover them.
-        if stamp_ns <= self._newest_obs_ns:
-            self._answered_ns = max(self._answered_ns, stamp_ns)
-            if self._unanswered is not None and stamp_ns >= self._unanswered[0]:
-                self._unanswered = None
+        self.deadline.answered(stamp_ns)
         self.sources.refresh("action")
         if msg.points:
             d = msg.points[0].time_from_start
