@@ -122,7 +122,11 @@ class ToyTask(Task):
         )
 
 
-def make_toy_task(name, variant, **overrides):
+def make_toy_task(name, variant, options=None, **overrides):
+    """The registry's factory signature: the entry's options (TaskOptions: max_steps), then
+    the toy's own settings."""
+    if options is not None and options.max_steps is not None:
+        overrides["max_steps"] = options.max_steps
     return ToyTask(name, variant, **overrides)
 
 

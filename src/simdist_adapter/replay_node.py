@@ -16,8 +16,12 @@ With `answer_topic` set (the graphs set `/simdist/action`), replay runs in locks
 at `rate`: after a tick's message on `tick_topic` (the driver's proprio, which completes a tick)
 it publishes nothing of a later time until a message on `answer_topic` carries that tick's
 stamp, so a planner slower than the recording answers every observation, as it did live, on any
-machine. An answer that does not come within `answer_timeout_s` is reported (WARN, counted) and
-replay goes on. The bag's last tick is not waited for (the episode's end goes unanswered live).
+machine. While it waits it publishes the tick's messages again every `answer_republish_s` (with
+their /clock), as the lockstep simulator does for late joiners: a subscriber whose DDS match came
+after the first copy still gets the tick. An answer that does not come within
+`answer_timeout_s` is reported (WARN, counted) and replay goes on. The bag's last tick is not
+waited for (the episode's end goes unanswered live). A bag without `tick_topic` is replayed at
+`rate`, with a warning.
 """
 
 from __future__ import annotations
@@ -92,6 +96,13 @@ PARAMS = (
         "lockstep: longest wait for a tick's answer (then WARN, counted, and replay goes on)",
         0.1,
         600.0,
+    ),
+    Param(
+        "answer_republish_s",
+        1.0,
+        "lockstep: publish the waiting tick's messages again this often (late joiners)",
+        0.05,
+        60.0,
     ),
     Param(
         "start_delay_s",
@@ -173,8 +184,9 @@ class ReplayNode(Node):
             replayed = tick in self.topics
             self._ticks = sum(1 for _ in self.bag.raw_messages([tick])) if replayed else 0
             if not self._ticks:
-                raise ValueError(
-                    f"answer_topic is set but the replayed topics have no tick_topic {tick!r}"
+                self.lockstep = False
+                self.get_logger().warning(
+                    f"{self.bag.path} has no {tick} to answer: replaying at rate, not in lockstep"
                 )
 
     def period_s(self) -> float:
@@ -192,6 +204,7 @@ class ReplayNode(Node):
         anchor_ns, start_wall, last_clock = None, time.monotonic(), None
         previous_ns: int | None = None
         pending: tuple[int, int] | None = None  # lockstep: (bag time, stamp) of the open tick
+        tick_msgs: list = []  # lockstep: the messages of the newest bag time (republished)
         ticks_seen = 0
         for msg in self.bag.raw_messages(self.topics):
             if should_stop():
@@ -199,7 +212,7 @@ class ReplayNode(Node):
             rclpy.spin_once(self, timeout_sec=0.0)  # parameter sets (rate) and services stay live
             self.params.apply()
             if pending is not None and msg.stamp_ns > pending[0]:
-                self._await_answer(pending[1], should_stop)
+                self._await_answer(pending[1], tick_msgs, should_stop)
                 pending = None
                 anchor_ns, start_wall = msg.stamp_ns, time.monotonic()  # no catching up
             gap = None if previous_ns is None else (msg.stamp_ns - previous_ns) * 1e-9
@@ -222,11 +235,12 @@ class ReplayNode(Node):
             delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
+            if msg.stamp_ns != last_clock:
+                tick_msgs = []
+            tick_msgs.append(msg)
             if self.params["publish_clock"] and msg.stamp_ns != last_clock:
-                clock = Clock()
-                clock.clock.sec, clock.clock.nanosec = divmod(msg.stamp_ns, 1_000_000_000)
-                self._clock_pub.publish(clock)
-                last_clock = msg.stamp_ns
+                self._clock_pub.publish(self._clock_msg(msg.stamp_ns))
+            last_clock = msg.stamp_ns
             self._pubs[msg.topic].publish(msg.data)
             self.published += 1
             if self.lockstep and msg.topic == self.params["tick_topic"]:
@@ -239,10 +253,24 @@ class ReplayNode(Node):
         )
         return self.published
 
-    def _await_answer(self, stamp: int, should_stop) -> None:
-        """Lockstep: spin until the answer topic carries `stamp` or answer_timeout_s passes."""
-        deadline = time.monotonic() + self.params["answer_timeout_s"]
+    @staticmethod
+    def _clock_msg(stamp_ns: int) -> Clock:
+        clock = Clock()
+        clock.clock.sec, clock.clock.nanosec = divmod(stamp_ns, 1_000_000_000)
+        return clock
+
+    def _await_answer(self, stamp: int, tick_msgs: list, should_stop) -> None:
+        """Lockstep: spin until the answer topic carries `stamp` or answer_timeout_s passes,
+        publishing the tick's messages `tick_msgs` again every answer_republish_s."""
+        start = time.monotonic()
+        deadline, again = start + self.params["answer_timeout_s"], start
         while stamp not in self._answered and not should_stop():
+            if time.monotonic() - again >= self.params["answer_republish_s"]:
+                again = time.monotonic()
+                if self.params["publish_clock"] and tick_msgs:
+                    self._clock_pub.publish(self._clock_msg(tick_msgs[0].stamp_ns))
+                for msg in tick_msgs:
+                    self._pubs[msg.topic].publish(msg.data)
             if time.monotonic() > deadline:
                 self.unanswered += 1
                 self.diag.set(
