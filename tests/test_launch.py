@@ -105,10 +105,11 @@ def test_real_and_replay_graphs_swap_the_robot_side():
     assert recorded.nodes[0].overrides["wait_for_ready"] == desc.RECORDER_READY_TOPIC
     recorder = next(n for n in recorded.nodes if n.name == "recorder")
     assert "safety_supervisor" not in {n.name for n in recorded.nodes}
+    ready = yaml.safe_load(desc.config_path("peg").read_text())["recorder"]["ros__parameters"]
+    assert "/simdist/safe_command" in ready["ready_topics"]  # the live graph's list
     assert recorder.overrides["ready_topics"] == [
-        "/simdist/episode", "/simdist/robot/proprio", "/simdist/observation/proprio",
-        "/simdist/action",
-    ]  # fmt: skip
+        t for t in ready["ready_topics"] if t != "/simdist/safe_command"
+    ]
     # the sim task depends on the variant: Go2 slope trains on go2_slope, runs on slippery_slope
     sim = desc.resolve("go2_slope", {"checkpoint": "/ck", "variant": "sim"})
     assert sim.nodes[0].overrides["task"] == "go2_slope"
@@ -645,3 +646,14 @@ def test_a_replay_waiting_for_ready_plays_only_once_it_says_true(tmp_path, ros_d
         ready.destroy_node()
     finally:
         rclpy.shutdown()
+
+
+@pytest.mark.parametrize("graph", sorted(desc.GRAPHS))
+def test_the_recorder_is_ready_only_once_every_observation_topic_the_adapter_reads_matched(graph):
+    """The lockstep driver's first tick waits for the recorder's ready: every observation topic
+    it records (what `real_data` needs from a bag) is among its ready topics, so no episode is
+    recorded before the recorder hears them (a bag without one is skipped by the adapter)."""
+    section = yaml.safe_load(desc.config_path(graph).read_text())["recorder"]["ros__parameters"]
+    recorded = [t.split()[0] for t in section["expected_topics"]]
+    observations = [t for t in recorded if t.startswith("/simdist/observation/")]
+    assert observations and set(observations) <= set(section["ready_topics"])
