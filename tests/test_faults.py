@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,6 +54,7 @@ from simdist_adapter.bags import (
     recover_bag,
     unfinalised_bags,
 )
+from simdist_adapter.recorder_node import RecorderNode
 from simdist_planner.model.checkpoint import save_checkpoint
 from simdist_planner.model.config import AttentionConfig, go2_config
 from simdist_planner.model.world_model import WorldModel
@@ -682,6 +684,18 @@ def _episode_ticks(bag_dir: pathlib.Path) -> list[tuple[int, int]]:
         ]
 
 
+def _tick_runs(ticks: list[tuple[int, int]]) -> str:
+    """(tick, step) pairs in file order as runs, for an assertion message: '39-40@39 41-44@0'
+    (ticks 39 to 40 from step 39, then 41 to 44 from step 0)."""
+    runs: list[list[int]] = []  # [first tick, last tick, first step]
+    for tick, step in ticks:
+        if runs and tick == runs[-1][1] + 1 and step - runs[-1][2] == tick - runs[-1][0]:
+            runs[-1][1] = tick
+        else:
+            runs.append([tick, tick, step])
+    return " ".join(f"{a}-{b}@{s}" for a, b, s in runs)
+
+
 def assert_loss_bounded(published: dict, recorded: dict, end: float) -> None:
     """Recording ended at wall time `end` (a kill, a failed write). For each counted topic, of
     the messages published from the first one recorded up to `end`, those missing from the bags
@@ -915,15 +929,47 @@ def test_a_killed_recorder_loses_at_most_its_last_flush_and_control_goes_on(
     assert len(unfinalised) >= 2 and set(unfinalised) <= set(killed), (unfinalised, killed)
     for bag in unfinalised:
         recover_bag(bag)
-    ticks = sorted(t for bag in killed for t in _episode_ticks(bag))
+    per_bag = {bag.name: _episode_ticks(bag) for bag in killed}
+    ticks = sorted(t for bag_ticks in per_bag.values() for t in bag_ticks)
+    seen = {name: _tick_runs(bag_ticks) for name, bag_ticks in per_bag.items()}
     # Nothing missing in between, across the episodes. A tick can be there twice: a driver whose
     # waiting tick goes unanswered for lockstep_republish_s (a loaded machine) publishes it
     # again, and the recorder keeps what was on the wire; the repeat is the same tick.
-    assert all(b[0] - a[0] in (0, 1) for a, b in zip(ticks, ticks[1:])), ticks
-    assert all(a == b for a, b in zip(ticks, ticks[1:]) if a[0] == b[0]), ticks
+    assert all(b[0] - a[0] in (0, 1) for a, b in zip(ticks, ticks[1:])), seen
+    assert all(a == b for a, b in zip(ticks, ticks[1:]) if a[0] == b[0]), seen
     # Lost: at most the ticks of the last flush period (0.1 s, plus 0.2 s for delivery).
     assert ticks[-1][0] >= flushed_by, (ticks[-1], flushed_by, killed_at)
     assert_loss_bounded(published, _read_back(bags), kill_time)
+
+
+def test_a_new_episode_puts_the_ended_episodes_ticks_on_disk_first(tmp_path, ros_domain):
+    """When an episode's first tick opens its bag, the ended episode's bag is flushed too, before
+    any timer flush: a recorder killed then (a copy of its files, as SIGKILL leaves them) leaves
+    bags that recover with every tick, none missing between the episodes. (Without it, a
+    recorder whose flush timer lagged on a busy machine lost the ended episode's last ticks while
+    the next episode's first tick was on disk: a gap in the middle.)"""
+    ros = RosHarness(ros_domain)
+    try:
+        recorder = RecorderNode(  # never spun: no timer flush runs
+            context=ros.context,
+            parameter_overrides=[Parameter("bag_dir", value=str(tmp_path / "bags"))],
+        )
+        steps = [(0, s) for s in range(5)] + [(1, 0)]  # episode 0: ticks 0-4; episode 1: tick 5
+        for tick, (episode, step) in enumerate(steps):
+            msg = ros_msgs.episode_msg(task="go2_flat", seed=episode, episode=episode, step=step,
+                                       stamp_ns=CLOCK_START_NS + tick * PERIOD_NS)  # fmt: skip
+            recorder._record("/simdist/episode", serialize_message(msg))
+        killed = tmp_path / "killed"
+        for bag in recorder._bags:  # the files as they are on disk now
+            shutil.copytree(bag.path, killed / bag.path.name)
+        recorder.destroy_node()
+    finally:
+        ros.close()
+    bags = sorted(killed.iterdir())
+    assert len(bags) == 2 and set(unfinalised_bags(killed)) == set(bags)
+    for bag in bags:
+        recover_bag(bag)
+    assert [_episode_ticks(bag) for bag in bags] == [[(t, t) for t in range(5)], [(5, 0)]]
 
 
 def _bag_dirs(bags: pathlib.Path) -> list[pathlib.Path]:

@@ -350,8 +350,9 @@ class RecorderNode(Node):
             self._open(meta, start=stamp)
         bag = self._bags[-1]
         self._write(bag, EPISODE_TOPIC, received, data)
-        if new:  # the header, the channel and the first tick on disk at once: a recorder killed
-            bag.flush()  # before its next flush leaves a bag that recovers to this tick
+        if new:  # the ended episode's ticks, then the new one's header, channel and first tick
+            for open_bag in self._bags:  # on disk at once, oldest first: a recorder killed
+                open_bag.flush()  # before its next flush leaves bags that recover with no gap
         meta = bag.meta
         meta.steps = max(meta.steps, int(info.get("step", 0)))
         if info.get("terminated") or info.get("truncated"):
