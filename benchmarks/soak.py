@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -138,6 +139,8 @@ def soak(args, workdir: pathlib.Path) -> dict:
     checkpoint = make_checkpoint(robot, workdir / "ck")
     domain = args.domain if args.domain is not None else random.randint(201, 232)
     os.environ["ROS_DOMAIN_ID"] = str(domain)
+    if args.log_dir:  # the nodes' own logs, kept (by default ROS writes them under ~/.ros/log)
+        os.environ["ROS_LOG_DIR"] = str(pathlib.Path(args.log_dir).resolve())
     bag_dir = workdir / "bags"
     mode = [f"lockstep:={str(args.lockstep).lower()}", "record:=true", "adapt:=true",
             f"bag_dir:={bag_dir}"]  # fmt: skip
@@ -205,6 +208,9 @@ def soak(args, workdir: pathlib.Path) -> dict:
     # Every WARN / ERROR status a node reported, first time each (name, message): what the
     # driver says when it stops ticking (e.g. its short-episode pause), the supervisor's reasons.
     reported: dict[tuple[str, str], float] = {}
+    # Every WARN / ERROR status (name, kind), in order: the timeline counts them per sample
+    # period, so it says when a problem began and what went on while it lasted.
+    events: list[tuple[str, str]] = []
     t0 = time.monotonic()
 
     def on_diagnostics(m: DiagnosticArray) -> None:
@@ -213,6 +219,7 @@ def soak(args, workdir: pathlib.Path) -> dict:
             if level in (1, 2):
                 key = (st.name, re.sub(r"[-\d.]+", "#", st.message))  # one per kind of message
                 reported.setdefault(key, time.monotonic() - t0)
+                events.append(key)  # list.append: safe beside the main thread's reads
 
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, LISTEN_QOS)
     # The listener spins in its own thread, not between the samples of the main loop.
@@ -224,6 +231,9 @@ def soak(args, workdir: pathlib.Path) -> dict:
     fds: dict[str, list[tuple[float, int]]] = {}
     bags: list[tuple[float, int, list[str]]] = []  # (t, bags on disk, unfinalised ones)
     command_age: list[tuple[float, float]] = []
+    # per sample: forwarded plans and episodes so far, WARN / ERROR statuses since the previous
+    timeline: list[dict] = []
+    counted = 0  # events already counted in the timeline
     try:
         deadline = time.monotonic() + 180.0
         while not plans:  # every node up, the chain planning
@@ -253,6 +263,14 @@ def soak(args, workdir: pathlib.Path) -> dict:
                 open_now = [b.name for b in unfinalised_bags(bag_dir)]
                 bags.append((t, len(on_disk), open_now))
                 command_age.append((t, time.monotonic() - newest_plan[0]))
+                upto = len(events)
+                said = Counter(events[counted:upto])
+                counted = upto
+                timeline.append({
+                    "t": t, "command_age_s": command_age[-1][1], "plans": len(plans),
+                    "episodes": len(steps),
+                    "reported": {f"{n}: {k}": c for (n, k), c in sorted(said.items())},
+                })  # fmt: skip
                 next_sample += args.sample_s
             if launch.poll() is not None:
                 raise RuntimeError(f"the graph stopped after {time.monotonic() - start:.0f} s")
@@ -279,7 +297,7 @@ def soak(args, workdir: pathlib.Path) -> dict:
             "nominal_hz": None if args.lockstep else 50.0 * realtime_factor,
             "latency_ms": latency, "plan_age_ms": np.array(plan_age_ms),
             "sent_age_ms": np.array(sent_age_ms), "callback_age_ms": np.array(callback_age_ms),
-            "reported": said}  # fmt: skip
+            "reported": said, "timeline": timeline}  # fmt: skip
 
 
 def growth(series: list[tuple[float, float]]) -> tuple[float, float]:
@@ -312,6 +330,7 @@ def summary(result: dict, problems: list[str]) -> dict:
             for key in ("sent_age_ms", "callback_age_ms")
         },
         "reported": [f"{t:.1f} s {text}" for t, text in result.get("reported", [])],
+        "timeline": result.get("timeline", []),
         "problems": problems,
     }
 
@@ -392,6 +411,7 @@ def main() -> None:
     parser.add_argument("--lockstep", action="store_true", help="lockstep simulator")
     parser.add_argument("--domain", type=int, default=None, help="ROS domain (default: random)")
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
+    parser.add_argument("--log-dir", default="", help="the graph's ROS_LOG_DIR (its node logs)")
     parser.add_argument(
         "--hang-planner-s",
         type=float,
@@ -456,6 +476,13 @@ def main() -> None:
     problems = check(r)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(summary(r, problems), indent=1))
+    if problems:  # when each began: per sample, plans, episodes and the statuses reported since
+        print("timeline (s since the first plan: command age, forwarded plans and episodes so "
+              "far; WARN / ERROR statuses since the previous sample, counted):")  # fmt: skip
+        for row in r["timeline"]:
+            said = "; ".join(f"{k} x{c}" for k, c in row["reported"].items()) or "-"
+            print(f"  {row['t']:6.1f} s  age {row['command_age_s']:6.2f} s  plans "
+                  f"{row['plans']:6d}  episodes {row['episodes']:4d}  {said}")  # fmt: skip
     for line in problems:
         print(f"OUT OF BOUNDS: {line}")
     sys.exit(1 if problems else 0)

@@ -21,12 +21,13 @@ NODES = {"mujoco_driver", "ingestion", "safety_supervisor", "planner", "recorder
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_three_minute_real_time_soak_stays_within_its_bounds(tmp_path, ros_domain):
     out = tmp_path / "soak.json"
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--graph", "go2_flat",
          "--minutes", "3", "--sample-s", "10", "--samples", "16", "--iterations", "1",
-         "--domain", str(ros_domain), "--json", str(out)],
+         "--domain", str(ros_domain), "--json", str(out), "--log-dir", str(tmp_path / "log")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     log = run.stdout + run.stderr[-3000:]
@@ -96,6 +97,7 @@ def test_soak_bounds_flag_dropped_ticks_unplanned_ticks_old_plans_and_a_deaf_lis
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_soak_with_a_hung_planner_fails(tmp_path, ros_domain):
     """The planner is stopped (SIGSTOP: alive, silent) 30 s into a 1-minute soak. The
     supervisor's watchdog keeps /simdist/safe_command busy with HOLD and DAMP, but no plan is
@@ -104,7 +106,8 @@ def test_a_soak_with_a_hung_planner_fails(tmp_path, ros_domain):
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--graph", "go2_flat",
          "--minutes", "1", "--sample-s", "5", "--samples", "16", "--iterations", "1",
-         "--hang-planner-s", "30", "--domain", str(ros_domain), "--json", str(out)],
+         "--hang-planner-s", "30", "--domain", str(ros_domain), "--json", str(out),
+         "--log-dir", str(tmp_path / "log")],
         capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     log = run.stdout + run.stderr[-3000:]
@@ -113,3 +116,12 @@ def test_a_soak_with_a_hung_planner_fails(tmp_path, ros_domain):
     assert run.returncode == 1, log
     assert any(p.startswith("no plan forwarded for") for p in figures["problems"]), figures
     assert figures["max_command_age_s"] > 20.0, figures
+    # The timeline says when: plans are forwarded up to the hang and none from a sample after it
+    # (the newest plans in flight at the SIGSTOP still arrive), while the watchdog reports.
+    rows = figures["timeline"]
+    before = [r for r in rows if r["t"] < 30.0]
+    after = [r for r in rows if r["t"] >= 35.0]
+    assert before and after and before[-1]["plans"] > before[0]["plans"], rows
+    assert after[0]["plans"] == after[-1]["plans"] and after[-1]["command_age_s"] > 20.0, rows
+    assert any("watchdog: no plan" in k for r in after for k in r["reported"]), rows
+    assert any(f.name.endswith(".log") for f in (tmp_path / "log").iterdir()), "no node logs kept"
