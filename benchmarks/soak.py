@@ -264,12 +264,12 @@ def soak(args, workdir: pathlib.Path) -> dict:
                 bags.append((t, len(on_disk), open_now))
                 command_age.append((t, time.monotonic() - newest_plan[0]))
                 upto = len(events)
-                said = Counter(events[counted:upto])
+                since_last = Counter(events[counted:upto])
                 counted = upto
                 timeline.append({
                     "t": t, "command_age_s": command_age[-1][1], "plans": len(plans),
                     "episodes": len(steps),
-                    "reported": {f"{n}: {k}": c for (n, k), c in sorted(said.items())},
+                    "reported": {f"{n}: {k}": c for (n, k), c in sorted(since_last.items())},
                 })  # fmt: skip
                 next_sample += args.sample_s
             if launch.poll() is not None:
